@@ -1,0 +1,80 @@
+"""The ``minbert`` command line.
+
+The pipeline itself runs through DVC (``dvc repro``); these commands are what a
+researcher uses around it: checking a data file or a parameters file before a
+long run, and inspecting a checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from minbert.data.tasks import TASKS
+from minbert.progress import console
+
+app = typer.Typer(
+    help="minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def validate(
+    file: Path = typer.Argument(..., help="A course-format CSV file (tab-separated)."),
+    task: str = typer.Option(..., "--task", help=f"Which task's format: {', '.join(TASKS)}."),
+) -> None:
+    """Check a data file row by row; print `file:line: reason` for every problem.
+
+    Exit status 0 when the file is good, 1 when it has problems, 2 on bad usage.
+    """
+    from minbert.data.csvfile import validate_task_csv
+
+    if task not in TASKS:
+        console.print(f"--task {task!r} is not one of {', '.join(TASKS)}")
+        raise typer.Exit(2)
+    problems = validate_task_csv(file, task)
+    for problem in problems:
+        typer.echo(str(problem))
+    if problems:
+        raise typer.Exit(1)
+    console.print(f"{file}: ok ({task})")
+
+
+@app.command("check-params")
+def check_params(
+    file: Path = typer.Argument(Path("params.yaml"), help="The parameters file to check."),
+) -> None:
+    """Check a parameters file against the schema (unknown keys and values are errors)."""
+    from minbert.params import ParamsError, load
+
+    try:
+        load(file)
+    except ParamsError as exc:
+        typer.echo(str(exc))
+        raise typer.Exit(1) from None
+    console.print(f"{file}: ok")
+
+
+@app.command()
+def checkpoint(
+    name: str = typer.Argument("all-minilm-l6-v2", help="Packaged name, local directory or hub name."),
+) -> None:
+    """Resolve a checkpoint, load it into the encoder and report what was loaded."""
+    from minbert.model import BertModel
+    from minbert.model.checkpoint import resolve_checkpoint
+
+    directory = resolve_checkpoint(name)
+    model = BertModel.from_pretrained(directory)
+    cfg = model.config
+    console.print(f"{name}: {directory}")
+    console.print(f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+                  f"{cfg.num_attention_heads} heads, vocabulary {cfg.vocab_size}, "
+                  f"{sum(p.numel() for p in model.parameters()):,} parameters")
+    console.print(f"  {model.load_report}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,140 @@
+"""From tokenised Parquet tables to padded tensor batches.
+
+Padding is the largest waste in BERT training on short sentences: a batch padded
+to a fixed length, or to the longest of a random batch, spends most of its matmuls
+on ``[PAD]``. Batches here are drawn from buckets of similar length and padded
+only to their own longest sequence. The buckets are reshuffled every epoch, so the
+batches still differ from epoch to epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+
+@dataclass
+class Sequences:
+    """Variable-length token sequences stored flat (one array plus offsets)."""
+
+    flat: np.ndarray
+    offsets: np.ndarray  # len(self) + 1 entries
+
+    @classmethod
+    def from_arrow(cls, column) -> "Sequences":
+        column = column.combine_chunks()
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        flat = column.values.to_numpy().astype(np.int64)
+        # Slices of a chunk keep their parent's offsets: rebase to zero.
+        return cls(flat[offsets[0] : offsets[-1]], offsets - offsets[0])
+
+    @classmethod
+    def from_list(cls, items: Sequence[np.ndarray]) -> "Sequences":
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(x) for x in items])
+        flat = np.concatenate(items) if len(items) else np.zeros(0, dtype=np.int64)
+        return cls(flat.astype(np.int64), offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass
+class TokenizedTable:
+    """One tokenised split: ids, optional labels and named sequence columns."""
+
+    ids: list[str]
+    labels: np.ndarray | None
+    sequences: dict[str, Sequences]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def read(cls, path: Path) -> "TokenizedTable":
+        table = pq.read_table(path)
+        sequences = {
+            name: Sequences.from_arrow(table.column(name))
+            for name in table.column_names
+            if name.endswith("input_ids") or name.startswith(("input_ids", "pair_token_type"))
+        }
+        labels = np.array(table.column("label")) if "label" in table.column_names else None
+        return cls([str(x) for x in table.column("id").to_pylist()], labels, sequences)
+
+    def subset(self, rows: np.ndarray) -> "TokenizedTable":
+        """A copy holding only ``rows`` (in that order)."""
+        return TokenizedTable(
+            [self.ids[i] for i in rows],
+            None if self.labels is None else self.labels[rows],
+            {
+                name: Sequences.from_list([seq[i] for i in rows])
+                for name, seq in self.sequences.items()
+            },
+        )
+
+
+def length_bucketed_batches(
+    lengths: np.ndarray,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    generator: np.random.Generator | None = None,
+    bucket_batches: int = 50,
+) -> list[np.ndarray]:
+    """Split row indices into batches of similar length.
+
+    With ``shuffle``: shuffle all rows, cut them into windows of ``bucket_batches``
+    batches, sort each window by length, cut it into batches, and shuffle the
+    order of all batches. Each epoch draws new windows, so batch composition varies,
+    while padding stays close to the minimum. Without ``shuffle`` (evaluation),
+    rows are simply sorted by length: the least padding possible.
+    Every row appears in exactly one batch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    n = len(lengths)
+    if not shuffle:
+        order = np.argsort(lengths, kind="stable")
+        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    if generator is None:
+        raise ValueError("a shuffled batch order needs a seeded numpy Generator")
+    order = generator.permutation(n)
+    window = batch_size * bucket_batches
+    batches = []
+    for start in range(0, n, window):
+        chunk = order[start : start + window]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in generator.permutation(len(batches))]
+
+
+def random_batches(
+    n: int, batch_size: int, generator: np.random.Generator
+) -> list[np.ndarray]:
+    """Plain shuffled batches (for comparison with bucketing in benchmarks)."""
+    order = generator.permutation(n)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def pad(
+    seqs: Sequences, rows: np.ndarray, pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``rows`` of ``seqs`` into (ids, attention_mask), padded to their longest."""
+    lengths = seqs.lengths()[rows]
+    width = int(lengths.max())
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for j, i in enumerate(rows):
+        ids[j, : lengths[j]] = seqs[i]
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))

@@ -1,0 +1,481 @@
+"""Reading and validating the course's tab-separated CSV files.
+
+The files are read with the standard `csv` module rather than `pandas.read_csv`
+because a validator has to say *where* a file is wrong: the reader is fed one
+physical line at a time, so every record, every bad byte and every unbalanced
+quote can be reported with the line it is on. Nothing stops at the first
+problem: `validate_task_csv` returns all of them, and `read_task_csv` raises a
+single `DataError` listing them, so a broken file is fixed in one round.
+
+Line numbers count physical lines the way an editor does (``\\n``, ``\\r\\n`` or
+a lone ``\\r`` ends a line), starting at 1 for the header; a record's line is
+the line it starts on.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .tasks import TASKS, TaskSpec
+
+#: At most this many problems are spelled out in a `DataError` message.
+MAX_PRINTED_PROBLEMS = 20
+
+# The course files were written by pandas with its index, so each starts with
+# one unnamed index column; the sst/cfimdb test files went through pandas twice
+# and carry a second one (header "0", "").
+_INDEX_PREFIXES: tuple[tuple[str, ...], ...] = (("",), ("0", ""))
+
+# A plain decimal number. `float()` alone would also accept "nan", "inf" and
+# "1_0", none of which is a label anyone meant to write.
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+# The csv module refuses fields over 128 KiB by default; long reviews, or a test
+# file with a 1 MB field, must still load. 2**31 - 1 is the largest value every
+# platform's C long accepts.
+_FIELD_SIZE_LIMIT = 2**31 - 1
+
+# Where a missing file's message tells the user to look. Kept here because the
+# reader is the first place a missing file is noticed.
+_HOW_TO_PROVIDE = (
+    "point the data directory parameter data.source (params.yaml) or the environment "
+    "variable MINBERT_DATA_DIR at a directory holding the course CSV files, "
+    "or set data.source to 'download'"
+)
+
+
+class _TabDialect(csv.Dialect):
+    """Tab-separated, standard quoting, and strict about malformed quotes.
+
+    `strict` makes the parser raise on a quote it cannot interpret (``"a"b``)
+    and on a quoted field still open at the end of the file, instead of
+    silently gluing text together; both are reported as problems.
+    """
+
+    delimiter = "\t"
+    quotechar = '"'
+    doublequote = True
+    skipinitialspace = False
+    lineterminator = "\n"
+    quoting = csv.QUOTE_MINIMAL
+    strict = True
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input file, at a 1-based physical line.
+
+    Line 0 means the file as a whole (it is missing, or a skip list names an
+    id it does not contain); such a problem prints without a line number.
+    """
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        if self.line > 0:
+            return f"{self.path}:{self.line}: {self.reason}"
+        return f"{self.path}: {self.reason}"
+
+
+def format_problems(problems: Iterable[Problem], limit: int = MAX_PRINTED_PROBLEMS) -> str:
+    """One problem per line, cut off after `limit` with a count of the rest."""
+    problems = list(problems)
+    lines = [str(p) for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"... and {len(problems) - limit} more")
+    return "\n".join(lines)
+
+
+class DataError(ValueError):
+    """Bad input data; `problems` lists everything that was found wrong."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems: list[Problem] = list(problems)
+        super().__init__(format_problems(self.problems))
+
+
+def missing_file_problem(path: str | PathLike) -> Problem:
+    """The problem for a course file that is not where it should be, saying
+    where it was looked for and how to provide it."""
+    return Problem(str(path), 0, f"file not found (looked for {Path(path).absolute()}); {_HOW_TO_PROVIDE}")
+
+
+class _PhysicalLines:
+    """Feeds a text file to `csv.reader` line by line, keeping the bookkeeping
+    the reader does not: the number of each line, the lines that make up the
+    record being parsed, and any bytes that are not UTF-8.
+
+    The file must be opened with ``errors="surrogateescape"`` so that a bad
+    byte arrives as a lone surrogate instead of aborting the whole read; it is
+    reported here with its position and handed on to the parser as U+FFFD.
+    """
+
+    def __init__(self, handle: Iterable[str], path: str, problems: list[Problem]):
+        self._handle = handle
+        self._path = path
+        self._problems = problems
+        self.exhausted = False
+        #: (line number, text) of every line the parser has taken for the
+        #: record it is working on; emptied by `take_record`.
+        self.record: list[tuple[int, str]] = []
+
+    def __iter__(self) -> Iterator[str]:
+        offset = 0  # byte offset of the current line's start in the file
+        for number, line in enumerate(self._handle, start=1):
+            try:
+                size = len(line.encode("utf-8"))
+            except UnicodeEncodeError as err:
+                raw = line.encode("utf-8", "surrogateescape")
+                size = len(raw)
+                column = len(line[: err.start].encode("utf-8", "surrogateescape"))
+                byte = ord(line[err.start]) - 0xDC00
+                self._problems.append(
+                    Problem(
+                        self._path,
+                        number,
+                        f"not valid UTF-8: byte 0x{byte:02X} at byte {column + 1} of the line "
+                        f"(byte offset {offset + column} in the file); save the file as UTF-8",
+                    )
+                )
+                line = raw.decode("utf-8", "replace")
+            offset += size
+            if number == 1 and line.startswith("\ufeff"):
+                # A UTF-8 byte-order mark (as Excel writes) is not part of the header.
+                line = line[1:]
+            self.record.append((number, line))
+            yield line
+        self.exhausted = True
+
+    def take_record(self) -> list[tuple[int, str]]:
+        """The lines of the record just parsed (or just failed); starts a new one."""
+        record, self.record = self.record, []
+        return record
+
+
+def _last_open_quote(record: list[tuple[int, str]]) -> tuple[int | None, bool]:
+    """Where the last quoted field in `record` opened, and whether it is still open.
+
+    A small re-implementation of the quoting rules, used only after the csv
+    parser has failed, to point at the quote that caused the failure (the
+    parser itself only knows where it gave up).
+    """
+    opened_on: int | None = None
+    state = "field-start"
+    for number, line in record:
+        for char in line:
+            if state == "quoted":
+                if char == '"':
+                    state = "quote-in-quoted"
+            elif state == "quote-in-quoted":
+                # '""' is an escaped quote; anything else closes the field.
+                state = "quoted" if char == '"' else ("field-start" if char in "\t\r\n" else "unquoted")
+            elif char in "\t\r\n":
+                state = "field-start"
+            elif state == "field-start" and char == '"':
+                state, opened_on = "quoted", number
+            else:
+                state = "unquoted"
+    return opened_on, state == "quoted"
+
+
+def _span(record: list[tuple[int, str]]) -> str:
+    first, last = record[0][0], record[-1][0]
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+@dataclass
+class _Scan:
+    """Everything one pass over a file found."""
+
+    path: str
+    problems: list[Problem] = field(default_factory=list)
+    labelled: bool = False
+    columns: dict[str, list] = field(default_factory=dict)
+    skipped: list[dict] = field(default_factory=list)
+
+
+def _expected_headers(task: TaskSpec) -> tuple[list[str], list[str]]:
+    body = ["id", *task.text_columns]
+    return ["", *body, task.label_column], ["", *body]
+
+
+def _match_header(header: list[str], task: TaskSpec) -> bool | str:
+    """True/False (labelled or not) for a known layout, else the reason it is wrong."""
+    labelled = task.label_column in header
+    body = ["id", *task.text_columns] + ([task.label_column] if labelled else [])
+    if any(header == [*prefix, *body] for prefix in _INDEX_PREFIXES):
+        return labelled
+    with_label, without_label = _expected_headers(task)
+    missing = [c for c in (with_label if labelled else without_label) if c and c not in header]
+    reason = (
+        f"wrong columns for task {task.name!r}: found {header!r}; expected {with_label!r} "
+        f"(labelled) or {without_label!r} (test file, optionally with an extra index column '0' first)"
+    )
+    if missing:
+        reason += f"; missing {', '.join(repr(c) for c in missing)}"
+    return reason
+
+
+def _parse_label(text: str, task: TaskSpec) -> tuple[int | float | None, str | None]:
+    """The label's value, or None and the reason it is not acceptable."""
+    column = task.label_column
+    stripped = text.strip()
+    if not stripped:
+        return None, f"{column} is empty (no label)"
+    if not _NUMBER.fullmatch(stripped):
+        return None, f"{column} {text!r} is not a number"
+    value = float(stripped)
+    if not math.isfinite(value):
+        return None, f"{column} {text!r} is not a finite number"
+    if task.label_kind == "class":
+        # The quora labels are written as "0.0"/"1.0", so integral floats are fine.
+        if not value.is_integer():
+            return None, f"{column} {text!r} is not an integer class"
+        if not 0 <= value < task.num_classes:
+            return None, f"{column} {text!r} is outside the classes 0..{task.num_classes - 1}"
+        return int(value), None
+    low, high = task.score_range
+    if not low <= value <= high:
+        return None, f"{column} {text!r} is outside the range {low}..{high}"
+    return value, None
+
+
+def _task_spec(task: TaskSpec | str) -> TaskSpec:
+    # Callers such as the command line only have the task's name.
+    if isinstance(task, TaskSpec):
+        return task
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    return TASKS[task]
+
+
+def _scan(path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str] | None) -> _Scan:
+    task = _task_spec(task)
+    skip_ids = dict(skip_ids or {})
+    where = str(path)
+    scan = _Scan(where)
+    problems = scan.problems
+    file_path = Path(path)
+
+    if not file_path.exists():
+        problems.append(missing_file_problem(file_path))
+        return scan
+    if file_path.is_dir():
+        problems.append(Problem(where, 0, "is a directory, expected a CSV file"))
+        return scan
+
+    if csv.field_size_limit() < _FIELD_SIZE_LIMIT:
+        csv.field_size_limit(_FIELD_SIZE_LIMIT)
+
+    header: list[str] | None = None
+    layout: bool | str = False
+    id_at = 0
+    data_records = 0
+    first_seen: dict[str, int] = {}  # id -> line of its first row
+    skipped_seen: set[str] = set()
+
+    try:
+        # newline="" hands line endings to the csv parser untouched, as the csv
+        # docs require, so quoted fields keep embedded newlines exactly.
+        with open(file_path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+            lines = _PhysicalLines(handle, where, problems)
+            reader = csv.reader(lines, _TabDialect)
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as err:
+                    # The parser drops the rest of the line it failed on and
+                    # starts afresh on the next one; report and carry on.
+                    problems.append(_malformed(where, lines.take_record(), err, lines.exhausted))
+                    if header is not None:
+                        data_records += 1
+                    continue
+                record = lines.take_record()
+                if not row:
+                    # Blank lines are not records (csv.DictReader, which the
+                    # course's own loader uses, skips them too).
+                    continue
+                start = record[0][0]
+
+                if header is None:
+                    header = row
+                    layout = _match_header(header, task)
+                    if isinstance(layout, str):
+                        problems.append(Problem(where, start, layout))
+                    else:
+                        scan.labelled = layout
+                        id_at = header.index("id")
+                        scan.columns = {name: [] for name in _output_columns(task, scan.labelled)}
+                    continue
+
+                data_records += 1
+                if isinstance(layout, str):
+                    # Columns unknown: only the shape of each row can still be checked.
+                    if len(row) != len(header):
+                        problems.append(_wrong_width(where, record, len(header), len(row)))
+                    continue
+
+                row_id = row[id_at] if len(row) > id_at else None
+                if row_id is not None and row_id in skip_ids:
+                    # Declared broken by the caller: neither an error nor data.
+                    skipped_seen.add(row_id)
+                    scan.skipped.append({"id": row_id, "line": start, "reason": skip_ids[row_id]})
+                    continue
+                if len(row) != len(header):
+                    problems.append(_wrong_width(where, record, len(header), len(row)))
+                    continue
+                _check_row(scan, task, header, row, start, first_seen)
+    except OSError as err:
+        problems.append(Problem(where, 0, f"cannot read file: {err.strerror or err}"))
+        return scan
+
+    if header is None:
+        problems.append(Problem(where, 1, "file is empty: expected a header line and data rows"))
+    elif data_records == 0:
+        problems.append(Problem(where, 1, "no data rows: the file has only a header"))
+    elif not isinstance(layout, str):
+        for stale in sorted(set(skip_ids) - skipped_seen):
+            problems.append(
+                Problem(
+                    where,
+                    0,
+                    f"the skip list names id {stale!r} ({skip_ids[stale]}) but no row has that id; "
+                    "remove the stale entry",
+                )
+            )
+    return scan
+
+
+def _output_columns(task: TaskSpec, labelled: bool) -> list[str]:
+    return ["id", *task.text_columns, *(["label"] if labelled else []), "line"]
+
+
+def _check_row(
+    scan: _Scan, task: TaskSpec, header: list[str], row: list[str], line: int, first_seen: dict[str, int]
+) -> None:
+    """Validate one well-shaped data row; keep it if nothing is wrong."""
+    values = dict(zip(header, row))
+    reasons: list[str] = []
+
+    row_id = values["id"]
+    if not row_id.strip():
+        reasons.append("id is empty")
+    elif row_id in first_seen:
+        reasons.append(f"duplicate id {row_id!r} (first seen on line {first_seen[row_id]})")
+    else:
+        first_seen[row_id] = line
+
+    for column in task.text_columns:
+        text = values[column]
+        if not text.strip():
+            reasons.append(f"{column} is {'empty' if not text else 'whitespace-only'}")
+
+    label = None
+    if scan.labelled:
+        label, reason = _parse_label(values[task.label_column], task)
+        if reason:
+            reasons.append(reason)
+
+    if reasons:
+        scan.problems.extend(Problem(scan.path, line, reason) for reason in reasons)
+        return
+    columns = scan.columns
+    columns["id"].append(row_id)
+    for column in task.text_columns:
+        columns[column].append(values[column])
+    if scan.labelled:
+        columns["label"].append(label)
+    columns["line"].append(line)
+
+
+def _wrong_width(where: str, record: list[tuple[int, str]], expected: int, found: int) -> Problem:
+    reason = f"expected {expected} tab-separated fields, found {found}"
+    if len(record) > 1:
+        # A record spanning several lines usually means a quote was left open
+        # and swallowed the line breaks after it.
+        opened_on, _ = _last_open_quote(record)
+        reason += f" (the record spans {_span(record)}"
+        if opened_on is not None:
+            reason += f"; check the quoted field that opens on line {opened_on}"
+        reason += ")"
+    return Problem(where, record[0][0], reason)
+
+
+def _malformed(where: str, record: list[tuple[int, str]], err: csv.Error, at_end: bool) -> Problem:
+    opened_on, still_open = _last_open_quote(record)
+    if at_end and still_open and opened_on is not None:
+        return Problem(
+            where,
+            opened_on,
+            f"unterminated quoted field: the quote opening a field on line {opened_on} is never closed "
+            f"(the record starting on line {record[0][0]} runs to the end of the file)",
+        )
+    # The parser's messages quote the delimiter itself; show it visibly.
+    detail = str(err).replace("\t", "\\t")
+    reason = f"malformed CSV ({detail}) in the record on {_span(record)}"
+    if len(record) > 1 and opened_on is not None:
+        reason += f"; the quoted field opened on line {opened_on} may lack its closing quote"
+    return Problem(where, record[0][0], reason)
+
+
+def validate_task_csv(
+    path: str | PathLike, task: TaskSpec | str, *, skip_ids: Mapping[str, str] | None = None
+) -> list[Problem]:
+    """Every problem in one course file of `task` (a `TaskSpec` or its name);
+    empty when the file is clean.
+
+    Rows whose id is in `skip_ids` are not checked (see `read_task_csv`).
+    """
+    return _scan(path, task, skip_ids).problems
+
+
+def read_task_csv(
+    path: str | PathLike, task: TaskSpec | str, *, skip_ids: Mapping[str, str] | None = None
+) -> pd.DataFrame:
+    """Read one course file of `task` (a `TaskSpec` or its name) into a
+    normalised DataFrame.
+
+    Columns: ``id``, the task's text columns (``sentence`` or ``sentence1``,
+    ``sentence2``), ``label`` (int64 classes or float64 scores; only when the
+    file has a label column, i.e. not for test files) and ``line`` (the
+    physical line each row starts on). Text is kept exactly as in the file.
+
+    `skip_ids` maps ids of rows known to be broken to the reason they are
+    left out: those rows are dropped without being an error, and are listed in
+    ``df.attrs["skipped"]`` as ``{"id", "line", "reason"}`` dicts. An id in
+    `skip_ids` that the file does not contain is an error, so a skip list
+    cannot silently go stale.
+
+    Raises `DataError` listing every problem found.
+    """
+    task = _task_spec(task)
+    scan = _scan(path, task, skip_ids)
+    if scan.problems:
+        raise DataError(scan.problems)
+
+    data: dict[str, pd.Series] = {}
+    for name, values in scan.columns.items():
+        if name == "label":
+            dtype = np.int64 if task.label_kind == "class" else np.float64
+        elif name == "line":
+            dtype = np.int64
+        else:
+            dtype = str
+        data[name] = pd.Series(values, dtype=dtype)
+    frame = pd.DataFrame(data)
+    frame.attrs["path"] = scan.path
+    frame.attrs["skipped"] = scan.skipped
+    return frame

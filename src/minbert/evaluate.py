@@ -1,0 +1,54 @@
+"""Metrics and prediction files.
+
+Prediction files use the course's submission format (a header line
+``id \t Predicted_<Field> ``, then one ``<id> , <prediction> `` line per example),
+so they can be handed in or compared with the course's own outputs unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import accuracy_score
+
+from minbert.atomic import atomic_write_text
+
+PREDICTION_FIELDS = {
+    "sst": "Predicted_Sentiment",
+    "cfimdb": "Predicted_Sentiment",
+    "quora": "Predicted_Is_Paraphrase",
+    "sts": "Predicted_Similiarity",  # sic: the course's spelling, kept for its grader
+}
+
+
+def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
+    return float(accuracy_score(labels, predictions))
+
+
+def pearson(labels: np.ndarray, predictions: np.ndarray) -> float:
+    labels, predictions = np.asarray(labels, float), np.asarray(predictions, float)
+    if labels.std() == 0 or predictions.std() == 0:
+        return 0.0  # undefined; a constant predictor carries no correlation
+    return float(np.corrcoef(labels, predictions)[0, 1])
+
+
+def format_predictions(task: str, ids: Sequence[str], predictions: Sequence) -> str:
+    lines = [f"id \t {PREDICTION_FIELDS[task]} "]
+    lines += [f"{i} , {p} " for i, p in zip(ids, predictions, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def write_predictions(path: Path, task: str, ids: Sequence[str], predictions: Sequence) -> None:
+    atomic_write_text(path, format_predictions(task, ids, predictions))
+
+
+def read_predictions(path: Path) -> dict[str, str]:
+    """Read a prediction file back (for tests and the report)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    out = {}
+    for line in lines[1:]:
+        ident, _, value = line.partition(" , ")
+        out[ident.strip()] = value.strip()
+    return out

@@ -1,0 +1,5 @@
+"""The encoder (``bert``), task heads (``heads``) and checkpoint handling (``checkpoint``)."""
+
+from minbert.model.bert import BertConfig, BertModel, BertOutput
+
+__all__ = ["BertConfig", "BertModel", "BertOutput"]

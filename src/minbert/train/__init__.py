@@ -1,0 +1,1 @@
+"""Training: optimizers and schedules (``optim``), the single-task loop (``sentiment``)."""

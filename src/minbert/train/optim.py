@@ -1,0 +1,104 @@
+"""Optimizers and learning-rate schedules, chosen by name from small registries.
+
+AdamW is PyTorch's. AdamaxW is written here: Adamax (Kingma & Ba, 2015, section 7.1),
+the infinity-norm variant of Adam, with the weight decay decoupled from the
+gradient-based update as in AdamW (Loshchilov & Hutter, 2019). The minBERT paper
+compares the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+class AdamaxW(torch.optim.Optimizer):
+    r"""Adamax with decoupled weight decay.
+
+    For each parameter :math:`p` with gradient :math:`g` at step :math:`t`:
+
+    .. math::
+        p &\leftarrow p - \eta\lambda p \\
+        m &\leftarrow \beta_1 m + (1-\beta_1) g \\
+        u &\leftarrow \max(\beta_2 u, |g| + \epsilon) \\
+        p &\leftarrow p - \frac{\eta}{1-\beta_1^t}\,\frac{m}{u}
+
+    ``eps`` sits inside the max, as in PyTorch's Adamax, so ``u`` is never zero.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid AdamaxW hyperparameters lr={lr} betas={betas} eps={eps} "
+                             f"weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_inf"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, u = state["exp_avg"], state["exp_inf"]
+                if wd:
+                    p.mul_(1 - lr * wd)
+                m.lerp_(g, 1 - beta1)
+                torch.maximum(u.mul_(beta2), g.abs().add_(eps), out=u)
+                p.addcdiv_(m, u, value=-lr / (1 - beta1 ** state["step"]))
+        return loss
+
+
+def _adamw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    # foreach: one fused kernel launch per group instead of one per tensor.
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+def _adamaxw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return AdamaxW(params, lr=lr, weight_decay=weight_decay)
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": _adamw,
+    "adamaxw": _adamaxw,
+}
+
+SCHEDULERS: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
+    # Stepped once per epoch.
+    "constant": lambda opt, gamma: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
+    "exponential": lambda opt, gamma: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+}
+
+
+def _choose(registry: dict, kind: str, name: str):
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"{kind} {name!r} is not one of {sorted(registry)}") from None
+
+
+def build_optimizer(name: str, params, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return _choose(OPTIMIZERS, "optimizer", name)(params, lr=lr, weight_decay=weight_decay)
+
+
+def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float):
+    return _choose(SCHEDULERS, "lr_schedule", name)(optimizer, gamma)

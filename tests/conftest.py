@@ -1,0 +1,39 @@
+"""Shared fixtures: the packaged checkpoint, a tiny random checkpoint, the shared data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minbert.model.bert import BertConfig, BertModel
+from minbert.model.checkpoint import resolve_checkpoint, save_pretrained
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data" / "cs224n"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    return resolve_checkpoint("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not (SHARED_DATA / "ids-sst-train.csv").is_file():
+        pytest.skip(f"the course data is not at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+TINY = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, minilm_dir) -> Path:
+    """A 2-layer, 32-wide random BERT with the real bert-base-uncased vocabulary."""
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    save_pretrained(BertModel(TINY), directory, minilm_dir / "vocab.txt")
+    return directory

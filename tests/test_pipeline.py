@@ -1,0 +1,91 @@
+"""The real pipeline, through `dvc repro`, on a slice of the shared course data.
+
+Copies the project's dvc.yaml, params.yaml, stages and sources into a fresh git
+repository, points the data stage at the first rows of every course file and the
+checkpoint at a tiny random BERT, and runs every stage end to end.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+ROWS = 48
+
+
+def _slice(src: Path, dst: Path, rows: int) -> None:
+    """The header and first `rows` records of every course file, re-quoted properly."""
+    dst.mkdir()
+    for path in sorted(src.glob("*.csv")):
+        with open(path, newline="", encoding="utf-8") as f:
+            records = [r for _, r in zip(range(rows + 1), csv.reader(f, delimiter="\t"))]
+        with open(dst / path.name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f, delimiter="\t", lineterminator="\n").writerows(records)
+
+
+def _run(args: list[str], cwd: Path) -> str:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               DVC_NO_ANALYTICS="1")
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("pipeline")
+    for name in ("dvc.yaml", "params.yaml", ".gitignore"):
+        shutil.copy(REPO / name, root / name)
+    for name in ("stages", "src", "reference"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _slice(shared_data, root / "slice", ROWS)
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["checkpoint"] = str(tiny_checkpoint)
+    params["device"] = "cpu"
+    params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
+    params["scales"]["cpu"] = {
+        "max_length": {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
+        "sentiment": {"batch_size": 8, "epochs": {"last-layer": 2, "full": 1},
+                      "train_examples": {"sst": 0, "cfimdb": 0}},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    _run(["git", "init", "-q"], root)
+    _run(["dvc", "init", "-q"], root)
+    _run(["dvc", "config", "core.analytics", "false"], root)
+    _run(["dvc", "repro"], root)
+    return root
+
+
+def test_repro_produces_every_output(pipeline):
+    runs = ["sst-last-layer", "sst-full", "cfimdb-last-layer", "cfimdb-full"]
+    for run in runs:
+        metrics = json.loads((pipeline / "metrics" / "sentiment" / f"{run}.json").read_text())
+        assert 0 <= metrics["dev_accuracy"] <= 1
+        assert metrics["train_examples"] == ROWS and metrics["dev_examples"] == ROWS
+        assert (pipeline / "predictions" / "sentiment" / run / "test-out.csv").is_file()
+    manifest = json.loads((pipeline / "data" / "prepared" / "manifest.json").read_text())
+    assert manifest["quora_split"]["kind"] == "carved-from-dev"
+    assert not any(i["verified"] for i in manifest["inputs"])  # a slice is not the course file
+    report = (pipeline / "report" / "README.md").read_text()
+    assert "Table 1" in report and "sst-full" in report and "0.515" in report
+    lock = yaml.safe_load((pipeline / "dvc.lock").read_text())
+    assert {"prepare", "tokenize", "report", "sentiment@sst-full"} <= set(lock["stages"])
+
+
+def test_status_is_clean_and_metrics_show(pipeline):
+    status = _run(["dvc", "status", "--json"], pipeline)
+    assert json.loads(status) == {}
+    shown = _run(["dvc", "metrics", "show", "--json"], pipeline)
+    assert "dev_accuracy" in shown

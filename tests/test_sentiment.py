@@ -1,0 +1,103 @@
+"""Single-task sentiment training on tiny data with a tiny random encoder."""
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from minbert import params as params_module
+from minbert.data.batches import TokenizedTable
+from minbert.data.tokenize import tokenize_prepared
+from minbert.evaluate import read_predictions
+from minbert.model import BertModel
+from minbert.train.sentiment import NonFiniteLoss, run_stage, train_sentiment
+from conftest import REPO
+
+WORDS = ["good", "bad", "fine", "awful", "great", "dull", "film", "plot", "the", "a"]
+
+
+def _table(n, seed, labelled=True):
+    rng = np.random.default_rng(seed)
+    rows = {"id": [f"id{seed}-{i}" for i in range(n)],
+            "sentence": [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(n)]}
+    if labelled:
+        rows["label"] = rng.integers(0, 5, size=n)
+    rows["line"] = np.arange(2, n + 2)
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def tokenized(tmp_path, tiny_checkpoint):
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    _table(40, 0).to_parquet(prepared / "sst-train.parquet")
+    _table(12, 1).to_parquet(prepared / "sst-dev.parquet")
+    _table(7, 2, labelled=False).to_parquet(prepared / "sst-test.parquet")
+    tokenize_prepared(prepared, tmp_path / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32})
+    return tmp_path / "tok"
+
+
+@pytest.fixture
+def tiny_params(tiny_checkpoint):
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p["checkpoint"] = str(tiny_checkpoint)
+    p["device"] = "cpu"
+    p["scales"]["cpu"]["sentiment"] = {"batch_size": 8, "epochs": {"last-layer": 3, "full": 2},
+                                       "train_examples": {"sst": 32, "cfimdb": 0}}
+    p["sentiment"]["eval_batch_size"] = 5
+    return params_module.validate(p)
+
+
+@pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])
+def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_params, run):
+    metrics = run_stage(tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred")
+    saved = json.loads((tmp_path / "metrics" / f"{run}.json").read_text())
+    assert saved == metrics
+    history = pd.read_csv(tmp_path / "metrics" / f"{run}-history.csv")
+    assert len(history) == metrics["epochs"]
+    best = history.loc[history.dev_accuracy.idxmax()]
+    assert metrics["best_epoch"] == best.epoch and metrics["dev_accuracy"] == pytest.approx(best.dev_accuracy)
+    assert metrics["train_examples"] == 32 and metrics["dev_examples"] == 12
+    assert metrics["checkpoint"]["sha256"] and metrics["seed"] == tiny_params["seed"]
+    dev = read_predictions(tmp_path / "pred" / run / "dev-out.csv")
+    test = read_predictions(tmp_path / "pred" / run / "test-out.csv")
+    assert len(dev) == 12 and len(test) == 7
+    assert set(dev.values()) <= {"0", "1", "2", "3", "4"}
+    # The dev predictions are those of the best epoch: they reproduce its accuracy.
+    table = TokenizedTable.read(tokenized / "sst-dev.parquet")
+    acc = np.mean([int(dev[i]) == y for i, y in zip(table.ids, table.labels)])
+    assert acc == pytest.approx(metrics["dev_accuracy"])
+    first_line = (tmp_path / "pred" / run / "dev-out.csv").read_text().splitlines()[0]
+    assert first_line == "id \t Predicted_Sentiment "
+
+
+def test_same_seed_same_metrics(tmp_path, tokenized, tiny_params):
+    a = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m1", tmp_path / "p1")
+    b = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m2", tmp_path / "p2")
+    assert (tmp_path / "m1" / "sst-full-history.csv").read_text() == \
+        (tmp_path / "m2" / "sst-full-history.csv").read_text()
+    assert a == b
+
+
+def test_last_layer_leaves_encoder_untouched(tokenized, tiny_params, tiny_checkpoint):
+    settings = params_module.sentiment_settings(tiny_params, "sst-last-layer")
+    encoder = BertModel.from_pretrained(tiny_checkpoint)
+    before = copy.deepcopy(encoder.state_dict())
+    tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev", "test")}
+    train_sentiment(settings, encoder, tables["train"], tables["dev"], tables["test"], torch.device("cpu"))
+    for k, v in encoder.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_non_finite_loss_names_step_and_examples(tokenized, tiny_params, tiny_checkpoint):
+    settings = params_module.sentiment_settings(tiny_params, "sst-full")
+    encoder = BertModel.from_pretrained(tiny_checkpoint)
+    with torch.no_grad():
+        encoder.pooler.dense.bias.fill_(float("nan"))
+    tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev")}
+    with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 0, task sst; batch example ids: id0-"):
+        train_sentiment(settings, encoder, tables["train"], tables["dev"], None, torch.device("cpu"))
