@@ -14,7 +14,8 @@ from minbert.data.csvfile import DataError, Problem, read_task_csv, validate_tas
 from minbert.data.tasks import TASKS
 
 SST, QUORA, STS = TASKS["sst"], TASKS["quora"], TASKS["sts"]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
+from conftest import SHARED_DATA as SHARED
+
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared course data not found at {SHARED}")
 
 SST_HEADER = "\tid\tsentence\tsentiment"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import socket
 import threading
@@ -12,45 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
+from coursefiles import UNVERIFIED, course_files
 
 from minbert.data import download
 from minbert.data.download import DownloadError, fetch, sha256_file
 from minbert.data.prepare import prepare
-from minbert.data.tasks import TASKS
-
-UNVERIFIED = ("quora-train.csv", "quora-test-student.csv")
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def course_files(rows: int = 30, *, unverified_too: bool = False) -> dict[str, bytes]:
-    """A tiny but complete set of course files, in the course's own layouts."""
-    files = {}
-    for task in TASKS.values():
-        for split, name in task.files.items():
-            if name in UNVERIFIED and not unverified_too:
-                continue
-            labelled = split != "test"
-            two_index = split == "test" and not task.is_pair  # as in the sst/cfimdb test files
-            out = io.StringIO()
-            writer = csv.writer(out, delimiter="\t", lineterminator="\n")
-            index_columns = ["0", ""] if two_index else [""]
-            label_column = [task.label_column] if labelled else []
-            writer.writerow([*index_columns, "id", *task.text_columns, *label_column])
-            for i in range(rows):
-                index = [i + 1, f"{i}.0"] if two_index else [i]
-                texts = [f' {task.name} {split} "{i}" part {k}' for k in range(len(task.text_columns))]
-                if task.name == "quora":
-                    label = f"{i % 2}.0"
-                elif task.label_kind == "class":
-                    label = str(i % task.num_classes)
-                else:
-                    label = f"{(i % 11) / 2:.1f}"
-                writer.writerow([*index, f"{split}-{i:04d}", *texts, *([label] if labelled else [])])
-            files[name] = out.getvalue().encode()
-    return files
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -161,7 +129,7 @@ PREPARE_ARGS = dict(quora_holdout_fraction=0.2, split_seed=7, skip_ids={})
 
 
 def test_prepare_downloads_into_raw_and_carves_quora(tmp_path, server, monkeypatch):
-    files = course_files()
+    files = course_files(30)
     _serve_course(server, monkeypatch, files)
     out = tmp_path / "prepared"
     manifest = prepare("download", out, base_url=server.url, **PREPARE_ARGS)
@@ -183,7 +151,7 @@ def test_prepare_downloads_into_raw_and_carves_quora(tmp_path, server, monkeypat
 
 
 def test_prepare_downloads_unverified_files_only_when_allowed(tmp_path, server, monkeypatch):
-    files = course_files(unverified_too=True)
+    files = course_files(30, unverified_too=True)
     _serve_course(server, monkeypatch, files)
     out = tmp_path / "prepared"
     manifest = prepare("download", out, base_url=server.url, allow_unverified=True, **PREPARE_ARGS)
@@ -198,7 +166,7 @@ def test_prepare_downloads_unverified_files_only_when_allowed(tmp_path, server, 
 
 
 def test_prepare_with_a_bad_download_leaves_no_output(tmp_path, server, monkeypatch):
-    files = course_files()
+    files = course_files(30)
     _serve_course(server, monkeypatch, files)
     server.files["sts-dev.csv"] = files["sts-dev.csv"] + b"tampered"
     with pytest.raises(DownloadError, match="sts-dev.csv"):

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import yaml
+from conftest import REPO
 
 from minbert import params
-from conftest import REPO
 
 
 @pytest.fixture

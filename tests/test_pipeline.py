@@ -2,7 +2,8 @@
 
 Copies the project's dvc.yaml, params.yaml, stages and sources into a fresh git
 repository, points the data stage at the first rows of every course file and the
-checkpoint at a tiny random BERT, and runs every stage end to end.
+checkpoint at a tiny random BERT, and runs every stage end to end; then an
+ablation with `dvc exp run -S optimizer=adamaxw`, compared by `dvc metrics diff`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 ROWS = 48
@@ -58,6 +58,9 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
         "max_length": {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
         "sentiment": {"batch_size": 8, "epochs": {"last-layer": 2, "full": 1},
                       "train_examples": {"sst": 0, "cfimdb": 0}},
+        "multitask": {"lr": 1e-3, "epochs": 2, "batch_size": {"sst": 8, "quora": 8, "sts": 8},
+                      "train_examples": {"sst": 0, "quora": 0, "sts": 0},
+                      "dev_examples": {"sst": 0, "quora": 0, "sts": 0}},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -65,6 +68,8 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     _run(["dvc", "init", "-q"], root)
     _run(["dvc", "config", "core.analytics", "false"], root)
     _run(["dvc", "repro"], root)
+    _run(["git", "add", "-A"], root)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results"], root)
     return root
 
 
@@ -82,6 +87,13 @@ def test_repro_produces_every_output(pipeline):
     assert "Table 1" in report and "sst-full" in report and "0.515" in report
     lock = yaml.safe_load((pipeline / "dvc.lock").read_text())
     assert {"prepare", "tokenize", "report", "sentiment@sst-full"} <= set(lock["stages"])
+    configs = yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]
+    for config in configs:
+        metrics = json.loads((pipeline / "metrics" / "multitask" / f"{config}.json").read_text())
+        assert metrics["data_split"]["quora"]["kind"] == "carved-from-dev"
+        assert f"multitask@{config}" in lock["stages"]
+    for figure in ("figure2-loss.png", "figure3-average.png", "figure-conflicts.png"):
+        assert (pipeline / "report" / figure).stat().st_size > 10_000
 
 
 def test_status_is_clean_and_metrics_show(pipeline):
@@ -89,3 +101,18 @@ def test_status_is_clean_and_metrics_show(pipeline):
     assert json.loads(status) == {}
     shown = _run(["dvc", "metrics", "show", "--json"], pipeline)
     assert "dev_accuracy" in shown
+
+
+def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
+    _run(["dvc", "exp", "run", "-S", "optimizer=adamaxw"], pipeline)
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    assert params["optimizer"] == "adamaxw"
+    diff = json.loads(_run(["dvc", "metrics", "diff", "--json"], pipeline))
+    baseline = diff["metrics/multitask/baseline.json"]
+    assert baseline["average"]["diff"] != 0
+    # A configuration that sets its own optimizer is untouched by the ablation.
+    assert "metrics/multitask/round-robin-adamaxw.json" not in diff or all(
+        v.get("diff", 0) == 0 for v in diff["metrics/multitask/round-robin-adamaxw.json"].values()
+        if isinstance(v, dict))
+    text = _run(["dvc", "metrics", "diff"], pipeline)
+    assert "metrics/multitask/baseline.json" in text and "average" in text

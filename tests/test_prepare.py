@@ -2,59 +2,24 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import SHARED_DATA as SHARED
+from coursefiles import UNVERIFIED, course_files
 
 from minbert.data import download
 from minbert.data.csvfile import DataError
 from minbert.data.prepare import holdout_mask, prepare, resolve_source
-from minbert.data.tasks import TASKS
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
-UNVERIFIED = ("quora-train.csv", "quora-test-student.csv")
 QUORA_ROWS = 200
 BROKEN_ID = "dev-broken"  # a quora-dev row with no label, like the two in the real file
 SKIP = {"quora-dev.csv": {BROKEN_ID: "no label in the course file"}}
 ARGS = dict(quora_holdout_fraction=0.25, split_seed=13, skip_ids=SKIP)
-
-
-def course_files(rows: int = 20, *, unverified_too: bool = False) -> dict[str, bytes]:
-    """A small but complete set of course files, in the course's own layouts;
-    quora-dev has QUORA_ROWS good pairs plus one unlabelled row (BROKEN_ID)."""
-    files = {}
-    for task in TASKS.values():
-        for split, name in task.files.items():
-            if name in UNVERIFIED and not unverified_too:
-                continue
-            labelled = split != "test"
-            two_index = split == "test" and not task.is_pair  # as in the sst/cfimdb test files
-            out = io.StringIO()
-            writer = csv.writer(out, delimiter="\t", lineterminator="\n")
-            index_columns = ["0", ""] if two_index else [""]
-            label_column = [task.label_column] if labelled else []
-            writer.writerow([*index_columns, "id", *task.text_columns, *label_column])
-            n = QUORA_ROWS if name == "quora-dev.csv" else rows
-            for i in range(n):
-                index = [i + 1, f"{i}.0"] if two_index else [i]
-                texts = [f' {task.name} {split} "{i}" part {k}' for k in range(len(task.text_columns))]
-                if task.name == "quora":
-                    label = f"{i % 2}.0"
-                elif task.label_kind == "class":
-                    label = str(i % task.num_classes)
-                else:
-                    label = f"{(i % 11) / 2:.1f}"
-                writer.writerow([*index, f"{split}-{i:04d}", *texts, *([label] if labelled else [])])
-            if name == "quora-dev.csv":
-                writer.writerow([n, BROKEN_ID, "Is this broken?", "Yes.", ""])
-            files[name] = out.getvalue().encode()
-    return files
 
 
 @pytest.fixture
@@ -62,7 +27,7 @@ def source(tmp_path, monkeypatch) -> Path:
     """A course data directory whose files are the known course files."""
     directory = tmp_path / "cs224n"
     directory.mkdir()
-    for name, body in course_files().items():
+    for name, body in course_files(quora_dev_rows=QUORA_ROWS, broken_quora_id=BROKEN_ID).items():
         (directory / name).write_bytes(body)
         monkeypatch.setitem(download.COURSE_SHA256, name, hashlib.sha256(body).hexdigest())
     return directory
@@ -146,7 +111,7 @@ def test_carved_quora_split_is_deterministic_disjoint_and_complete(tmp_path, sou
 def test_official_quora_split_when_the_train_file_is_present(tmp_path, monkeypatch):
     directory = tmp_path / "cs224n"
     directory.mkdir()
-    for name, body in course_files(unverified_too=True).items():
+    for name, body in course_files(unverified_too=True, quora_dev_rows=QUORA_ROWS, broken_quora_id=BROKEN_ID).items():
         (directory / name).write_bytes(body)
         if name not in UNVERIFIED:
             monkeypatch.setitem(download.COURSE_SHA256, name, hashlib.sha256(body).hexdigest())

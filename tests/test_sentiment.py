@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from conftest import REPO
 
 from minbert import params as params_module
 from minbert.data.batches import TokenizedTable
@@ -15,7 +16,6 @@ from minbert.data.tokenize import tokenize_prepared
 from minbert.evaluate import read_predictions
 from minbert.model import BertModel
 from minbert.train.sentiment import NonFiniteLoss, run_stage, train_sentiment
-from conftest import REPO
 
 WORDS = ["good", "bad", "fine", "awful", "great", "dull", "film", "plot", "the", "a"]
 

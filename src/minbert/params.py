@@ -14,19 +14,28 @@ from typing import Any
 import yaml
 
 from minbert.data.tasks import TASKS
+from minbert.model.heads import PAIR_HEADS
 from minbert.train.device import DEVICES
+from minbert.train.multitask import GRADIENT_MODES, MultitaskSettings
+from minbert.train.multitask import TASKS as MULTITASK_TASKS
 from minbert.train.optim import OPTIMIZERS, SCHEDULERS
 from minbert.train.sentiment import MODES, SentimentSettings
+from minbert.train.smart import SmartSettings
 
 
 class ParamsError(ValueError):
     pass
 
 
+class Partial(dict):
+    """A schema mapping whose keys may be left out (configuration overrides)."""
+
+
 # A schema is a dict of key -> (type | tuple of allowed values | nested schema).
 # "*" matches any key (mappings whose keys are names the user chooses).
 _NUMBER = (int, float)
 _MAX_LENGTH = {task: int for task in TASKS}
+_PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
 _SCALE = {
     "max_length": _MAX_LENGTH,
     "sentiment": {
@@ -34,8 +43,43 @@ _SCALE = {
         "epochs": {mode: int for mode in MODES},
         "train_examples": {"sst": int, "cfimdb": int},
     },
+    "multitask": {
+        "lr": _NUMBER,
+        "epochs": int,
+        "batch_size": _PER_MULTITASK_TASK,
+        "train_examples": _PER_MULTITASK_TASK,
+        "dev_examples": _PER_MULTITASK_TASK,
+    },
+}
+_SMART = {
+    "enabled": bool,
+    "lambda_s": _NUMBER,
+    "epsilon": _NUMBER,
+    "noise_std": _NUMBER,
+    "step_size": _NUMBER,
+    "steps": int,
+    "mu": _NUMBER,
+    "beta": _NUMBER,
+}
+# The keys a configuration may override; their shared defaults sit at top level.
+_CONFIG = {
+    "optimizer": tuple(OPTIMIZERS),
+    "paraphrase_head": tuple(n for n, (_, tasks) in PAIR_HEADS.items() if "quora" in tasks),
+    "sts_head": tuple(n for n, (_, tasks) in PAIR_HEADS.items() if "sts" in tasks),
+    "gradient": GRADIENT_MODES,
+    "smart": _SMART,
 }
 SCHEMA: dict[str, Any] = {
+    **_CONFIG,
+    "configs": {"*": Partial({**_CONFIG, "smart": Partial(_SMART)})},
+    "multitask": {
+        "weight_decay": _NUMBER,
+        "lr_schedule": tuple(SCHEDULERS),
+        "lr_gamma": _NUMBER,
+        "dropout": _NUMBER,
+        "eval_batch_size": int,
+        "grad_clip": _NUMBER,
+    },
     "seed": int,
     "device": DEVICES,
     "checkpoint": str,
@@ -74,7 +118,8 @@ def _check(value: Any, schema: Any, key: str, source: str) -> None:
                     f"allowed: {', '.join(sorted(schema))}"
                 )
             _check(v, sub, f"{key}.{k}" if key else str(k), source)
-        missing = [k for k in schema if k != "*" and k not in value]
+        missing = [] if isinstance(schema, Partial) else [
+            k for k in schema if k != "*" and k not in value]
         if missing:
             raise ParamsError(f"{source}: {key or 'top level'} lacks {', '.join(missing)}")
     elif isinstance(schema, tuple) and all(isinstance(s, str) for s in schema):
@@ -139,4 +184,43 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         grad_clip=float(common["grad_clip"]),
         train_examples=sized["train_examples"][spec["task"]],
         seed=params["seed"],
+    )
+
+
+def config_values(params: dict, config: str) -> dict:
+    """A configuration's effective choices: the top-level defaults, then its overrides."""
+    configs = params["configs"]
+    if config not in configs:
+        raise ParamsError(f"configuration {config!r} is not one of {sorted(configs)}")
+    overrides = configs[config] or {}
+    values = {key: params[key] for key in _CONFIG}
+    values.update({k: v for k, v in overrides.items() if k != "smart"})
+    values["smart"] = {**params["smart"], **overrides.get("smart", {})}
+    return values
+
+
+def multitask_settings(params: dict, config: str) -> MultitaskSettings:
+    values = config_values(params, config)
+    common, sized = params["multitask"], scale(params)["multitask"]
+    smart = values["smart"]
+    return MultitaskSettings(
+        paraphrase_head=values["paraphrase_head"],
+        sts_head=values["sts_head"],
+        gradient=values["gradient"],
+        optimizer=values["optimizer"],
+        lr=float(sized["lr"]),
+        weight_decay=float(common["weight_decay"]),
+        lr_schedule=common["lr_schedule"],
+        lr_gamma=float(common["lr_gamma"]),
+        epochs=sized["epochs"],
+        batch_size=dict(sized["batch_size"]),
+        train_examples=dict(sized["train_examples"]),
+        dev_examples=dict(sized["dev_examples"]),
+        eval_batch_size=common["eval_batch_size"],
+        dropout=float(common["dropout"]),
+        grad_clip=float(common["grad_clip"]),
+        seed=params["seed"],
+        smart=SmartSettings(**{k: float(v) if k != "steps" else v
+                               for k, v in smart.items() if k != "enabled"})
+        if smart["enabled"] else None,
     )

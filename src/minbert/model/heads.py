@@ -1,8 +1,27 @@
-"""Task heads on top of the shared encoder."""
+"""Task heads on top of the shared encoder.
+
+Sentiment: dropout + linear on the pooled [CLS] output, one logit per class.
+
+Sentence pairs (paraphrase, similarity) come in two families, chosen by name from
+``PAIR_HEADS``:
+
+* siamese: both sentences go through the encoder on their own (stacked into one
+  batch, so one forward pass serves both) giving pooled vectors u and v, and the
+  head combines them: ``concat(u,v)``, ``concat(u,v,|u-v|)``, ``concat(u,v,u*v)``,
+  ``concat(u,v,|u-v|,u*v)`` (Reimers & Gurevych, 2019) followed by dropout +
+  linear, or the scaled cosine of u and v (similarity only);
+* cross-encoder ("sentence concatenation"): the pair is packed as
+  ``[CLS] a [SEP] b [SEP]`` with segment ids and encoded once; dropout + linear
+  on the pooled output.
+
+Every head returns one raw score per pair: a logit for paraphrase (trained with
+binary cross-entropy on logits) or a similarity on the 0-5 scale (trained with MSE).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minbert.model.bert import BertModel
@@ -30,3 +49,76 @@ class SentimentClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids, attention_mask).pooler_output)
+
+
+def _features(u: torch.Tensor, v: torch.Tensor, parts: tuple[str, ...]) -> torch.Tensor:
+    pieces = {"u": lambda: u, "v": lambda: v, "absdiff": lambda: (u - v).abs(), "prod": lambda: u * v}
+    return torch.cat([pieces[p]() for p in parts], dim=-1)
+
+
+class SiameseLinearHead(nn.Module):
+    """A linear score on features built from the two pooled vectors."""
+
+    siamese = True
+
+    def __init__(self, hidden_size: int, dropout: float, parts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.parts = parts
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(hidden_size * len(parts), 1)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.dropout(_features(u, v, self.parts))).squeeze(-1)
+
+
+class CosineHead(nn.Module):
+    """Cosine similarity of u and v mapped from [-1, 1] onto the 0-5 STS scale.
+
+    No parameters of its own: all learning happens in the encoder, which is pushed
+    to place similar sentences at small angles (the SBERT regression objective).
+    """
+
+    siamese = True
+
+    def __init__(self, hidden_size: int, dropout: float) -> None:
+        super().__init__()
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return 2.5 * (F.cosine_similarity(u, v, dim=-1) + 1.0)
+
+
+class CrossEncoderHead(nn.Module):
+    """Dropout + linear on the pooled output of the packed pair."""
+
+    siamese = False
+
+    def __init__(self, hidden_size: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(hidden_size, 1)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.dropout(pooled)).squeeze(-1)
+
+
+# name -> (constructor(hidden, dropout), tasks it may serve)
+PAIR_HEADS: dict[str, tuple] = {
+    "siamese-concat": (lambda h, p: SiameseLinearHead(h, p, ("u", "v")), ("quora", "sts")),
+    "siamese-concat-diff": (
+        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "absdiff")), ("quora", "sts")),
+    "siamese-concat-prod": (
+        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "prod")), ("quora", "sts")),
+    "siamese-concat-diff-prod": (
+        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod")), ("quora", "sts")),
+    "siamese-cosine": (CosineHead, ("sts",)),
+    "cross-encoder": (CrossEncoderHead, ("quora", "sts")),
+}
+
+
+def build_pair_head(name: str, task: str, hidden_size: int, dropout: float) -> nn.Module:
+    if name not in PAIR_HEADS:
+        raise ValueError(f"pair head {name!r} is not one of {sorted(PAIR_HEADS)}")
+    make, tasks = PAIR_HEADS[name]
+    if task not in tasks:
+        raise ValueError(f"pair head {name!r} cannot serve task {task!r} (only {list(tasks)})")
+    return make(hidden_size, dropout)

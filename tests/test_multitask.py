@@ -1,0 +1,167 @@
+"""Multitask fine-tuning: heads, losses, round-robin batches, and tiny training runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from minbert import params as params_module
+from minbert.data.batches import TokenizedTable
+from minbert.data.tokenize import tokenize_prepared
+from minbert.model import BertModel
+from minbert.model.heads import PAIR_HEADS, build_pair_head
+from minbert.train.multitask import (
+    TASKS,
+    MultitaskBert,
+    TaskData,
+    round_robin_epoch,
+    run_stage,
+    task_loss,
+)
+from conftest import REPO, TINY
+
+WORDS = ["good", "bad", "film", "what", "is", "how", "a", "the", "man", "dog", "runs", "plays"]
+
+
+def _sentences(rng, n):
+    return [" ".join(rng.choice(WORDS, size=rng.integers(2, 10))) for _ in range(n)]
+
+
+def _prepared(directory, n=24):
+    directory.mkdir()
+    rng = np.random.default_rng(0)
+    for split in ("train", "dev", "test"):
+        ids = [f"{split}{i}" for i in range(n)]
+        lines = np.arange(2, n + 2)
+        sst = {"id": ids, "sentence": _sentences(rng, n), "line": lines}
+        pair = {"id": ids, "sentence1": _sentences(rng, n), "sentence2": _sentences(rng, n), "line": lines}
+        if split != "test":
+            sst["label"] = rng.integers(0, 5, n)
+        pd.DataFrame(sst).to_parquet(directory / f"sst-{split}.parquet")
+        for task, labels in (("quora", rng.integers(0, 2, n)), ("sts", np.round(rng.uniform(0, 5, n), 1))):
+            if task == "quora" and split == "test":
+                continue  # offline, the carved Quora split has no test part
+            frame = dict(pair)
+            if split != "test":
+                frame["label"] = labels
+            pd.DataFrame(frame).to_parquet(directory / f"{task}-{split}.parquet")
+    (directory / "manifest.json").write_text(json.dumps({"quora_split": {"kind": "carved-from-dev"}}))
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("mt")
+    _prepared(root / "prepared")
+    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
+                      {"sst": 32, "quora": 32, "sts": 32})
+    return root
+
+
+@pytest.fixture
+def tiny_params(tiny_checkpoint):
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    p["scales"]["cpu"]["multitask"] = {
+        "lr": 1e-3, "epochs": 2, "batch_size": {"sst": 8, "quora": 6, "sts": 4},
+        "train_examples": {"sst": 0, "quora": 0, "sts": 0},
+        "dev_examples": {"sst": 0, "quora": 0, "sts": 0}}
+    p["multitask"]["eval_batch_size"] = 7
+    return params_module.validate(p)
+
+
+def test_pair_heads_shapes_and_registry():
+    u, v = torch.randn(5, 32), torch.randn(5, 32)
+    for name, (_, tasks) in PAIR_HEADS.items():
+        for task in tasks:
+            head = build_pair_head(name, task, 32, 0.0)
+            out = head(torch.randn(5, 32)) if not head.siamese else head(u, v)
+            assert out.shape == (5,), name
+    cosine = build_pair_head("siamese-cosine", "sts", 32, 0.0)
+    assert torch.allclose(cosine(u, u), torch.full((5,), 5.0))  # identical -> top of the scale
+    assert torch.allclose(cosine(u, -u), torch.zeros(5), atol=1e-6)
+    with pytest.raises(ValueError, match="cannot serve task 'quora'"):
+        build_pair_head("siamese-cosine", "quora", 32, 0.0)
+    with pytest.raises(ValueError, match="is not one of"):
+        build_pair_head("bilinear", "sts", 32, 0.0)
+
+
+def test_losses_on_logits():
+    logits = torch.tensor([[2.0, 0.0, 0.0, 0.0, 0.0]])
+    assert task_loss("sst", logits, torch.tensor([0])).item() == pytest.approx(
+        -torch.log_softmax(logits, -1)[0, 0].item())
+    assert task_loss("quora", torch.tensor([0.0]), torch.tensor([1])).item() == pytest.approx(np.log(2))
+    assert task_loss("sts", torch.tensor([3.0, 1.0]), torch.tensor([5.0, 1.0])).item() == pytest.approx(2.0)
+
+
+def test_siamese_batch_encodes_both_sentences_in_one_pass(tokenized):
+    table = TokenizedTable.read(tokenized / "tok" / "sts-train.parquet")
+    data = TaskData("sts", table, siamese=True)
+    batch = data.batch(np.array([3, 1]))
+    assert batch.ids.shape[0] == 4
+    assert batch.ids[0, : len(table.sequences["input_ids_1"][3])].tolist() == table.sequences["input_ids_1"][3].tolist()
+    assert batch.ids[3, : len(table.sequences["input_ids_2"][1])].tolist() == table.sequences["input_ids_2"][1].tolist()
+    cross = TaskData("sts", table, siamese=False).batch(np.array([2]))
+    assert cross.token_types is not None and set(cross.token_types[0].tolist()) == {0, 1}
+    model = MultitaskBert(BertModel(TINY), "siamese-concat", "siamese-concat", 0.0).eval()
+    calls = []
+    model.encoder.register_forward_pre_hook(lambda *a: calls.append(1))
+    model.encoder.encoder.register_forward_pre_hook(lambda *a: calls.append(2))
+    assert model("sts", batch).shape == (2,)
+    assert calls == [2]  # the transformer layers ran once for both sentences
+
+
+def test_round_robin_covers_every_example_and_reshuffles():
+    lengths = {"sst": np.arange(50) % 7 + 1, "quora": np.arange(13) % 5 + 1, "sts": np.arange(7) + 1}
+    sizes = {"sst": 4, "quora": 3, "sts": 2}
+    rng = np.random.default_rng(0)
+    epoch = round_robin_epoch(lengths, sizes, rng)
+    assert len(epoch) == 13  # ceil(50 / 4): the largest task sets the length
+    for task, n in (("sst", 50), ("quora", 13), ("sts", 7)):
+        seen = np.concatenate([step[task] for step in epoch])
+        assert set(seen.tolist()) == set(range(n)), task
+    # STS needs 4 batches per pass: its passes are reshuffled, not replayed.
+    sts = [step["sts"].tolist() for step in epoch]
+    passes = [sts[i : i + 4] for i in range(0, 12, 4)]
+    assert len({json.dumps(p) for p in passes}) > 1
+
+
+@pytest.mark.parametrize("config", ["baseline", "cosine-sts", "concatenation", "pcgrad-adamaxw", "best"])
+def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
+    metrics = run_stage(tiny_params, config, tokenized / "tok", tokenized / "prepared" / "manifest.json",
+                        tmp_path / "metrics", tmp_path / "pred")
+    for key in ("sst_accuracy", "quora_accuracy", "sts_pearson"):
+        assert -1 <= metrics[key] <= 1
+    assert metrics["average"] == pytest.approx(np.mean([metrics["sst_accuracy"], metrics["quora_accuracy"],
+                                                        metrics["sts_pearson"]]))
+    history = pd.read_csv(tmp_path / "metrics" / f"{config}-history.csv")
+    assert len(history) == 2 and history.loc[history.average.idxmax(), "epoch"] == metrics["best_epoch"]
+    conflicts = pd.read_csv(tmp_path / "metrics" / f"{config}-conflicts.csv")
+    if "pcgrad" in config or config == "best":
+        # 2 epochs x 6 steps: STS (24 pairs, batch 4) has the most batches.
+        assert len(conflicts) == 2 * 6 and (conflicts.pairs == 3).all()
+        assert "pcgrad_conflict_fraction" in metrics
+    else:
+        assert conflicts.empty
+    assert (metrics["settings"]["smart"] is not None) == (config == "best")
+    for task in TASKS:
+        assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
+    assert not (tmp_path / "pred" / config / "quora-test-out.csv").exists()
+    assert (tmp_path / "pred" / config / "sts-test-out.csv").read_text().startswith("id \t Predicted_Similiarity")
+
+
+def test_config_overrides_only_what_differs(tiny_params):
+    base = params_module.multitask_settings(tiny_params, "baseline")
+    best = params_module.multitask_settings(tiny_params, "best")
+    assert (base.optimizer, base.gradient, base.smart) == ("adamw", "round-robin", None)
+    assert (best.optimizer, best.gradient, best.paraphrase_head) == ("adamaxw", "pcgrad", "cross-encoder")
+    assert best.smart.beta == 0.99 and best.smart.epsilon == 1e-5
+    tiny_params["optimizer"] = "adamaxw"  # what `dvc exp run -S optimizer=adamaxw` does
+    assert params_module.multitask_settings(tiny_params, "baseline").optimizer == "adamaxw"
+    tiny_params["configs"]["baseline"] = {"gradient": "gradnorm"}
+    with pytest.raises(params_module.ParamsError, match=r"configs.baseline.gradient = 'gradnorm' is not one of"):
+        params_module.validate(tiny_params)

@@ -1,0 +1,333 @@
+"""SMART regularisation: divergences, the adversarial ascent, the momentum teacher."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minbert.model.bert import BertConfig, BertModel
+from minbert.train.smart import (
+    KINDS,
+    EmaTeacher,
+    SmartSettings,
+    adversarial_perturbation,
+    bregman_loss,
+    divergence,
+    initial_noise,
+    smoothness_loss,
+)
+
+BATCH, SEQ, HIDDEN = 4, 5, 8
+OUTPUTS = {"multiclass": 3, "binary": 1, "regression": 1}
+
+
+class ToyEncoder(nn.Module):
+    """A small non-linear map from an embedding batch to one prediction per example."""
+
+    def __init__(self, outputs: int) -> None:
+        super().__init__()
+        self.layer = nn.Linear(HIDDEN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, outputs)
+
+    def forward(self, embedded: torch.Tensor) -> torch.Tensor:
+        out = self.head(torch.tanh(self.layer(embedded)).mean(dim=1))
+        # Binary and regression predictions are one number per example.
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+def toy(kind: str, seed: int = 0) -> tuple[ToyEncoder, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = ToyEncoder(OUTPUTS[kind])
+    # Larger weights than the default init, so predictions vary visibly with the input.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model, torch.randn(BATCH, SEQ, HIDDEN)
+
+
+# ------------------------------------------------------------------- settings
+
+
+def test_defaults_are_the_papers():
+    s = SmartSettings()
+    assert (s.epsilon, s.noise_std, s.step_size, s.steps) == (1e-5, 1e-5, 1e-3, 1)
+    assert (s.lambda_s, s.mu, s.beta) == (1.0, 1.0, 0.99)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("lambda_s", -1.0),
+        ("mu", -0.5),
+        ("epsilon", 0.0),
+        ("epsilon", float("inf")),
+        ("noise_std", -1e-5),
+        ("step_size", 0.0),
+        ("step_size", float("nan")),
+        ("steps", 0),
+        ("steps", 1.5),
+        ("steps", True),
+        ("beta", 1.0),
+        ("beta", -0.1),
+        ("lambda_s", "1"),
+    ],
+)
+def test_settings_errors_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"SmartSettings\.{field}\b"):
+        SmartSettings(**{field: value})
+
+
+def test_zero_weights_switch_terms_off():
+    SmartSettings(lambda_s=0.0, mu=0.0, beta=0.0)  # allowed
+
+
+# ----------------------------------------------------------------- divergence
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_divergence_zero_for_identical_and_symmetric(kind):
+    torch.manual_seed(1)
+    shape = (6, 4) if kind == "multiclass" else (6,)
+    a, b = torch.randn(shape) * 3, torch.randn(shape) * 3
+    assert divergence(a, a, kind).item() == 0.0
+    assert divergence(a, b, kind).item() > 0
+    torch.testing.assert_close(divergence(a, b, kind), divergence(b, a, kind))
+
+
+def test_multiclass_matches_hand_computation():
+    # p = softmax([0, ln 3]) = (1/4, 3/4); q = softmax([0, 0]) = (1/2, 1/2).
+    a = torch.tensor([[0.0, math.log(3.0)], [1.0, 2.0]])
+    b = torch.tensor([[0.0, 0.0], [1.0, 2.0]])  # second example: no divergence
+    kl_pq = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    kl_qp = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    expected = (kl_pq + kl_qp) / 2  # mean over the batch of two
+    assert divergence(a, b, "multiclass").item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_binary_is_two_class_softmax():
+    torch.manual_seed(2)
+    a, b = torch.randn(7) * 4, torch.randn(7) * 4
+    # sigmoid(z) is softmax([0, z])[1]: the same two-class distribution.
+    two_class = divergence(
+        torch.stack([torch.zeros(7), a], dim=-1),
+        torch.stack([torch.zeros(7), b], dim=-1),
+        "multiclass",
+    )
+    torch.testing.assert_close(divergence(a, b, "binary"), two_class)
+    # A trailing singleton dimension is the same thing.
+    torch.testing.assert_close(divergence(a[:, None], b[:, None], "binary"), two_class)
+
+
+def test_binary_is_finite_for_extreme_logits():
+    a, b = torch.tensor([80.0, -80.0]), torch.tensor([-80.0, 80.0])
+    assert torch.isfinite(divergence(a, b, "binary"))
+    assert torch.isfinite(divergence(a[:, None] * torch.tensor([1.0, -1.0]),
+                                     b[:, None] * torch.tensor([1.0, -1.0]), "multiclass"))
+
+
+def test_regression_is_mse():
+    a, b = torch.tensor([1.0, 2.0, 4.5]), torch.tensor([0.0, 2.5, 1.5])
+    torch.testing.assert_close(divergence(a, b, "regression"), F.mse_loss(a, b))
+    assert divergence(a, b, "regression").item() == pytest.approx((1 + 0.25 + 9) / 3)
+
+
+def test_divergence_works_in_float32():
+    a = torch.randn(3, 4).bfloat16()
+    out = divergence(a, a.flip(0), "multiclass")
+    assert out.dtype == torch.float32
+
+
+def test_divergence_rejects_unknown_kind_and_mismatched_shapes():
+    with pytest.raises(ValueError, match="kind"):
+        divergence(torch.zeros(2), torch.zeros(2), "ordinal")
+    with pytest.raises(ValueError, match="shapes"):
+        divergence(torch.zeros(2, 3), torch.zeros(2, 2), "multiclass")
+
+
+# ----------------------------------------------------------- adversarial ascent
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+@pytest.mark.parametrize("epsilon, step_size", [(1e-5, 1e-3), (1e-2, 0.5), (1e-3, 1e-3)])
+def test_perturbation_stays_in_its_ball(steps, epsilon, step_size):
+    model, embedded = toy("multiclass")
+    settings = SmartSettings(epsilon=epsilon, noise_std=epsilon, step_size=step_size, steps=steps)
+    noise = adversarial_perturbation(model, embedded, model(embedded), "multiclass", settings)
+    assert noise.shape == embedded.shape
+    assert noise.abs().max().item() <= epsilon * (1 + 1e-6)
+    # A step larger than the ball pushes most coordinates to its surface.
+    if step_size > epsilon:
+        assert (noise.abs() >= epsilon * (1 - 1e-6)).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_constant_model_has_zero_smoothness_loss(kind):
+    torch.manual_seed(3)
+    constant = torch.randn(BATCH, OUTPUTS[kind]).squeeze(-1)
+    weight = nn.Parameter(torch.zeros(HIDDEN))
+    embedded = torch.randn(BATCH, SEQ, HIDDEN)
+    settings = SmartSettings(epsilon=0.1, noise_std=0.1, step_size=0.1, steps=2)
+    forward_fns = [
+        lambda e: constant,  # ignores its input entirely
+        lambda e: constant + 0 * weight.sum(),  # a graph, but none to the input
+        lambda e: constant + 0 * (e * weight).sum(),  # uses the input: a zero gradient
+    ]
+    for fn in forward_fns:
+        noise = adversarial_perturbation(fn, embedded, fn(embedded), kind, settings)
+        assert torch.isfinite(noise).all()
+        loss = smoothness_loss(fn, embedded, fn(embedded), kind, settings)
+        assert loss.dim() == 0
+        assert abs(loss.item()) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SmartSettings(epsilon=0.05, noise_std=0.01, step_size=0.02, steps=3),
+        SmartSettings(),  # the paper's: tiny divergences, but float32 still resolves them
+    ],
+    ids=["wide", "paper"],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_ascent_increases_the_divergence(kind, settings):
+    model, embedded = toy(kind)
+    clean = model(embedded).detach()
+    start = initial_noise(embedded, settings.noise_std, torch.Generator().manual_seed(7))
+    found = adversarial_perturbation(
+        model, embedded, clean, kind, settings, generator=torch.Generator().manual_seed(7)
+    )
+    with torch.no_grad():
+        at_start = divergence(model(embedded + start), clean, kind).item()
+        at_found = divergence(model(embedded + found), clean, kind).item()
+        # A random point of the same ball as a baseline: the ascent beats it too.
+        corner = settings.epsilon * torch.randn(embedded.shape).sign()
+        at_random = divergence(model(embedded + corner), clean, kind).item()
+    assert at_found > 2 * at_start
+    assert at_found > at_random
+
+
+def test_generator_makes_the_perturbation_reproducible():
+    model, embedded = toy("multiclass")
+    settings = SmartSettings(epsilon=0.05, noise_std=0.01, step_size=0.02)
+    out = model(embedded)
+    first = adversarial_perturbation(
+        model, embedded, out, "multiclass", settings, torch.Generator().manual_seed(0)
+    )
+    second = adversarial_perturbation(
+        model, embedded, out, "multiclass", settings, torch.Generator().manual_seed(0)
+    )
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def test_smoothness_loss_trains_the_model_but_the_ascent_leaves_no_grad():
+    torch.manual_seed(4)
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    bert = BertModel(config)
+    head = nn.Linear(32, 3)
+    input_ids = torch.randint(1, config.vocab_size, (3, 6))
+    attention_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0]])
+
+    def forward_fn(e: torch.Tensor) -> torch.Tensor:
+        return head(bert.encode(e, attention_mask).pooler_output)
+
+    embedded = bert.embed(input_ids)
+    clean = forward_fn(embedded)
+    clean.retain_grad()
+    settings = SmartSettings(epsilon=1e-2, noise_std=1e-2, step_size=1e-1, steps=2)
+    loss = smoothness_loss(forward_fn, embedded, clean, "multiclass", settings)
+    params = list(bert.named_parameters()) + list(head.named_parameters())
+    assert all(p.grad is None for _, p in params), "the ascent wrote to a parameter's .grad"
+
+    loss.backward()
+    grads = dict(params)
+    for name in ("weight", "bias"):  # the head
+        assert grads[name].grad is not None and grads[name].grad.abs().sum() > 0
+    for name in ("encoder.layer.0.attention.self.query.weight", "pooler.dense.weight",
+                 "embeddings.word_embeddings.weight"):  # through `embedded` too
+        assert grads[name].grad is not None and grads[name].grad.abs().sum() > 0, name
+    # The clean side is not detached: gradient flows through both predictions.
+    assert clean.grad is not None and clean.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------- teacher
+
+
+class WithBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.register_buffer("count", torch.zeros(()))
+
+
+def test_teacher_is_an_ema_of_the_model():
+    model = WithBuffer()
+    with torch.no_grad():
+        # Dyadic values and beta: every product and sum below is exact in float32.
+        model.linear.weight.copy_(torch.tensor([[1.0, -2.0], [0.5, 4.0]]))
+        model.linear.bias.copy_(torch.tensor([0.25, -1.0]))
+    model.linear.weight.grad = torch.ones(2, 2)  # a stale .grad must not be copied
+    beta = 0.75
+    teacher = EmaTeacher(model, beta=beta)
+    assert all(not p.requires_grad and p.grad is None for p in teacher.module.parameters())
+    assert not teacher.module.training
+    old = [p.clone() for p in teacher.module.parameters()]
+
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.tensor([[3.0, 2.0], [-0.5, 0.0]]))
+        model.linear.bias.copy_(torch.tensor([1.25, 7.0]))
+        model.count.fill_(5.0)
+    # A separate copy: changing the model does not reach the teacher before update().
+    for p, o in zip(teacher.module.parameters(), old):
+        assert torch.equal(p, o)
+    assert teacher.module.count.item() == 0.0
+
+    teacher.update(model)
+    for p, o, new in zip(teacher.module.parameters(), old, model.parameters()):
+        assert torch.equal(p, beta * o + (1 - beta) * new.detach())
+    assert teacher.module.count.item() == 5.0
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_teacher_update_with_the_papers_beta():
+    torch.manual_seed(5)
+    model = nn.Linear(3, 2)
+    teacher = EmaTeacher(model, beta=0.99)
+    old = [p.clone() for p in teacher.module.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    teacher.update(model)
+    for p, o, new in zip(teacher.module.parameters(), old, model.parameters()):
+        torch.testing.assert_close(p, 0.99 * o + 0.01 * new.detach(), rtol=0, atol=1e-7)
+
+
+def test_teacher_rejects_bad_beta_and_a_different_model():
+    with pytest.raises(ValueError, match="beta"):
+        EmaTeacher(nn.Linear(2, 2), beta=1.0)
+    teacher = EmaTeacher(nn.Linear(2, 2), beta=0.5)
+    with pytest.raises(ValueError, match="parameters"):
+        teacher.update(nn.Sequential(nn.Linear(2, 2)))
+
+
+# ------------------------------------------------------------------- Bregman
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bregman_loss_zero_at_teacher_and_no_gradient_into_it(kind):
+    torch.manual_seed(6)
+    shape = (5, 3) if kind == "multiclass" else (5,)
+    student = torch.randn(shape, requires_grad=True)
+    teacher = torch.randn(shape, requires_grad=True)  # as if it had a graph
+    assert bregman_loss(student, student.detach().clone(), kind).item() == 0.0
+
+    loss = bregman_loss(student, teacher, kind)
+    assert loss.item() > 0
+    loss.backward()
+    assert teacher.grad is None
+    assert student.grad is not None and student.grad.abs().sum() > 0
