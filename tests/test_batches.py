@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from minbert.data.batches import Sequences, length_bucketed_batches, pad, random_batches
+from minbert.data.batches import (
+    Sequences,
+    length_bucketed_batches,
+    pad,
+    random_batches,
+    split_by_tokens,
+)
 
 
 def test_every_row_exactly_once_and_buckets_are_tight():
@@ -42,3 +48,16 @@ def test_pad_to_longest_of_batch():
     assert ids.tolist() == [[101, 7, 102], [101, 102, 0]]
     assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
     assert seqs[2].tolist() == [101, 1, 2, 3, 102]
+
+
+def test_split_by_tokens_keeps_rows_in_order_under_the_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=200)
+    rows = rng.permutation(200)[:32]
+    for budget in (0, 1, 50, 100, 10_000):
+        pieces = split_by_tokens(rows, lengths, budget)
+        assert np.array_equal(np.concatenate(pieces), rows)
+        for piece in pieces:
+            cost = len(piece) * lengths[piece].max()
+            assert budget == 0 or cost <= budget or len(piece) == 1
+    assert len(split_by_tokens(rows, lengths, 0)) == 1

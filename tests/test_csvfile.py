@@ -293,6 +293,41 @@ def test_csv_writer_output_round_trips(rows):
     assert df["id"].tolist() == [f"id-{i}" for i in range(len(rows))]
 
 
+_GOOD_SST = (SST_HEADER + "\n0\tid-a\tA fine film .\t3\n1\tid-b\tDull .\t1\n").encode()
+_damage = st.lists(
+    st.tuples(st.integers(0, len(_GOOD_SST)), st.integers(0, 3),
+              st.binary(max_size=4) | st.sampled_from([b"\t", b'"', b"\n", b"\r\n", b"\xff", b"\x00"])),
+    min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(edits=_damage)
+def test_any_damage_is_read_or_reported_with_file_and_line(edits):
+    """Whatever the bytes, the reader either returns rows or raises DataError whose
+    every problem names the file and a line inside it: never another exception."""
+    data = bytearray(_GOOD_SST)
+    for at, cut, insert in edits:  # replace data[at:at+cut] by insert
+        at = min(at, len(data))
+        data[at:at + cut] = insert
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sst.csv"
+        path.write_bytes(bytes(data))
+        lines = max(1, bytes(data).count(b"\n") + (not bytes(data).endswith(b"\n")))
+        try:
+            df = read_task_csv(path, SST)
+        except DataError as err:
+            assert err.problems
+            for problem in err.problems:
+                assert problem.path == str(path) and 0 <= problem.line <= lines + 1, problem
+                assert str(problem).startswith(str(path))
+        else:
+            # Accepted: at most one row per record (quoted fields may span lines), each
+            # with an id and a non-blank sentence.
+            records = [ln for ln in bytes(data).replace(b"\r\n", b"\n").split(b"\n")[1:] if ln.strip()]
+            assert len(df) <= len(records)
+            assert df["sentence"].str.strip().all() and df["id"].str.len().all()
+
+
 # --- the real course files ------------------------------------------------------
 
 

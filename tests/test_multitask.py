@@ -133,7 +133,7 @@ def test_round_robin_covers_every_example_and_reshuffles():
 @pytest.mark.parametrize("config", ["baseline", "cosine-sts", "concatenation", "pcgrad-adamaxw", "best"])
 def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
     metrics = run_stage(tiny_params, config, tokenized / "tok", tokenized / "prepared" / "manifest.json",
-                        tmp_path / "metrics", tmp_path / "pred")
+                        tmp_path / "metrics", tmp_path / "pred", resume_dir=tmp_path / "resume")
     for key in ("sst_accuracy", "quora_accuracy", "sts_pearson"):
         assert -1 <= metrics[key] <= 1
     assert metrics["average"] == pytest.approx(np.mean([metrics["sst_accuracy"], metrics["quora_accuracy"],
@@ -165,3 +165,45 @@ def test_config_overrides_only_what_differs(tiny_params):
     tiny_params["configs"]["baseline"] = {"gradient": "gradnorm"}
     with pytest.raises(params_module.ParamsError, match=r"configs.baseline.gradient = 'gradnorm' is not one of"):
         params_module.validate(tiny_params)
+
+
+def test_non_finite_loss_names_step_task_and_examples(tokenized, tiny_params):
+    from minbert.train.multitask import train_multitask
+    from minbert.train.sentiment import NonFiniteLoss
+
+    settings = params_module.multitask_settings(tiny_params, "baseline")
+    tables = {(t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
+              for t in TASKS for s in ("train", "dev")}
+    # A NaN label in STS only: the error must name that task and its batch's ids.
+    tables["sts", "train"].labels = np.full(len(tables["sts", "train"]), np.nan)
+    with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 0, task sts; batch example ids: train"):
+        train_multitask(settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables,
+                        torch.device("cpu"))
+
+
+def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params):
+    import dataclasses
+
+    from minbert.train.multitask import train_multitask
+
+    settings = params_module.multitask_settings(tiny_params, "baseline")
+    tables = {(t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
+              for t in TASKS for s in ("train", "dev")}
+    plain = train_multitask(settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables,
+                            torch.device("cpu"))
+    encoder = BertModel.from_pretrained(tiny_params["checkpoint"])
+    # The "eager" backend runs the captured graphs as they are: the plumbing is
+    # tested here without a C++ compiler; the numbers must not change.
+    compiled = train_multitask(dataclasses.replace(settings, compile=True), encoder, tables,
+                               torch.device("cpu"), compile_options={"backend": "eager"})
+    assert all(layer._compiled_call_impl is not None for layer in encoder.encoder.layer)
+    assert np.allclose(pd.DataFrame(compiled.history).values, pd.DataFrame(plain.history).values,
+                       atol=1e-5)
+
+
+def test_same_seed_gives_identical_metrics_files(tmp_path, tokenized, tiny_params):
+    for run in ("a", "b"):
+        run_stage(tiny_params, "best", tokenized / "tok", tokenized / "prepared" / "manifest.json",
+                  tmp_path / run / "metrics", tmp_path / run / "pred", resume_dir=tmp_path / run / "r")
+    for name in ("best.json", "best-history.csv", "best-conflicts.csv"):
+        assert (tmp_path / "a" / "metrics" / name).read_bytes() == (tmp_path / "b" / "metrics" / name).read_bytes()

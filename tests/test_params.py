@@ -33,6 +33,12 @@ def test_committed_params_are_valid(committed):
         (["scales", "cpu", "sentiment", "batch_size"], True, "batch_size must be int"),
         (["data", "quora_holdout_fraction"], 1.5, "strictly between 0 and 1"),
         (["scales", "cpu", "max_length", "imdb"], 10, "unknown key 'scales.cpu.max_length.imdb'"),
+        (["mlm", "pretrain"], ["continue", "warm"], r"mlm.pretrain\[1\] = 'warm' is not one of"),
+        (["mlm", "pretrain"], "continue", "mlm.pretrain must be a list"),
+        (["mlm", "pretrain"], ["scratch", "scratch"], "mlm.pretrain lists an entry twice"),
+        (["mlm", "finetune"], ["baseline", "bestest"], r"mlm.finetune names \['bestest'\]"),
+        (["mlm", "sources"], ["sst", "imdb"], r"mlm.sources\[1\] = 'imdb'"),
+        (["mlm", "mask_prob"], 1.0, "mlm.mask_prob must lie strictly between 0 and 1"),
     ],
 )
 def test_mistakes_are_named(committed, path, value, message):
@@ -57,3 +63,12 @@ def test_scale_switch_changes_sizes(committed):
     paper = params.sentiment_settings(committed, "sst-full")
     assert (paper.batch_size, paper.epochs) == (8, 10)
     assert paper.lr == cpu.lr == 1e-5
+
+
+def test_mlm_settings_per_start(committed):
+    cont, scratch = params.mlm_settings(committed, "continue"), params.mlm_settings(committed, "scratch")
+    assert cont.lr == committed["mlm"]["starts"]["continue"]["lr"] and cont.scratch_config == {}
+    assert scratch.scratch_config["num_hidden_layers"] == committed["mlm"]["starts"]["scratch"]["num_hidden_layers"]
+    assert cont.max_length == committed["scales"]["cpu"]["mlm"]["max_length"]
+    with pytest.raises(params.ParamsError, match="MLM start 'warm'"):
+        params.mlm_settings(committed, "warm")

@@ -3,7 +3,8 @@
 Copies the project's dvc.yaml, params.yaml, stages and sources into a fresh git
 repository, points the data stage at the first rows of every course file and the
 checkpoint at a tiny random BERT, and runs every stage end to end; then an
-ablation with `dvc exp run -S optimizer=adamaxw`, compared by `dvc metrics diff`.
+ablation with `dvc exp run -S optimizer=adamaxw`, compared by `dvc metrics diff`,
+and MLM pretraining switched on with `dvc exp run -S 'mlm.pretrain=[continue]'`.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
     params["scales"]["cpu"] = {
         "max_length": {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
-        "sentiment": {"batch_size": 8, "epochs": {"last-layer": 2, "full": 1},
+        "sentiment": {"batch_size": 8, "max_tokens": 256, "epochs": {"last-layer": 2, "full": 1},
                       "train_examples": {"sst": 0, "cfimdb": 0}},
         "multitask": {"lr": 1e-3, "epochs": 2, "batch_size": {"sst": 8, "quora": 8, "sts": 8},
                       "train_examples": {"sst": 0, "quora": 0, "sts": 0},
                       "dev_examples": {"sst": 0, "quora": 0, "sts": 0}},
+        "mlm": {"max_length": 32, "epochs": 1, "batch_size": 8, "sequences": 200},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -92,6 +94,10 @@ def test_repro_produces_every_output(pipeline):
         metrics = json.loads((pipeline / "metrics" / "multitask" / f"{config}.json").read_text())
         assert metrics["data_split"]["quora"]["kind"] == "carved-from-dev"
         assert f"multitask@{config}" in lock["stages"]
+    # MLM pretraining is off by default: no stage of it ran.
+    assert not [s for s in lock["stages"] if s.startswith("mlm")]
+    assert not (pipeline / "metrics" / "mlm").exists()
+    assert "MLM pretraining was not run" in report
     for figure in ("figure2-loss.png", "figure3-average.png", "figure-conflicts.png"):
         assert (pipeline / "report" / figure).stat().st_size > 10_000
 
@@ -116,3 +122,26 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
         if isinstance(v, dict))
     text = _run(["dvc", "metrics", "diff"], pipeline)
     assert "metrics/multitask/baseline.json" in text and "average" in text
+
+
+def test_mlm_switch_pretrains_then_fine_tunes_from_it(pipeline):
+    # Back to the committed results, then one switch.
+    _run(["git", "checkout", "--", "."], pipeline)
+    _run(["dvc", "checkout", "--force"], pipeline)
+    out = _run(["dvc", "exp", "run", "-S", "mlm.pretrain=[continue]"], pipeline)
+    # Only the new stages (and the report) ran; the rest was up to date.
+    assert "Running stage 'mlm@continue'" in out
+    assert "Running stage 'multitask-mlm@continue-baseline'" in out
+    assert "Running stage 'multitask@baseline'" not in out
+    pretraining = json.loads((pipeline / "metrics" / "mlm" / "continue.json").read_text())
+    assert pretraining["after"]["masked_tokens"] == pretraining["before"]["masked_tokens"] > 0
+    tuned = json.loads((pipeline / "metrics" / "multitask-mlm" / "continue-baseline.json").read_text())
+    assert tuned["pretraining"]["start"] == "continue"
+    assert "MLM continue" in tuned["checkpoint"]["name"]
+    assert (pipeline / "models" / "mlm" / "continue" / "model.safetensors").is_file()
+    report = (pipeline / "report" / "README.md").read_text()
+    section = report[report.index("## MLM pretraining"):]
+    rows = [line for line in section.splitlines() if line.startswith("| `baseline` |")]
+    assert len(rows) == 2 and "MLM continue" in rows[1] and "MLM" not in rows[0]
+    diff = _run(["dvc", "metrics", "diff"], pipeline)
+    assert "metrics/mlm/continue.json" in diff

@@ -46,7 +46,8 @@ def tiny_params(tiny_checkpoint):
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["checkpoint"] = str(tiny_checkpoint)
     p["device"] = "cpu"
-    p["scales"]["cpu"]["sentiment"] = {"batch_size": 8, "epochs": {"last-layer": 3, "full": 2},
+    p["scales"]["cpu"]["sentiment"] = {"batch_size": 8, "max_tokens": 0,
+                                       "epochs": {"last-layer": 3, "full": 2},
                                        "train_examples": {"sst": 32, "cfimdb": 0}}
     p["sentiment"]["eval_batch_size"] = 5
     return params_module.validate(p)
@@ -54,7 +55,8 @@ def tiny_params(tiny_checkpoint):
 
 @pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])
 def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_params, run):
-    metrics = run_stage(tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred")
+    metrics = run_stage(tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred",
+                        resume_dir=tmp_path / "resume")
     saved = json.loads((tmp_path / "metrics" / f"{run}.json").read_text())
     assert saved == metrics
     history = pd.read_csv(tmp_path / "metrics" / f"{run}-history.csv")
@@ -76,8 +78,8 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
 
 
 def test_same_seed_same_metrics(tmp_path, tokenized, tiny_params):
-    a = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m1", tmp_path / "p1")
-    b = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m2", tmp_path / "p2")
+    a = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m1", tmp_path / "p1", tmp_path / "r1")
+    b = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m2", tmp_path / "p2", tmp_path / "r2")
     assert (tmp_path / "m1" / "sst-full-history.csv").read_text() == \
         (tmp_path / "m2" / "sst-full-history.csv").read_text()
     assert a == b
@@ -101,3 +103,26 @@ def test_non_finite_loss_names_step_and_examples(tokenized, tiny_params, tiny_ch
     tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev")}
     with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 0, task sst; batch example ids: id0-"):
         train_sentiment(settings, encoder, tables["train"], tables["dev"], None, torch.device("cpu"))
+
+
+def test_token_budget_gives_the_same_training_in_pieces(tokenized, tiny_params, tiny_checkpoint):
+    import dataclasses
+
+    settings = dataclasses.replace(params_module.sentiment_settings(tiny_params, "sst-full"),
+                                   dropout=0.0, lr=1e-3)
+    tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev")}
+
+    def run(max_tokens):
+        encoder = BertModel.from_pretrained(tiny_checkpoint)
+        # No dropout anywhere: pieces draw different dropout masks than a whole batch.
+        for module in encoder.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        for layer in encoder.encoder.layer:
+            layer.attention.self.dropout_p = 0.0
+        result = train_sentiment(dataclasses.replace(settings, max_tokens=max_tokens), encoder,
+                                 tables["train"], tables["dev"], None, torch.device("cpu"))
+        return pd.DataFrame(result.history).drop(columns="lr").to_numpy()
+
+    whole, pieces = run(0), run(40)  # 40 tokens: batches of 8 split into several pieces
+    assert np.allclose(whole, pieces, atol=1e-5)

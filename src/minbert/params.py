@@ -13,9 +13,12 @@ from typing import Any
 
 import yaml
 
+from minbert.data.corpus import SOURCES as CORPUS_SOURCES
 from minbert.data.tasks import TASKS
 from minbert.model.heads import PAIR_HEADS
 from minbert.train.device import DEVICES
+from minbert.train.mlm import STARTS as MLM_STARTS
+from minbert.train.mlm import MlmSettings
 from minbert.train.multitask import GRADIENT_MODES, MultitaskSettings
 from minbert.train.multitask import TASKS as MULTITASK_TASKS
 from minbert.train.optim import OPTIMIZERS, SCHEDULERS
@@ -31,8 +34,8 @@ class Partial(dict):
     """A schema mapping whose keys may be left out (configuration overrides)."""
 
 
-# A schema is a dict of key -> (type | tuple of allowed values | nested schema).
-# "*" matches any key (mappings whose keys are names the user chooses).
+# A schema is a dict of key -> (type | tuple of allowed values | nested schema |
+# [item schema] for a list). "*" matches any key (names the user chooses).
 _NUMBER = (int, float)
 _MAX_LENGTH = {task: int for task in TASKS}
 _PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
@@ -40,6 +43,7 @@ _SCALE = {
     "max_length": _MAX_LENGTH,
     "sentiment": {
         "batch_size": int,
+        "max_tokens": int,
         "epochs": {mode: int for mode in MODES},
         "train_examples": {"sst": int, "cfimdb": int},
     },
@@ -50,6 +54,7 @@ _SCALE = {
         "train_examples": _PER_MULTITASK_TASK,
         "dev_examples": _PER_MULTITASK_TASK,
     },
+    "mlm": {"max_length": int, "epochs": int, "batch_size": int, "sequences": int},
 }
 _SMART = {
     "enabled": bool,
@@ -79,6 +84,7 @@ SCHEMA: dict[str, Any] = {
         "dropout": _NUMBER,
         "eval_batch_size": int,
         "grad_clip": _NUMBER,
+        "compile": bool,
     },
     "seed": int,
     "device": DEVICES,
@@ -93,6 +99,20 @@ SCHEMA: dict[str, Any] = {
         "skip_ids": {"*": {"*": str}},
     },
     "scales": {"*": _SCALE},
+    "mlm": {
+        "pretrain": [MLM_STARTS],
+        "finetune": [str],  # names from `configs`, checked in validate()
+        "sources": [CORPUS_SOURCES],
+        "mask_prob": _NUMBER,
+        "heldout_fraction": _NUMBER,
+        "weight_decay": _NUMBER,
+        "grad_clip": _NUMBER,
+        "starts": {
+            "continue": {"lr": _NUMBER},
+            "scratch": {"lr": _NUMBER, "hidden_size": int, "num_hidden_layers": int,
+                        "num_attention_heads": int, "intermediate_size": int},
+        },
+    },
     "sentiment": {
         "eval_batch_size": int,
         "dropout": _NUMBER,
@@ -122,6 +142,13 @@ def _check(value: Any, schema: Any, key: str, source: str) -> None:
             k for k in schema if k != "*" and k not in value]
         if missing:
             raise ParamsError(f"{source}: {key or 'top level'} lacks {', '.join(missing)}")
+    elif isinstance(schema, list):
+        if not isinstance(value, list):
+            raise ParamsError(f"{source}: {key} must be a list, got {value!r}")
+        if len(set(map(repr, value))) != len(value):
+            raise ParamsError(f"{source}: {key} lists an entry twice: {value!r}")
+        for i, item in enumerate(value):
+            _check(item, schema[0], f"{key}[{i}]", source)
     elif isinstance(schema, tuple) and all(isinstance(s, str) for s in schema):
         if value not in schema:
             raise ParamsError(f"{source}: {key} = {value!r} is not one of {list(schema)}")
@@ -139,8 +166,16 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
         raise ParamsError(
             f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}"
         )
-    if not 0 < params["data"]["quora_holdout_fraction"] < 1:
-        raise ParamsError(f"{source}: data.quora_holdout_fraction must lie strictly between 0 and 1")
+    for key in ("data.quora_holdout_fraction", "mlm.heldout_fraction", "mlm.mask_prob"):
+        group, name = key.split(".")
+        if not 0 < params[group][name] < 1:
+            raise ParamsError(f"{source}: {key} must lie strictly between 0 and 1")
+    unknown = [c for c in params["mlm"]["finetune"] if c not in params["configs"]]
+    if unknown:
+        raise ParamsError(f"{source}: mlm.finetune names {unknown}, which are not in configs: "
+                          f"{sorted(params['configs'])}")
+    if not params["mlm"]["sources"]:
+        raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(CORPUS_SOURCES)}")
     return params
 
 
@@ -184,6 +219,7 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         grad_clip=float(common["grad_clip"]),
         train_examples=sized["train_examples"][spec["task"]],
         seed=params["seed"],
+        max_tokens=sized["max_tokens"],
     )
 
 
@@ -220,7 +256,31 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         dropout=float(common["dropout"]),
         grad_clip=float(common["grad_clip"]),
         seed=params["seed"],
+        compile=common["compile"],
         smart=SmartSettings(**{k: float(v) if k != "steps" else v
                                for k, v in smart.items() if k != "enabled"})
         if smart["enabled"] else None,
+    )
+
+
+def mlm_settings(params: dict, start: str) -> MlmSettings:
+    common = params["mlm"]
+    if start not in common["starts"]:
+        raise ParamsError(f"MLM start {start!r} is not one of {sorted(common['starts'])}")
+    spec = dict(common["starts"][start])
+    sized = scale(params)["mlm"]
+    return MlmSettings(
+        start=start,
+        lr=float(spec.pop("lr")),
+        epochs=sized["epochs"],
+        batch_size=sized["batch_size"],
+        max_length=sized["max_length"],
+        sequences=sized["sequences"],
+        heldout_fraction=float(common["heldout_fraction"]),
+        mask_prob=float(common["mask_prob"]),
+        weight_decay=float(common["weight_decay"]),
+        grad_clip=float(common["grad_clip"]),
+        sources=tuple(common["sources"]),
+        scratch_config=spec,  # the fresh model's size (scratch only)
+        seed=params["seed"],
     )

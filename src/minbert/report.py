@@ -366,6 +366,8 @@ def write_report(metrics_dir: Path, paper_file: Path, out_dir: Path) -> None:
             sections += [f"## Table {number}: {paper[name]['title']}", "",
                          multitask_table(paper[name], multitask), ""]
 
+    sections += ["## MLM pretraining before fine-tuning", "", mlm_section(metrics_dir, multitask), ""]
+
     with atomic_directory(out_dir) as tmp:
         if paper.get("figures"):
             sections += ["## Figures", ""]
@@ -375,3 +377,40 @@ def write_report(metrics_dir: Path, paper_file: Path, out_dir: Path) -> None:
             for spec in paper["figures"]:
                 sections += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
         (tmp / "README.md").write_text("\n".join(sections), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- MLM
+
+
+def mlm_section(metrics_dir: Path, multitask: dict[str, dict]) -> str:
+    """Pretraining metrics, then each fine-tuning run with and without the MLM stage."""
+    pretraining = {m["start"]: m for m in load_metrics(metrics_dir / "mlm")}
+    tuned = load_metrics(metrics_dir / "multitask-mlm")
+    if not pretraining:
+        return ("MLM pretraining was not run with these parameters (`mlm.pretrain` is empty). "
+                "Switch it on with `dvc exp run -S 'mlm.pretrain=[continue]'` (or `[scratch]`, "
+                "or both); the configurations in `mlm.finetune` are then fine-tuned a second "
+                "time from the pretrained checkpoint and shown here beside the first.")
+    lines = ["| MLM start | masked-token accuracy before | after | perplexity before | after "
+             "| training sequences | held-out sequences |", "|---|---|---|---|---|---|---|"]
+    for start, m in pretraining.items():
+        b, a, c = m["before"], m["after"], m["corpus"]
+        lines.append(f"| `{start}` | {b['masked_accuracy']:.3f} | {a['masked_accuracy']:.3f} | "
+                     f"{b['perplexity']:.1f} | {a['perplexity']:.1f} | {c['train_sequences']} | "
+                     f"{c['heldout_sequences']} |")
+    lines += ["", "Masked-token accuracy and perplexity are measured on held-out sequences of the "
+              "training text (masks drawn once, the same positions before and after); "
+              "no dev or test text is in the pretraining corpus.", ""]
+    header = ["Configuration", "Fine-tuned from"] + [t for _, _, t in MULTITASK_COLUMNS] + ["Average"]
+    lines += [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
+    notes = []
+    for m in sorted(tuned, key=lambda m: (m["config"], m["pretraining"]["start"])):
+        # The same configuration without MLM, from the `multitask` stage, when it ran.
+        base = multitask.get(m["config"])
+        rows = [(base, f"`{base['checkpoint']['name']}`")] if base else []
+        rows.append((m, f"`{m['checkpoint']['name']}`"))
+        for run, origin in rows:
+            cells = [f"`{m['config']}`", origin] + [_fmt(run[key]) for _, key, _ in MULTITASK_COLUMNS]
+            lines.append(f"| {' | '.join(cells + [_fmt(run['average'])])} |")
+        notes.append(_provenance(m))
+    return "\n".join(lines + ["", "How the fine-tuning numbers after MLM were produced:", ""] + notes)

@@ -119,6 +119,28 @@ def length_bucketed_batches(
     return [batches[i] for i in generator.permutation(len(batches))]
 
 
+def split_by_tokens(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Cut a batch into consecutive pieces of at most ``max_tokens`` padded tokens.
+
+    A piece padded to its own longest row costs ``len(piece) * longest`` tokens of
+    activation memory; long reviews at a batch of 32 need several GB for one
+    training step, so the step runs piece by piece (gradients accumulate) under a
+    token budget. ``max_tokens`` 0 means no limit. A single row longer than the
+    budget still forms a piece of its own. Rows keep their order.
+    """
+    if max_tokens <= 0 or len(rows) * int(lengths[rows].max()) <= max_tokens:
+        return [rows]
+    pieces, start, longest = [], 0, 0
+    for i, row in enumerate(rows):
+        longest_with = max(longest, int(lengths[row]))
+        if i > start and (i - start + 1) * longest_with > max_tokens:
+            pieces.append(rows[start:i])
+            start, longest_with = i, int(lengths[row])
+        longest = longest_with
+    pieces.append(rows[start:])
+    return pieces
+
+
 def random_batches(
     n: int, batch_size: int, generator: np.random.Generator
 ) -> list[np.ndarray]:

@@ -268,6 +268,17 @@ class BertModel(nn.Module):
             )
         return self.encode(self.embed(input_ids, token_type_ids), attention_mask)
 
+    def compile_layers(self, **options) -> None:
+        """``torch.compile`` each transformer layer in place (``nn.Module.compile``).
+
+        Layers rather than the whole model: parameter names, ``embed``/``encode``
+        (which SMART calls separately) and checkpoint saving stay as they are, and one
+        compiled graph serves all layers of the same shape. ``dynamic=True`` because
+        length-bucketed batches change the sequence length from batch to batch.
+        """
+        for layer in self.encoder.layer:
+            layer.compile(dynamic=True, **options)
+
     # ------------------------------------------------------------------ loading
 
     @classmethod

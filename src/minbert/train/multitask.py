@@ -33,6 +33,13 @@ from minbert.progress import progress
 from minbert.train.device import autocast
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.pcgrad import pcgrad_backward
+from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
+from minbert.train.resume import (
+    ResumePoint,
+    fingerprint,
+    generator_states,
+    restore_generators,
+)
 from minbert.train.sentiment import NonFiniteLoss, subsample
 from minbert.train.smart import EmaTeacher, SmartSettings, bregman_loss, smoothness_loss
 
@@ -62,6 +69,7 @@ class MultitaskSettings:
     grad_clip: float
     seed: int
     smart: SmartSettings | None = None
+    compile: bool = False  # torch.compile the encoder's layers (pays off on a GPU)
 
     def __post_init__(self) -> None:
         if self.gradient not in GRADIENT_MODES:
@@ -86,7 +94,7 @@ class Batch:
     token_types: torch.Tensor | None
     rows: np.ndarray  # table rows of the examples, for labels and error messages
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         types = None if self.token_types is None else self.token_types.to(device)
         return Batch(self.ids.to(device), self.mask.to(device), types, self.rows)
 
@@ -246,6 +254,8 @@ def train_multitask(
     encoder: BertModel,
     tables: dict[tuple[str, str], TokenizedTable],
     device: torch.device,
+    compile_options: dict | None = None,
+    resume: ResumePoint | None = None,
 ) -> MultitaskResult:
     """Train on ``tables[(task, "train")]``, select the best epoch on ``(task, "dev")``
     by the average of the three dev metrics, and predict dev and (where given) test."""
@@ -254,6 +264,8 @@ def train_multitask(
     pcgrad_generator = torch.Generator().manual_seed(settings.seed)
     model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
                           settings.dropout).to(device)
+    if settings.compile:
+        model.encoder.compile_layers(**(compile_options or {}))
 
     def data_for(split, limit):
         return {t: TaskData(t, subsample(tables[t, split], limit[t] if limit else 0, settings.seed),
@@ -275,25 +287,47 @@ def train_multitask(
     lengths = {t: d.lengths for t, d in train.items()}
     steps_per_epoch = max(math.ceil(len(d) / settings.batch_size[t]) for t, d in train.items())
     global_step = 0
+    first_epoch = 1
+    saved = resume.load() if resume else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        if teacher is not None:
+            teacher.module.load_state_dict(saved["teacher"])
+        restore_generators(saved["generators"], rng, pcgrad_generator)
+        result.history, result.conflicts = saved["history"], saved["conflicts"]
+        result.best_epoch, result.best = saved["best_epoch"], saved["best"]
+        best_state, global_step = saved["best_state"], saved["global_step"]
+        first_epoch = saved["epoch"] + 1
     with progress() as bar:
-        job = bar.add_task("multitask", total=settings.epochs * steps_per_epoch, status="")
-        for epoch in range(1, settings.epochs + 1):
+        job = bar.add_task("multitask", total=settings.epochs * steps_per_epoch, status="",
+                           completed=(first_epoch - 1) * steps_per_epoch)
+        if saved is not None:
+            bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
+        for epoch in range(first_epoch, settings.epochs + 1):
             model.train()
             lr = optimizer.param_groups[0]["lr"]
-            sums = {t: 0.0 for t in TASKS}
+            # Loss sums stay on the device: reading a loss back (.item()) waits for the
+            # GPU to finish, so the loop does it once per step, for the finiteness check.
+            sums = torch.zeros(len(TASKS), device=device)
             steps = round_robin_epoch(lengths, settings.batch_size, rng)
             for step, rows_by_task in enumerate(steps):
-                losses = []
+                losses, batches = [], []
                 for task in TASKS:
                     batch = train[task].batch(rows_by_task[task]).to(device)
                     labels = train[task].labels(batch.rows).to(device)
-                    loss = _task_objective(model, teacher, settings.smart, task, batch, labels, device)
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLoss(
-                            f"non-finite loss {loss.item()} at epoch {epoch}, step {step}, task {task}; "
-                            f"batch example ids: {', '.join(train[task].table.ids[i] for i in batch.rows)}")
-                    sums[task] += loss.item()
-                    losses.append(loss)
+                    losses.append(_task_objective(model, teacher, settings.smart, task, batch,
+                                                  labels, device))
+                    batches.append(batch)
+                step_losses = torch.stack([loss.detach() for loss in losses])
+                if not bool(torch.isfinite(step_losses).all()):
+                    t = int((~torch.isfinite(step_losses)).nonzero()[0])
+                    raise NonFiniteLoss(
+                        f"non-finite loss {step_losses[t].item()} at epoch {epoch}, step {step}, "
+                        f"task {TASKS[t]}; batch example ids: "
+                        f"{', '.join(train[TASKS[t]].table.ids[i] for i in batches[t].rows)}")
+                sums += step_losses
                 optimizer.zero_grad(set_to_none=True)
                 if settings.gradient == "pcgrad":
                     stats = pcgrad_backward(losses, shared, heads, generator=pcgrad_generator)
@@ -306,11 +340,11 @@ def train_multitask(
                 if teacher is not None:
                     teacher.update(model)
                 global_step += 1
-                bar.update(job, advance=1, status=f"epoch {epoch} loss {sum(l.item() for l in losses):.3f}")
+                bar.update(job, advance=1, status=f"epoch {epoch} loss {step_losses.sum().item():.3f}")
             scheduler.step()
             dev_metrics, _ = evaluate(model, dev, settings.eval_batch_size, device)
             row = {"epoch": epoch, "lr": lr}
-            row.update({f"train_loss_{t}": sums[t] / len(steps) for t in TASKS})
+            row.update({f"train_loss_{t}": v / len(steps) for t, v in zip(TASKS, sums.tolist())})
             row.update(dev_metrics)
             result.history.append(row)
             bar.console.log(f"epoch {epoch}: " + ", ".join(
@@ -319,6 +353,16 @@ def train_multitask(
             if best_state is None or dev_metrics["average"] > result.best["average"]:
                 result.best_epoch, result.best = epoch, dev_metrics
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            if resume:
+                resume.save({
+                    "epoch": epoch, "global_step": global_step,
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "teacher": teacher.module.state_dict() if teacher is not None else None,
+                    "generators": generator_states(rng, pcgrad_generator),
+                    "history": result.history, "conflicts": result.conflicts,
+                    "best_epoch": result.best_epoch, "best": result.best, "best_state": best_state,
+                })
     model.load_state_dict(best_state)
     _, result.dev_predictions = evaluate(model, dev, settings.eval_batch_size, device)
     if test:
@@ -359,20 +403,35 @@ def _conflict_row(epoch: int, step: int, stats: dict) -> dict:
 
 
 def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Path,
-              metrics_dir: Path, predictions_dir: Path) -> dict:
-    """The multitask stage: train one configuration and write every output."""
+              metrics_dir: Path, predictions_dir: Path, mlm_dir: Path | None = None,
+              resume_dir: Path | None = RESUME_DIRECTORY) -> dict:
+    """The multitask stage: train one configuration and write every output.
+
+    With ``mlm_dir`` (an ``mlm@<start>`` stage's output) fine-tuning starts from
+    that pretrained checkpoint instead of ``params["checkpoint"]``, and the outputs
+    are named ``<start>-<config>``. Training state is saved to ``resume_dir`` after
+    every epoch, and a rerun of an interrupted stage continues from it.
+    """
     from minbert import params as params_module
     from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
     from minbert.train.device import choose_device, describe
 
     settings = params_module.multitask_settings(params, config)
     device = choose_device(params["device"])
-    checkpoint_dir = resolve_checkpoint(params["checkpoint"])
+    checkpoint_dir = resolve_checkpoint(params["checkpoint"]) if mlm_dir is None else Path(mlm_dir)
+    name = config if mlm_dir is None else f"{Path(mlm_dir).name}-{config}"
     tables = {(t, s): TokenizedTable.read(tokenized_dir / f"{t}-{s}.parquet")
               for t in TASKS for s in ("train", "dev", "test")
               if (tokenized_dir / f"{t}-{s}.parquet").exists()}
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
-    result = train_multitask(settings, BertModel.from_pretrained(checkpoint_dir), tables, device)
+    checkpoint = describe_checkpoint(
+        params["checkpoint"] if mlm_dir is None
+        else f"{params['checkpoint']} + MLM {Path(mlm_dir).name}", checkpoint_dir)
+    resume = ResumePoint(resume_dir, f"multitask-{name}", fingerprint(
+        settings=asdict(settings), checkpoint=checkpoint, device=str(device),
+        data={"-".join(k): len(v) for k, v in tables.items()}, manifest=manifest))
+    result = train_multitask(settings, BertModel.from_pretrained(checkpoint_dir), tables, device,
+                             resume=resume)
 
     metrics = {
         "config": config,
@@ -390,7 +449,9 @@ def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Pat
         "settings": {k: v for k, v in asdict(settings).items()
                      if k not in ("batch_size", "train_examples", "dev_examples", "seed")},
         "batch_size": settings.batch_size,
-        "checkpoint": describe_checkpoint(params["checkpoint"], checkpoint_dir),
+        "checkpoint": checkpoint,
+        "pretraining": None if mlm_dir is None else {"start": Path(mlm_dir).name,
+                                                     "directory": Path(mlm_dir).as_posix()},
         "scale": params["scale"],
         "seed": settings.seed,
         "device": describe(device),
@@ -399,17 +460,18 @@ def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Pat
         conflicts = pd.DataFrame(result.conflicts)
         metrics["pcgrad_conflict_fraction"] = float(conflicts.conflicts.sum() / conflicts.pairs.sum())
     for task in TASKS:
-        write_predictions(predictions_dir / config / f"{task}-dev-out.csv", task,
+        write_predictions(predictions_dir / name / f"{task}-dev-out.csv", task,
                           result.dev_ids[task], _format(task, result.dev_predictions[task]))
         if task in result.test_predictions:
-            write_predictions(predictions_dir / config / f"{task}-test-out.csv", task,
+            write_predictions(predictions_dir / name / f"{task}-test-out.csv", task,
                               result.test_ids[task], _format(task, result.test_predictions[task]))
-    atomic_write_text(metrics_dir / f"{config}-history.csv",
+    atomic_write_text(metrics_dir / f"{name}-history.csv",
                       pd.DataFrame(result.history).to_csv(index=False))
     # Written for every configuration (empty without PCGrad) so DVC has a fixed output.
-    atomic_write_text(metrics_dir / f"{config}-conflicts.csv",
+    atomic_write_text(metrics_dir / f"{name}-conflicts.csv",
                       pd.DataFrame(result.conflicts, columns=_conflict_columns()).to_csv(index=False))
-    atomic_write_text(metrics_dir / f"{config}.json", json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(metrics_dir / f"{name}.json", json.dumps(metrics, indent=2) + "\n")
+    resume.clear()
     return metrics
 
 

@@ -88,6 +88,30 @@ def _gram(grads: Sequence[torch.Tensor]) -> list[list[float]]:
     return gram
 
 
+@torch.no_grad()
+def _gram_per_parameter(grads: Sequence[Sequence[torch.Tensor]]) -> list[list[float]]:
+    """The Gram matrix of the task gradients given as ``grads[task][parameter]``.
+
+    Summed parameter by parameter with ``torch.dot`` (one pass over memory, no
+    temporaries) in float32, the partial sums added on the host in float64: the
+    float32 accumulation error then grows with the size of one parameter, not of
+    the whole encoder, and stays far below what could flip the sign of a
+    meaningful conflict. One transfer to the host per step.
+    """
+    k = len(grads)
+    pairs = [(i, j) for i in range(k) for j in range(i, k)]
+    acc = torch.promote_types(grads[0][0].dtype, torch.float32)
+    partial = []
+    for n in range(len(grads[0])):
+        vecs = [task[n].reshape(-1).to(acc) for task in grads]
+        partial.append(torch.stack([torch.dot(vecs[i], vecs[j]) for i, j in pairs]))
+    values = torch.stack(partial).double().sum(0).cpu().tolist()
+    gram = [[0.0] * k for _ in range(k)]
+    for (i, j), value in zip(pairs, values):
+        gram[i][j] = gram[j][i] = value
+    return gram
+
+
 def _visit_orders(k: int, generator: torch.Generator | None) -> list[list[int]]:
     """For each task ``i`` (in task order), one ``torch.randperm(k)`` over all tasks.
 
@@ -283,21 +307,25 @@ def pcgrad_backward(
     params = shared_params + heads
     n_shared = len(shared_params)
     last = len(losses) - 1
-    shared_grads: list[torch.Tensor] = []
+    shared_grads: list[list[torch.Tensor]] = []  # [task][parameter]
     head_grads: list[torch.Tensor] | None = None
     for t, loss in enumerate(losses):
         grads = _task_gradients(loss, params, retain_graph=t < last)
-        shared_grads.append(_flatten(grads[:n_shared]))
+        shared_grads.append(grads[:n_shared])
         if head_grads is None:
             head_grads = grads[n_shared:]
         else:
             head_grads = [acc + g for acc, g in zip(head_grads, grads[n_shared:])]
 
-    _check_grads(shared_grads)
-    gram = _gram(shared_grads)
+    # The surgery works parameter by parameter, never on one flat vector: flattening
+    # k gradients of a BERT encoder (tens of millions of entries each) and copying the
+    # result back into .grad cost more than the surgery itself.
+    gram = _gram_per_parameter(shared_grads)
     orders = _visit_orders(len(losses), generator)
-    write_flat_gradient(_combine(shared_grads, _surgery_weights(gram, orders)), shared_params)
+    weights = _surgery_weights(gram, orders)
     with torch.no_grad():
+        for n, p in enumerate(shared_params):
+            p.grad = _combine([task[n] for task in shared_grads], weights)
         for p, g in zip(heads, head_grads or []):
             p.grad = g.detach()
 

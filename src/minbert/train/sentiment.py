@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from minbert.atomic import atomic_write_text
-from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad
+from minbert.data.batches import (
+    TokenizedTable,
+    length_bucketed_batches,
+    pad,
+    split_by_tokens,
+)
 from minbert.data.tasks import TASKS
 from minbert.evaluate import accuracy, write_predictions
 from minbert.model.bert import BertModel
@@ -35,6 +40,13 @@ from minbert.model.heads import ClassificationHead, SentimentClassifier
 from minbert.progress import progress
 from minbert.train.device import autocast
 from minbert.train.optim import build_optimizer, build_scheduler
+from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
+from minbert.train.resume import (
+    ResumePoint,
+    fingerprint,
+    generator_states,
+    restore_generators,
+)
 
 MODES = ("last-layer", "full")
 
@@ -55,6 +67,7 @@ class SentimentSettings:
     grad_clip: float
     train_examples: int  # 0: the whole training split
     seed: int
+    max_tokens: int = 0  # padded tokens per forward pass (0: no limit); bounds memory
 
     def __post_init__(self) -> None:
         if self.task not in ("sst", "cfimdb"):
@@ -100,7 +113,8 @@ def _check_finite(loss: torch.Tensor, epoch: int, step: int, task: str, ids: lis
 
 @torch.inference_mode()
 def encode_pooled(
-    encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device
+    encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device,
+    max_tokens: int = 0,
 ) -> torch.Tensor:
     """Pooled [CLS] features of every row, in row order (encoder in eval mode)."""
     was_training = encoder.training
@@ -110,11 +124,12 @@ def encode_pooled(
     batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
     with progress() as bar:
         job = bar.add_task(f"encode {len(table)} rows", total=len(batches), status="")
-        for rows in batches:
-            ids, mask = pad(seqs, rows)
-            with autocast(device):
-                pooled = encoder(ids.to(device), mask.to(device)).pooler_output
-            out[torch.from_numpy(rows)] = pooled.float().cpu()
+        for batch in batches:
+            for rows in split_by_tokens(batch, seqs.lengths(), max_tokens):
+                ids, mask = pad(seqs, rows)
+                with autocast(device):
+                    pooled = encoder(ids.to(device), mask.to(device)).pooler_output
+                out[torch.from_numpy(rows)] = pooled.float().cpu()
             bar.advance(job)
     encoder.train(was_training)
     return out
@@ -122,12 +137,14 @@ def encode_pooled(
 
 @torch.inference_mode()
 def predict_logits(
-    model: SentimentClassifier, table: TokenizedTable, batch_size: int, device: torch.device
+    model: SentimentClassifier, table: TokenizedTable, batch_size: int, device: torch.device,
+    max_tokens: int = 0,
 ) -> torch.Tensor:
     model.eval()
     seqs = table.sequences["input_ids"]
     out = torch.empty(len(table), model.head.linear.out_features)
-    for rows in length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False):
+    batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
+    for rows in (piece for b in batches for piece in split_by_tokens(b, seqs.lengths(), max_tokens)):
         ids, mask = pad(seqs, rows)
         with autocast(device):
             logits = model(ids.to(device), mask.to(device))
@@ -142,6 +159,7 @@ def train_sentiment(
     dev: TokenizedTable,
     test: TokenizedTable | None,
     device: torch.device,
+    resume: ResumePoint | None = None,
 ) -> SentimentResult:
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
@@ -155,20 +173,38 @@ def train_sentiment(
             raise ValueError(f"{settings.task} {name}: label outside 0..{num_classes - 1} "
                              f"for ids {[table.ids[i] for i in np.flatnonzero(bad)[:5]]}")
     if settings.mode == "last-layer":
-        return _train_head_on_features(settings, encoder, train, dev, test, device, rng)
-    return _fine_tune(settings, encoder, train, dev, test, device, rng)
+        return _train_head_on_features(settings, encoder, train, dev, test, device, rng, resume)
+    return _fine_tune(settings, encoder, train, dev, test, device, rng, resume)
 
 
-def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, load_state, optimizer):
-    """Shared epoch loop: train, evaluate on dev, keep the best epoch's weights."""
+def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, load_state, optimizer,
+                rng, resume: ResumePoint | None):
+    """Shared epoch loop: train, evaluate on dev, keep the best epoch's weights.
+
+    After every epoch the whole training state goes to ``resume``; a rerun after an
+    interruption starts from the epoch after the last one saved.
+    """
     scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
     result = SentimentResult()
     best_state = None
+    first_epoch = 1
+    saved = resume.load() if resume else None
+    if saved is not None:
+        load_state(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        restore_generators(saved["generators"], rng)
+        result.history, result.best_epoch = saved["history"], saved["best_epoch"]
+        result.dev_accuracy, best_state = saved["dev_accuracy"], saved["best_state"]
+        first_epoch = saved["epoch"] + 1
     with progress() as bar:
         job = bar.add_task(
-            f"{settings.task} {settings.mode}", total=settings.epochs * n_batches_per_epoch, status=""
+            f"{settings.task} {settings.mode}", total=settings.epochs * n_batches_per_epoch, status="",
+            completed=(first_epoch - 1) * n_batches_per_epoch,
         )
-        for epoch in range(1, settings.epochs + 1):
+        if saved is not None:
+            bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
+        for epoch in range(first_epoch, settings.epochs + 1):
             lr = optimizer.param_groups[0]["lr"]
             train_loss, train_acc = run_epoch(epoch, lambda loss: bar.update(
                 job, advance=1, status=f"epoch {epoch} loss {loss:.3f}"))
@@ -184,14 +220,21 @@ def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, lo
             if best_state is None or dev_acc > result.dev_accuracy:
                 result.best_epoch, result.dev_accuracy = epoch, dev_acc
                 best_state = state_of()
+            if resume:
+                resume.save({
+                    "epoch": epoch, "model": state_of(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "generators": generator_states(rng),
+                    "history": result.history, "best_epoch": result.best_epoch,
+                    "dev_accuracy": result.dev_accuracy, "best_state": best_state,
+                })
     load_state(best_state)
     return result
 
 
-def _train_head_on_features(settings, encoder, train, dev, test, device, rng) -> SentimentResult:
+def _train_head_on_features(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     encoder.to(device)
-    feats = {name: encode_pooled(encoder, t, settings.eval_batch_size, device)
+    feats = {name: encode_pooled(encoder, t, settings.eval_batch_size, device, settings.max_tokens)
              for name, t in (("train", train), ("dev", dev), ("test", test)) if t is not None}
     head = ClassificationHead(encoder.config.hidden_size, num_classes, settings.dropout).to(device)
     optimizer = build_optimizer(settings.optimizer, head.parameters(), lr=settings.lr,
@@ -227,7 +270,8 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng) ->
         return F.cross_entropy(logits, y_dev).item(), accuracy(dev.labels, logits.argmax(-1).numpy())
 
     result = _epoch_loop(settings, n_batches, run_epoch, evaluate,
-                         lambda: copy.deepcopy(head.state_dict()), head.load_state_dict, optimizer)
+                         lambda: copy.deepcopy(head.state_dict()), head.load_state_dict, optimizer,
+                         rng, resume)
     result.dev_predictions = logits_of("dev").argmax(-1).numpy()
     if test is not None:
         result.test_predictions = logits_of("test").argmax(-1).numpy()
@@ -235,7 +279,7 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng) ->
     return result
 
 
-def _fine_tune(settings, encoder, train, dev, test, device, rng) -> SentimentResult:
+def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     model = SentimentClassifier(encoder, num_classes, settings.dropout).to(device)
     optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
@@ -248,25 +292,30 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng) -> SentimentRes
         model.train()
         total, correct = 0.0, 0
         batches = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
-        for step, rows in enumerate(batches):
-            ids, mask = pad(seqs, rows)
-            y = torch.as_tensor(train.labels[rows], dtype=torch.long, device=device)
-            with autocast(device):
-                logits = model(ids.to(device), mask.to(device))
-            loss = F.cross_entropy(logits.float(), y)
-            _check_finite(loss, epoch, step, settings.task, [train.ids[i] for i in rows])
+        for step, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            batch_loss = 0.0
+            # Pieces under the token budget, gradients accumulated: the same update as
+            # the whole batch at once (the loss is the batch mean), in bounded memory.
+            for rows in split_by_tokens(batch, lengths, settings.max_tokens):
+                ids, mask = pad(seqs, rows)
+                y = torch.as_tensor(train.labels[rows], dtype=torch.long, device=device)
+                with autocast(device):
+                    logits = model(ids.to(device), mask.to(device))
+                loss = F.cross_entropy(logits.float(), y, reduction="sum") / len(batch)
+                _check_finite(loss, epoch, step, settings.task, [train.ids[i] for i in batch])
+                loss.backward()
+                batch_loss += loss.item()
+                correct += int((logits.argmax(-1) == y).sum())
             if settings.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
             optimizer.step()
-            total += loss.item() * len(rows)
-            correct += int((logits.argmax(-1) == y).sum())
-            tick(loss.item())
+            total += batch_loss * len(batch)
+            tick(batch_loss)
         return total / len(train), correct / len(train)
 
     def evaluate():
-        logits = predict_logits(model, dev, settings.eval_batch_size, device)
+        logits = predict_logits(model, dev, settings.eval_batch_size, device, settings.max_tokens)
         y = torch.as_tensor(dev.labels, dtype=torch.long)
         return F.cross_entropy(logits, y).item(), accuracy(dev.labels, logits.argmax(-1).numpy())
 
@@ -274,22 +323,24 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng) -> SentimentRes
         return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     result = _epoch_loop(settings, n_batches, run_epoch, evaluate, state_of, model.load_state_dict,
-                         optimizer)
-    result.dev_predictions = predict_logits(model, dev, settings.eval_batch_size, device).argmax(-1).numpy()
+                         optimizer, rng, resume)
+    result.dev_predictions = predict_logits(
+        model, dev, settings.eval_batch_size, device, settings.max_tokens).argmax(-1).numpy()
     if test is not None:
         result.test_predictions = predict_logits(
-            model, test, settings.eval_batch_size, device).argmax(-1).numpy()
+            model, test, settings.eval_batch_size, device, settings.max_tokens).argmax(-1).numpy()
     result.train_examples = len(train)
     return result
 
 
 def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
-              predictions_dir: Path) -> dict:
+              predictions_dir: Path, resume_dir: Path | None = RESUME_DIRECTORY) -> dict:
     """The sentiment stage of the pipeline: train one run, write every output.
 
     Writes ``metrics_dir/<run>.json`` (the numbers and how they were produced),
     ``metrics_dir/<run>-history.csv`` (per-epoch rows for plots) and the course-format
-    dev and test predictions under ``predictions_dir/<run>/``.
+    dev and test predictions under ``predictions_dir/<run>/``. Training state is
+    saved to ``resume_dir`` after every epoch; a rerun after an interruption resumes.
     """
     from minbert import params as params_module
     from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
@@ -304,8 +355,12 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
         if split != "test" or (tokenized_dir / f"{settings.task}-test.parquet").exists()
     }
     encoder = BertModel.from_pretrained(checkpoint_dir)
+    checkpoint = describe_checkpoint(params["checkpoint"], checkpoint_dir)
+    resume = ResumePoint(resume_dir, f"sentiment-{run}", fingerprint(
+        settings=asdict(settings), checkpoint=checkpoint, device=str(device),
+        data={k: len(v) for k, v in tables.items()}))
     result = train_sentiment(settings, encoder, tables["train"], tables["dev"], tables.get("test"),
-                             device)
+                             device, resume=resume)
     metrics = {
         "run": run,
         "task": settings.task,
@@ -319,7 +374,7 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
         "train_examples": result.train_examples,
         "dev_examples": len(tables["dev"]),
         "data_split": f"course {settings.task} train / dev",
-        "checkpoint": describe_checkpoint(params["checkpoint"], checkpoint_dir),
+        "checkpoint": checkpoint,
         "scale": params["scale"],
         "seed": settings.seed,
         "device": describe(device),
@@ -332,4 +387,5 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
                           tables["test"].ids, result.test_predictions.tolist())
     atomic_write_text(metrics_dir / f"{run}-history.csv", history.to_csv(index=False))
     atomic_write_text(metrics_dir / f"{run}.json", json.dumps(metrics, indent=2) + "\n")
+    resume.clear()
     return metrics

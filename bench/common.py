@@ -1,0 +1,282 @@
+"""Shared helpers of the benchmark scripts in ``bench/``.
+
+* timing: :func:`measure` runs several candidates interleaved (warm-up, then
+  ``repeats`` rounds of one call each) and keeps the median of ``time.perf_counter``;
+  interleaving spreads slow drifts of the machine (thermal, other processes) evenly;
+* the CPU's measured matmul peak (:func:`matmul_peak`) and a description of the
+  machine (:func:`machine`);
+* results: a rich table on stdout, and ``bench/results/<name>.json`` holding the
+  exact command line, the machine, the results and every target, met or missed
+  (:func:`finish`). ``--quick`` smoke runs write ``<name>.quick.json`` instead, so
+  they never overwrite a real measurement;
+* the multitask pieces shared by ``multitask_epoch.py`` and ``step_overhead.py``:
+  the tokenised training tables of the pipeline and :class:`MultitaskRunner`, one
+  training step assembled from the package's own parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+TOKENIZED = REPO / "data" / "tokenized"
+CPU = torch.device("cpu")
+# Redirected to a file, rich would wrap tables at 80 columns: use a wide fixed width.
+console = Console() if Console().is_terminal else Console(width=160)
+_started: dict = {}
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """Options every script shares; each script adds its own sizes."""
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes and few repeats: a smoke run, not a measurement")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (median is kept)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: torch's own choice)")
+    p.add_argument("--seed", type=int, default=11711)
+    return p
+
+
+def setup(args: argparse.Namespace, *, repeats: int, warmup: int,
+          quick_repeats: int = 2, quick_warmup: int = 1) -> None:
+    """Fill in default repeats, set the thread count and every seed; note the start."""
+    _started.update(started=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                    load_average_at_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+    if args.repeats is None:
+        args.repeats = quick_repeats if args.quick else repeats
+    if args.warmup is None:
+        args.warmup = quick_warmup if args.quick else warmup
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Timing:
+    samples: list[float]  # seconds per call
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def as_dict(self) -> dict:
+        return {"median_s": self.median, "min_s": min(self.samples),
+                "max_s": max(self.samples), "samples_s": self.samples}
+
+
+def measure(fns: dict[str, Callable[[], object]], *, warmup: int, repeats: int) -> dict[str, Timing]:
+    """Time each callable: ``warmup`` untimed calls each, then ``repeats`` rounds in
+    which every callable runs once (interleaved). Returns the per-call samples."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: Timing(s) for name, s in samples.items()}
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict:
+    """The CPU's fp32 matmul throughput at the current thread count: best of
+    ``repeats`` timed ``n x n @ n x n`` products (2 n^3 FLOP each), after a warm-up."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    timing = measure({"mm": lambda: torch.mm(a, b, out=out)}, warmup=2, repeats=repeats)["mm"]
+    best = min(timing.samples)
+    return {"size": n, "flop_per_s": 2 * n**3 / best, "best_s": best, "median_s": timing.median}
+
+
+def machine() -> dict:
+    """What a result needs to be read against: CPU, cores, threads, versions, load."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    if "transformers" in sys.modules:
+        info["transformers"] = sys.modules["transformers"].__version__
+    return info
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def target(name: str, measured: float, op: str, threshold: float) -> dict:
+    """A target and how it fared; ``slack`` > 0 means met by that much (same unit)."""
+    if op not in (">=", "<="):
+        raise ValueError(op)
+    slack = measured - threshold if op == ">=" else threshold - measured
+    return {"target": name, "measured": measured, "op": op, "threshold": threshold,
+            "met": slack >= 0, "slack": slack}
+
+
+def table(title: str, header: list[str], rows: list[list]) -> None:
+    t = Table(title=title)
+    for i, h in enumerate(header):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*(str(x) for x in row))
+    console.print(t)
+
+
+def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dict]) -> Path:
+    """Print the targets, write ``bench/results/<name>.json``; returns its path."""
+    table("targets", ["target", "measured", "required", "met", "slack"],
+          [[t["target"], f"{t['measured']:.3f}", f"{t['op']} {t['threshold']}",
+            "[green]yes[/]" if t["met"] else "[red]NO[/]", f"{t['slack']:+.3f}"] for t in targets])
+    if args.quick:
+        console.print("[yellow]--quick: tiny sizes, a smoke run; the numbers mean nothing[/]")
+    record = {
+        "benchmark": name,
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cwd": os.getcwd(),
+        **_started,
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "args": vars(args),
+        "machine": machine(),
+        "results": results,
+        "targets": targets,
+        "all_targets_met": all(t["met"] for t in targets),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}{'.quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    console.print(f"wrote {path.relative_to(REPO)}")
+    return path
+
+
+# ----------------------------------------------------------------------------- multitask
+
+
+def multitask_settings(config: str, scale: str):
+    """The pipeline's settings of ``config`` at ``scale``, from params.yaml."""
+    from minbert import params as params_module
+
+    params = params_module.load(REPO / "params.yaml")
+    params["scale"] = scale
+    return params, params_module.multitask_settings(params, config)
+
+
+def training_tables(tasks) -> dict:
+    """The pipeline's tokenised training splits (``data/tokenized/<task>-train.parquet``)."""
+    from minbert.data.batches import TokenizedTable
+
+    paths = {t: TOKENIZED / f"{t}-train.parquet" for t in tasks}
+    missing = [str(p.relative_to(REPO)) for p in paths.values() if not p.is_file()]
+    if missing:
+        sys.exit(f"missing {', '.join(missing)}: run `dvc repro tokenize` first")
+    return {t: TokenizedTable.read(p) for t, p in paths.items()}
+
+
+class MultitaskRunner:
+    """One multitask training step, assembled from the package's parts exactly as
+    ``minbert.train.multitask.train_multitask`` runs it (on the CPU): each task's
+    objective (``_task_objective``: task loss, plus SMART's terms when given
+    settings), then either the summed backward (round-robin) or ``pcgrad_backward``,
+    gradient clipping, the optimizer step and, with SMART, the teacher update.
+
+    Left out: the pipeline's per-step ``torch.isfinite(loss)`` checks and
+    ``loss.item()`` calls for logging (on the CPU they cost microseconds), the
+    progress bar and the per-epoch dev evaluation.
+    """
+
+    def __init__(self, settings, checkpoint: str, smart=None):
+        from minbert.model.bert import BertModel
+        from minbert.model.checkpoint import resolve_checkpoint
+        from minbert.train.multitask import TASKS, MultitaskBert, TaskData
+        from minbert.train.optim import build_optimizer
+        from minbert.train.sentiment import subsample
+        from minbert.train.smart import EmaTeacher
+
+        tables = training_tables(TASKS)
+        torch.manual_seed(settings.seed)
+        encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
+        self.model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
+                                   settings.dropout).train()
+        self.data = {t: TaskData(t, subsample(tables[t], settings.train_examples[t], settings.seed),
+                                 self.model.is_siamese(t)) for t in TASKS}
+        self.shared = [p for p in self.model.encoder.parameters() if p.requires_grad]
+        self.heads = [list(self.model.heads[t].parameters()) for t in TASKS]
+        self.optimizer = build_optimizer(settings.optimizer, self.model.parameters(),
+                                         lr=settings.lr, weight_decay=settings.weight_decay)
+        smart = smart or settings.smart
+        self.teacher = EmaTeacher(self.model, smart.beta) if smart else None
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.grad_clip = settings.grad_clip
+
+    @property
+    def lengths(self) -> dict[str, np.ndarray]:
+        return {t: d.lengths for t, d in self.data.items()}
+
+    def batches(self, rows_by_task: dict[str, np.ndarray]) -> list[tuple]:
+        """(task, padded batch, labels) of one round-robin step."""
+        out = []
+        for task, rows in rows_by_task.items():
+            d = self.data[task]
+            out.append((task, d.batch(rows), d.labels(rows)))
+        return out
+
+    def step(self, batches: list[tuple], *, pcgrad: bool = False, smart=None) -> None:
+        from minbert.train.multitask import _task_objective
+        from minbert.train.pcgrad import pcgrad_backward
+
+        teacher = self.teacher if smart else None
+        losses = [_task_objective(self.model, teacher, smart, task, batch, labels, CPU)
+                  for task, batch, labels in batches]
+        self.optimizer.zero_grad(set_to_none=True)
+        if pcgrad:
+            pcgrad_backward(losses, self.shared, self.heads, generator=self.generator)
+        else:
+            torch.stack(losses).sum().backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        if teacher is not None:
+            teacher.update(self.model)

@@ -1,0 +1,111 @@
+"""Peak resident memory of every pipeline stage, measured during a real `dvc repro`.
+
+Runs a command (default: ``dvc repro``), and while it runs polls ``/proc`` for
+every descendant process; each stage is a ``python stages/<name>.py ...`` process
+whose ``VmHWM`` (the kernel's own peak-RSS high-water mark, so short peaks between
+polls are not missed) is recorded against its command line. Writes
+``bench/results/stage_memory.json`` with each stage's peak and wall time, and
+checks the target: default `dvc repro` peak resident memory <= 4 GB.
+
+    python bench/stage_memory.py                  # dvc repro
+    python bench/stage_memory.py -- dvc repro -f  # any command after --
+
+Linux only (reads /proc).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+
+LIMIT_GB = 4.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        kids = []
+        for task in tasks:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        return kids
+    except OSError:
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for kid in _children(todo.pop()):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def _stage_name(pid: int) -> str | None:
+    """``sentiment sst-full`` for ``python stages/sentiment.py sst-full``; else None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return None
+    for i, arg in enumerate(argv):
+        if arg.startswith("stages/") and arg.endswith(".py"):
+            return " ".join([Path(arg).stem, *[a for a in argv[i + 1:] if a]])
+    return None
+
+
+def _peak_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
+    p.add_argument("command", nargs="*", default=["dvc", "repro"])
+    args = p.parse_args()
+    common.setup(args, repeats=1, warmup=0)
+    stages: dict[int, dict] = {}  # pid -> {"stage", "peak_kb", "first", "last"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(args.command, cwd=common.REPO)
+    while proc.poll() is None:
+        now = time.perf_counter() - start
+        for pid in _descendants(proc.pid):
+            name = stages[pid]["stage"] if pid in stages else _stage_name(pid)
+            peak = _peak_kb(pid)
+            if name is None or peak is None:
+                continue
+            entry = stages.setdefault(pid, {"stage": name, "peak_kb": 0, "first": now})
+            entry["peak_kb"] = max(entry["peak_kb"], peak)
+            entry["last"] = now
+        time.sleep(args.interval)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"{' '.join(args.command)} failed with exit status {proc.returncode}")
+
+    rows = sorted(stages.values(), key=lambda e: e["first"])
+    results = {
+        "command": args.command,
+        "wall_s": wall,
+        "stages": [{"stage": e["stage"], "peak_rss_gb": e["peak_kb"] / 2**20,
+                    "seconds": e["last"] - e["first"]} for e in rows],
+    }
+    peak = max((e["peak_kb"] for e in rows), default=0) / 2**20
+    results["peak_rss_gb"] = peak
+    common.table(f"{' '.join(args.command)}: {wall / 60:.1f} min", ["stage", "peak RSS (GB)", "seconds"],
+                 [[s["stage"], f"{s['peak_rss_gb']:.2f}", f"{s['seconds']:.0f}"]
+                  for s in results["stages"]])
+    targets = [common.target("peak resident memory of any stage (GB)", peak, "<=", LIMIT_GB)]
+    common.finish("stage_memory", args, results, targets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Masked-language-model pretraining before fine-tuning (optional).
+
+Two starts, chosen by name:
+
+* ``continue``: continued, in-domain pretraining of the configured checkpoint
+  (its MLM head too, when the checkpoint ships one);
+* ``scratch``: a fresh small BERT (its size in ``mlm.starts.scratch``) with the checkpoint's
+  vocabulary, for when no pretrained checkpoint fits.
+
+The corpus is the training text of the tasks (``minbert.data.corpus``); a seeded
+fraction of its sequences is held out, with masks drawn once, so masked-token
+accuracy and perplexity before and after pretraining are measured on the same
+positions. The output is a checkpoint directory that the fine-tuning stages read
+like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minbert.atomic import atomic_directory, atomic_write_text
+from minbert.data.batches import length_bucketed_batches, pad
+from minbert.data.corpus import SOURCES, Corpus, build_corpus
+from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
+from minbert.model.bert import BertConfig
+from minbert.model.mlm import BertForMaskedLM
+from minbert.progress import progress
+from minbert.train.device import autocast
+from minbert.train.optim import build_optimizer
+from minbert.train.sentiment import NonFiniteLoss
+
+STARTS = ("continue", "scratch")
+
+
+@dataclass(frozen=True)
+class MlmSettings:
+    start: str
+    lr: float
+    epochs: int
+    batch_size: int
+    max_length: int
+    sequences: int  # 0: the whole corpus
+    heldout_fraction: float
+    mask_prob: float
+    weight_decay: float
+    grad_clip: float
+    sources: tuple[str, ...]
+    scratch_config: dict
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.start not in STARTS:
+            raise ValueError(f"MLM start {self.start!r} is not one of {list(STARTS)}")
+        if not 0 < self.heldout_fraction < 1:
+            raise ValueError("heldout_fraction must lie strictly between 0 and 1")
+        unknown = set(self.sources) - set(SOURCES)
+        if unknown:
+            raise ValueError(f"unknown corpus sources {sorted(unknown)}; allowed: {list(SOURCES)}")
+
+
+def build_model(settings: MlmSettings, checkpoint_dir: Path) -> BertForMaskedLM:
+    # Seeded first: a fresh model, or a fresh head on a checkpoint that lacks one,
+    # draws its initial weights from the global generator.
+    torch.manual_seed(settings.seed)
+    if settings.start == "continue":
+        return BertForMaskedLM.from_pretrained(checkpoint_dir)
+    base = BertConfig.from_json(checkpoint_dir / "config.json")
+    # The vocabulary must stay the checkpoint's: the tokenised tables use its ids.
+    config = BertConfig(**{**settings.scratch_config, "vocab_size": base.vocab_size,
+                           "pad_token_id": base.pad_token_id})
+    return BertForMaskedLM(config)
+
+
+def split_corpus(corpus: Corpus, settings: MlmSettings) -> tuple[Corpus, Corpus]:
+    """(train, held-out): a seeded subsample of ``sequences`` rows, then a seeded split."""
+    rng = np.random.default_rng(settings.seed)
+    rows = rng.permutation(len(corpus))
+    if settings.sequences:
+        rows = rows[: settings.sequences]
+    n_heldout = max(1, round(len(rows) * settings.heldout_fraction))
+    if len(rows) - n_heldout < 1:
+        raise ValueError(f"the corpus has {len(rows)} sequences: too few to hold some out")
+    return corpus.subset(np.sort(rows[n_heldout:])), corpus.subset(np.sort(rows[:n_heldout]))
+
+
+@dataclass
+class MaskedBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    labels: torch.Tensor
+
+    def to(self, device: torch.device) -> MaskedBatch:
+        return MaskedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
+                                                     self.token_type_ids, self.labels)))
+
+
+def masked_batches(corpus: Corpus, batches: list[np.ndarray], vocab: Vocabulary,
+                   generator: torch.Generator, mask_prob: float) -> list[MaskedBatch]:
+    replacement = vocab.replacement_ids()
+    out = []
+    for rows in batches:
+        ids, mask = pad(corpus.input_ids, rows, vocab.pad_id)
+        types, _ = pad(corpus.token_type_ids, rows)
+        inputs, labels = mask_tokens(ids, maskable_positions(ids, mask, vocab), vocab=vocab,
+                                     generator=generator, mask_prob=mask_prob,
+                                     replacement_ids=replacement)
+        out.append(MaskedBatch(inputs, mask, types, labels))
+    return out
+
+
+def mlm_loss(model: BertForMaskedLM, batch: MaskedBatch) -> tuple[torch.Tensor, int, int]:
+    """Mean cross-entropy over the chosen positions only, with their count and hits."""
+    chosen = batch.labels != IGNORE
+    logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, positions=chosen)
+    targets = batch.labels[chosen]
+    if targets.numel() == 0:
+        return logits.sum() * 0.0, 0, 0
+    loss = F.cross_entropy(logits.float(), targets)
+    hits = int((logits.argmax(-1) == targets).sum())
+    return loss, int(targets.numel()), hits
+
+
+@torch.inference_mode()
+def evaluate_mlm(model: BertForMaskedLM, batches: list[MaskedBatch], device: torch.device) -> dict:
+    model.eval()
+    total_loss, total, hits = 0.0, 0, 0
+    for batch in batches:
+        with autocast(device):
+            loss, n, h = mlm_loss(model, batch.to(device))
+        total_loss += float(loss) * n
+        total += n
+        hits += h
+    mean = total_loss / max(total, 1)
+    return {"masked_accuracy": hits / max(total, 1), "perplexity": math.exp(mean),
+            "loss": mean, "masked_tokens": total}
+
+
+@dataclass
+class MlmResult:
+    before: dict
+    after: dict
+    history: list[dict]
+    corpus: dict
+
+
+def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, vocab: Vocabulary,
+              device: torch.device, eval_batch_size: int = 128) -> MlmResult:
+    torch.manual_seed(settings.seed)
+    train, heldout = split_corpus(corpus, settings)
+    # Held-out masks are drawn once, so "before" and "after" score the same positions.
+    heldout_batches = masked_batches(
+        heldout, length_bucketed_batches(heldout.input_ids.lengths(), eval_batch_size, shuffle=False),
+        vocab, torch.Generator().manual_seed(settings.seed + 1), settings.mask_prob)
+    model.to(device)
+    before = evaluate_mlm(model, heldout_batches, device)
+    optimizer = build_optimizer("adamw", model.parameters(), lr=settings.lr,
+                                weight_decay=settings.weight_decay)
+    rng = np.random.default_rng(settings.seed)
+    lengths = train.input_ids.lengths()
+    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
+    total_steps = settings.epochs * steps_per_epoch
+    # BERT's schedule: linear warm-up over the first 10% of steps, then linear decay.
+    warmup = max(1, total_steps // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1))))
+    history = []
+    step = 0
+    with progress() as bar:
+        job = bar.add_task("mlm", total=total_steps, status="")
+        for epoch in range(1, settings.epochs + 1):
+            model.train()
+            # Dynamic masking: a generator per epoch, so every epoch has new masks.
+            generator = torch.Generator().manual_seed(settings.seed * 1000 + epoch)
+            order = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
+            loss_sum, batches = 0.0, 0
+            for rows in order:
+                batch = masked_batches(train, [rows], vocab, generator, settings.mask_prob)[0].to(device)
+                with autocast(device):
+                    loss, _, _ = mlm_loss(model, batch)
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"non-finite MLM loss {loss.item()} at epoch {epoch}, step {step}; "
+                                        f"corpus rows {', '.join(str(int(r)) for r in rows)}")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if settings.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                loss_sum += loss.item()
+                batches += 1
+                step += 1
+                bar.update(job, advance=1, status=f"epoch {epoch} loss {loss.item():.3f}")
+            heldout_metrics = evaluate_mlm(model, heldout_batches, device)
+            history.append({"epoch": epoch, "train_loss": loss_sum / max(batches, 1),
+                            **{f"heldout_{k}": v for k, v in heldout_metrics.items()}})
+            bar.console.log(f"epoch {epoch}: train loss {loss_sum / max(batches, 1):.3f}, held-out "
+                            f"masked accuracy {heldout_metrics['masked_accuracy']:.3f}, "
+                            f"perplexity {heldout_metrics['perplexity']:.1f}")
+    after = evaluate_mlm(model, heldout_batches, device)
+    info = {"train_sequences": len(train), "heldout_sequences": len(heldout),
+            "train_tokens": int(lengths.sum()), "sources": train.counts(),
+            "text": "training splits only (no dev or test text)"}
+    return MlmResult(before, after, history, info)
+
+
+# ----------------------------------------------------------------------------- stage
+
+
+def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
+    """The ``mlm@<start>`` stage: pretrain and write a checkpoint directory plus metrics."""
+    import pandas as pd
+
+    from minbert import params as params_module
+    from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+    from minbert.train.device import choose_device, describe
+
+    settings = params_module.mlm_settings(params, start)
+    device = choose_device(params["device"])
+    checkpoint_dir = resolve_checkpoint(params["checkpoint"])
+    vocab = Vocabulary.read(checkpoint_dir / "vocab.txt")
+    corpus = build_corpus(tokenized_dir, settings.sources, settings.max_length,
+                          cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+    model = build_model(settings, checkpoint_dir)
+    result = train_mlm(settings, model, corpus, vocab, device)
+
+    source = describe_checkpoint(params["checkpoint"], checkpoint_dir)
+    provenance = {"mlm_start": start, "mlm_base_checkpoint": source["name"] if start == "continue" else None}
+    with atomic_directory(out_dir / start) as tmp:
+        model.to("cpu").save_pretrained(tmp, checkpoint_dir / "vocab.txt", extra_config=provenance)
+    metrics = {
+        "start": start,
+        "base_checkpoint": source if start == "continue" else None,
+        "head": model.head_report,
+        "model": model.config.to_json_dict() if start == "scratch" else None,
+        "before": result.before,
+        "after": result.after,
+        "corpus": result.corpus,
+        "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
+        "scale": params["scale"],
+        "seed": settings.seed,
+        "device": describe(device),
+    }
+    atomic_write_text(metrics_dir / f"{start}-history.csv", pd.DataFrame(result.history).to_csv(index=False))
+    atomic_write_text(metrics_dir / f"{start}.json", json.dumps(metrics, indent=2) + "\n")
+    return metrics
+

@@ -1,0 +1,94 @@
+"""Resumable training: the whole training state, saved at the end of every epoch.
+
+A stage killed mid-run (a lost machine, a Ctrl-C, an out-of-memory kill) leaves no
+output for DVC to record, so ``dvc repro`` simply runs it again; the training loop
+then finds its last saved state and continues from the next epoch. Everything
+that decides what happens next is in the state: model, optimizer and scheduler
+states, the random generators (torch's global generator for dropout, the numpy
+generator that orders batches, any extra torch generator such as PCGrad's) and the
+results so far. So a resumed run ends with exactly the numbers of a run that was
+never interrupted (tested).
+
+A state is only resumed by the run it belongs to: it carries a fingerprint of the
+run's settings, checkpoint and data, and one that does not match is ignored and
+replaced. It is written atomically (temporary file, then rename), loaded with
+``torch.load(weights_only=True)``, and removed once the stage has written its
+outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Where stages keep their resumable states (git- and DVC-ignored; not an output).
+DEFAULT_DIRECTORY = Path(".resume")
+
+
+def fingerprint(**parts: Any) -> str:
+    """A stable digest of everything that makes two runs the same run."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def generator_states(numpy_rng: np.random.Generator, *torch_generators: torch.Generator) -> dict:
+    return {
+        "numpy": numpy_rng.bit_generator.state,
+        "torch": torch.get_rng_state(),
+        "generators": [g.get_state() for g in torch_generators],
+    }
+
+
+def restore_generators(state: dict, numpy_rng: np.random.Generator,
+                       *torch_generators: torch.Generator) -> None:
+    numpy_rng.bit_generator.state = state["numpy"]
+    torch.set_rng_state(state["torch"])
+    for g, s in zip(torch_generators, state["generators"]):
+        g.set_state(s)
+
+
+class ResumePoint:
+    """The saved state of one stage run, at ``directory / f"{name}.pt"``."""
+
+    def __init__(self, directory: Path | None, name: str, key: str) -> None:
+        self.path = None if directory is None else Path(directory) / f"{name}.pt"
+        self.key = key
+
+    def load(self) -> dict | None:
+        """The saved state, or None (nothing saved, or saved by a different run)."""
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a truncated or foreign file: start over, say so
+            from minbert.progress import console
+
+            console.log(f"{self.path}: unreadable resume state ignored ({exc.__class__.__name__})")
+            return None
+        if not isinstance(state, dict) or state.get("key") != self.key:
+            return None
+        return state["state"]
+
+    def save(self, state: dict) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save({"key": self.key, "state": state}, f)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def clear(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,118 @@
+"""Interrupted training resumes and ends with the numbers of an uninterrupted run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import REPO
+from test_multitask import _prepared
+
+from minbert import params as params_module
+from minbert.data.tokenize import tokenize_prepared
+from minbert.train.resume import ResumePoint, fingerprint
+
+# Runs one stage's function in a child process, so that the test can kill it.
+CHILD = """
+import sys, yaml
+from pathlib import Path
+from minbert import params
+from minbert.train import multitask, sentiment
+
+kind, name, params_file, tok, out, resume = sys.argv[1:]
+p = params.validate(yaml.safe_load(Path(params_file).read_text()))
+out = Path(out)
+if kind == "multitask":
+    multitask.run_stage(p, name, Path(tok), Path(tok).parent / "prepared" / "manifest.json",
+                        out / "metrics", out / "pred", resume_dir=Path(resume))
+else:
+    sentiment.run_stage(p, name, Path(tok), out / "metrics", out / "pred", resume_dir=Path(resume))
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("resume")
+    _prepared(root / "prepared")
+    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
+                      {"sst": 32, "quora": 32, "sts": 32})
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    p["scales"]["cpu"]["multitask"] = {
+        "lr": 1e-3, "epochs": 6, "batch_size": {"sst": 4, "quora": 4, "sts": 4},
+        "train_examples": {"sst": 0, "quora": 0, "sts": 0},
+        "dev_examples": {"sst": 0, "quora": 0, "sts": 0}}
+    p["scales"]["cpu"]["sentiment"] = {"batch_size": 4, "max_tokens": 0,
+                                       "epochs": {"last-layer": 6, "full": 6},
+                                       "train_examples": {"sst": 0, "cfimdb": 0}}
+    params_module.validate(p)
+    (root / "params.yaml").write_text(yaml.safe_dump(p))
+    return root
+
+
+def _start(setup, kind, name, out, resume):
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, kind, name, str(setup / "params.yaml"), str(setup / "tok"),
+         str(out), str(resume)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc) -> str:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return err
+
+
+@pytest.mark.parametrize("kind, name", [("multitask", "best"), ("sentiment", "sst-full"),
+                                        ("sentiment", "sst-last-layer")])
+def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
+    whole = tmp_path / "whole"
+    _finish(_start(setup, kind, name, whole, tmp_path / "resume-whole"))
+
+    cut = tmp_path / "cut"
+    state = tmp_path / "resume-cut" / f"{kind}-{name}.pt"
+    proc = _start(setup, kind, name, cut, state.parent)
+    deadline = time.monotonic() + 240
+    while not state.exists():  # written (atomically) at the end of epoch 1
+        assert proc.poll() is None, f"the run ended before saving any state: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (cut / "metrics" / f"{name}.json").exists()  # killed mid-run: no results
+    saved = torch.load(state, weights_only=True)["state"]
+    assert 1 <= saved["epoch"] < 6
+
+    assert "resumed from" in _finish(_start(setup, kind, name, cut, state.parent))
+    for suffix in (".json", "-history.csv"):
+        assert (cut / "metrics" / f"{name}{suffix}").read_text() == \
+            (whole / "metrics" / f"{name}{suffix}").read_text()
+    assert not state.exists()  # removed once the outputs are written
+
+
+def test_a_state_from_another_run_is_not_resumed(tmp_path):
+    point = ResumePoint(tmp_path, "x", fingerprint(lr=1e-3))
+    point.save({"epoch": 2, "weights": torch.ones(3)})
+    assert point.load()["epoch"] == 2
+    assert ResumePoint(tmp_path, "x", fingerprint(lr=1e-4)).load() is None
+    (tmp_path / "x.pt").write_bytes(b"truncated")
+    assert point.load() is None
+    point.clear()
+    assert not (tmp_path / "x.pt").exists()
+    assert ResumePoint(None, "x", "k").load() is None  # resuming switched off
+
+
+def test_resume_state_refuses_code_executing_pickles(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    (tmp_path / "x.pt").write_bytes(pickle.dumps({"key": "k", "state": Evil()}))
+    assert ResumePoint(tmp_path, "x", "k").load() is None
