@@ -300,7 +300,8 @@ _damage = st.lists(
     min_size=1, max_size=4)
 
 
-@settings(max_examples=300, deadline=None)
+# Derandomised: CI must see the same examples on every run (and any failure again).
+@settings(max_examples=500, deadline=None, derandomize=True)
 @given(edits=_damage)
 def test_any_damage_is_read_or_reported_with_file_and_line(edits):
     """Whatever the bytes, the reader either returns rows or raises DataError whose
@@ -312,7 +313,8 @@ def test_any_damage_is_read_or_reported_with_file_and_line(edits):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sst.csv"
         path.write_bytes(bytes(data))
-        lines = max(1, bytes(data).count(b"\n") + (not bytes(data).endswith(b"\n")))
+        # Physical lines as the reader counts them: ends at \n, \r\n or a lone \r.
+        lines = max(1, len(bytes(data).splitlines()))
         try:
             df = read_task_csv(path, SST)
         except DataError as err:

@@ -47,3 +47,28 @@ def test_unknown_task_and_missing_length(tmp_path, minilm_dir):
     with pytest.raises(ValueError, match="unknown task"):
         tokenize_prepared(prepared, tmp_path / "tok", minilm_dir / "vocab.txt",
                           {"sst": 16, "sts": 16, "imdb": 3})
+
+
+def test_tokenized_table_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"absent.parquet: no such tokenised table.*dvc repro tokenize"):
+        TokenizedTable.read(tmp_path / "absent.parquet")
+    (tmp_path / "garbage.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(ValueError, match=r"garbage.parquet: not a readable Parquet table"):
+        TokenizedTable.read(tmp_path / "garbage.parquet")
+    pd.DataFrame({"sentence": ["a"]}).to_parquet(tmp_path / "foreign.parquet")
+    with pytest.raises(ValueError, match=r"foreign.parquet: no `id` column"):
+        TokenizedTable.read(tmp_path / "foreign.parquet")
+    pd.DataFrame({"id": ["a"], "label": [1]}).to_parquet(tmp_path / "noids.parquet")
+    with pytest.raises(ValueError, match=r"noids.parquet: no token-id columns"):
+        TokenizedTable.read(tmp_path / "noids.parquet")
+
+
+def test_bad_prepared_tables_are_named_and_leave_no_output(tmp_path, minilm_dir):
+    prepared = _prepare(tmp_path)
+    (prepared / "sst-dev.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match=r"sst-dev.parquet: not a readable Parquet table.*dvc repro prepare"):
+        tokenize_prepared(prepared, tmp_path / "tok", minilm_dir / "vocab.txt", {"sst": 16, "sts": 16})
+    assert not (tmp_path / "tok").exists()
+    pd.DataFrame({"id": ["a"], "text": ["x"]}).to_parquet(prepared / "sst-dev.parquet")
+    with pytest.raises(ValueError, match=r"sst-dev.parquet: missing column\(s\) \['sentence'\]"):
+        tokenize_prepared(prepared, tmp_path / "tok", minilm_dir / "vocab.txt", {"sst": 16, "sts": 16})

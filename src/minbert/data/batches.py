@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -62,13 +63,27 @@ class TokenizedTable:
         return len(self.ids)
 
     @classmethod
-    def read(cls, path: Path) -> "TokenizedTable":
-        table = pq.read_table(path)
+    def read(cls, path: Path) -> TokenizedTable:
+        """Read a table written by the tokenize stage; a missing, unreadable or
+        foreign file is an error naming it and saying how to rebuild it."""
+        path = Path(path)
+        rebuild = "rebuild it with `dvc repro tokenize`"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such tokenised table (looked for "
+                                    f"{path.absolute()}); {rebuild}")
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: not a readable Parquet table ({exc}); {rebuild}") from None
+        if "id" not in table.column_names:
+            raise ValueError(f"{path}: no `id` column (found {table.column_names}); {rebuild}")
         sequences = {
             name: Sequences.from_arrow(table.column(name))
             for name in table.column_names
             if name.endswith("input_ids") or name.startswith(("input_ids", "pair_token_type"))
         }
+        if not sequences:
+            raise ValueError(f"{path}: no token-id columns (found {table.column_names}); {rebuild}")
         labels = np.array(table.column("label")) if "label" in table.column_names else None
         return cls([str(x) for x in table.column("id").to_pylist()], labels, sequences)
 

@@ -79,6 +79,19 @@ def tokenize_table(
     return pa.table(columns), stats
 
 
+def _read_prepared(path: Path, task: str) -> pd.DataFrame:
+    """A table of the prepare stage, with the columns its task needs, or a clear error."""
+    rebuild = "rebuild it with `dvc repro prepare`"
+    try:
+        frame = pd.read_parquet(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{path}: not a readable Parquet table ({exc}); {rebuild}") from None
+    missing = [c for c in ("id", *TASKS[task].text_columns) if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing} (found {list(frame.columns)}); {rebuild}")
+    return frame
+
+
 def tokenize_prepared(
     prepared_dir: Path, out_dir: Path, vocab_file: Path, max_length: dict[str, int]
 ) -> dict:
@@ -101,7 +114,8 @@ def tokenize_prepared(
                 raise ValueError(f"{path}: file name does not start with a known task {sorted(TASKS)}")
             if task not in max_length:
                 raise ValueError(f"tokenize.max_length has no entry for task {task!r}")
-            table, table_stats = tokenize_table(pd.read_parquet(path), task, tokenizer, max_length[task])
+            table, table_stats = tokenize_table(_read_prepared(path, task), task, tokenizer,
+                                                max_length[task])
             pq.write_table(table, tmp / path.name)
             stats["tables"][path.stem] = table_stats
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
