@@ -10,8 +10,8 @@
   (:func:`finish`). ``--quick`` smoke runs write ``<name>.quick.json`` instead, so
   they never overwrite a real measurement;
 * the multitask pieces shared by ``multitask_epoch.py`` and ``step_overhead.py``:
-  the tokenised training tables of the pipeline and :class:`MultitaskRunner`, one
-  training step assembled from the package's own parts.
+  the tokenised training tables of the pipeline and :class:`MultitaskRunner`, which
+  runs the package's own training step on them.
 """
 
 from __future__ import annotations
@@ -216,67 +216,39 @@ def training_tables(tasks) -> dict:
 
 
 class MultitaskRunner:
-    """One multitask training step, assembled from the package's parts exactly as
-    ``minbert.train.multitask.train_multitask`` runs it (on the CPU): each task's
-    objective (``_task_objective``: task loss, plus SMART's terms when given
-    settings), then either the summed backward (round-robin) or ``pcgrad_backward``,
-    gradient clipping, the optimizer step and, with SMART, the teacher update.
+    """A model and the pipeline's training subsets of a configuration, and the
+    pipeline's own training step over them (``minbert.train.multitask.MultitaskStep``:
+    batch padding, each task's objective with SMART's terms when on, the summed
+    backward or PCGrad's, clipping, the optimizer step, the teacher update).
 
-    Left out: the pipeline's per-step ``torch.isfinite(loss)`` checks and
-    ``loss.item()`` calls for logging (on the CPU they cost microseconds), the
-    progress bar and the per-epoch dev evaluation.
+    Left out: the progress bar and the per-epoch dev evaluation.
     """
 
-    def __init__(self, settings, checkpoint: str, smart=None):
+    def __init__(self, settings, checkpoint: str):
         from minbert.model.bert import BertModel
         from minbert.model.checkpoint import resolve_checkpoint
         from minbert.train.multitask import TASKS, MultitaskBert, TaskData
-        from minbert.train.optim import build_optimizer
         from minbert.train.sentiment import subsample
-        from minbert.train.smart import EmaTeacher
 
         tables = training_tables(TASKS)
         torch.manual_seed(settings.seed)
         encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
         self.model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
-                                   settings.dropout).train()
+                                   settings.dropout, settings.pooling).train()
         self.data = {t: TaskData(t, subsample(tables[t], settings.train_examples[t], settings.seed),
                                  self.model.is_siamese(t)) for t in TASKS}
-        self.shared = [p for p in self.model.encoder.parameters() if p.requires_grad]
-        self.heads = [list(self.model.heads[t].parameters()) for t in TASKS]
-        self.optimizer = build_optimizer(settings.optimizer, self.model.parameters(),
-                                         lr=settings.lr, weight_decay=settings.weight_decay)
-        smart = smart or settings.smart
-        self.teacher = EmaTeacher(self.model, smart.beta) if smart else None
-        self.generator = torch.Generator().manual_seed(settings.seed)
-        self.grad_clip = settings.grad_clip
 
     @property
     def lengths(self) -> dict[str, np.ndarray]:
         return {t: d.lengths for t, d in self.data.items()}
 
+    def step(self, settings):
+        """The pipeline's training step with ``settings`` (gradient mode, SMART) on
+        this model; each call gives a step with its own optimizer state."""
+        from minbert.train.multitask import MultitaskStep
+
+        return MultitaskStep(settings, self.model, self.data, CPU)
+
     def batches(self, rows_by_task: dict[str, np.ndarray]) -> list[tuple]:
-        """(task, padded batch, labels) of one round-robin step."""
-        out = []
-        for task, rows in rows_by_task.items():
-            d = self.data[task]
-            out.append((task, d.batch(rows), d.labels(rows)))
-        return out
-
-    def step(self, batches: list[tuple], *, pcgrad: bool = False, smart=None) -> None:
-        from minbert.train.multitask import _task_objective
-        from minbert.train.pcgrad import pcgrad_backward
-
-        teacher = self.teacher if smart else None
-        losses = [_task_objective(self.model, teacher, smart, task, batch, labels, CPU)
-                  for task, batch, labels in batches]
-        self.optimizer.zero_grad(set_to_none=True)
-        if pcgrad:
-            pcgrad_backward(losses, self.shared, self.heads, generator=self.generator)
-        else:
-            torch.stack(losses).sum().backward()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        if teacher is not None:
-            teacher.update(self.model)
+        """(task, padded batch) of one round-robin step, as the step pads them."""
+        return [(task, self.data[task].batch(rows)) for task, rows in rows_by_task.items()]

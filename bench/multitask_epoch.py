@@ -12,8 +12,8 @@ except for the batch order:
   ``random_batches`` (plain shuffled batches, padded to their longest).
 
 Both variants have the same number of steps (one batch of every task per step,
-the epoch as long as the task with the most batches) and run the same step
-(``common.MultitaskRunner``: batch padding, objectives, backward, clipping,
+the epoch as long as the task with the most batches) and run the pipeline's own
+step (``MultitaskStep``: batch padding, objectives, backward, clipping,
 optimizer), each on a fresh model loaded from the same checkpoint, the repeats
 interleaved. The dev evaluation at the end of a pipeline epoch is not timed.
 It reads the pipeline's tokenised data, ``data/tokenized/{sst,quora,sts}-train.parquet``
@@ -51,7 +51,7 @@ def padding(runner: common.MultitaskRunner, steps: list[dict]) -> dict:
     """Token positions the encoder processes, and how many of them are real."""
     total = real = 0
     for rows_by_task in steps:
-        for _, batch, _ in runner.batches(rows_by_task):
+        for _, batch in runner.batches(rows_by_task):
             total += batch.ids.numel()
             real += int(batch.mask.sum())
     return {"positions": total, "real_tokens": real, "padding_fraction": 1 - real / total}
@@ -69,9 +69,9 @@ def main() -> None:
     common.setup(args, repeats=3, warmup=2, quick_repeats=1)
 
     params, settings = common.multitask_settings(args.config, args.scale)
-    pcgrad = settings.gradient == "pcgrad"
     orders = ("bucketed", "random")
     runners = {o: common.MultitaskRunner(settings, params["checkpoint"]) for o in orders}
+    steps = {o: runner.step(settings) for o, runner in runners.items()}
     lengths = runners["bucketed"].lengths
     epoch_length = len(epoch_steps(lengths, settings.batch_size, np.random.default_rng(0), "bucketed"))
     n_steps = min(args.steps or epoch_length, epoch_length)
@@ -81,16 +81,16 @@ def main() -> None:
         rng = np.random.default_rng([settings.seed, repeat])
         return epoch_steps(lengths, settings.batch_size, rng, order)[:n_steps]
 
-    for order, runner in runners.items():  # warm-up: allocator, optimizer state, kernels
+    for order, step in steps.items():  # warm-up: allocator, optimizer state, kernels
         for rows_by_task in draw(order, args.repeats)[:args.warmup]:
-            runner.step(runner.batches(rows_by_task), pcgrad=pcgrad)
+            step(rows_by_task)
 
     # Each repeat's batch order is drawn beforehand, so only the steps are timed.
     plans = {o: [draw(o, r) for r in range(args.repeats)] for o in orders}
 
     def epoch(order: str):
-        runner, pending = runners[order], iter(plans[order])
-        return lambda: [runner.step(runner.batches(s), pcgrad=pcgrad) for s in next(pending)]
+        step, pending = steps[order], iter(plans[order])
+        return lambda: [step(rows_by_task) for rows_by_task in next(pending)]
 
     timings = common.measure({o: epoch(o) for o in orders}, warmup=0, repeats=args.repeats)
 

@@ -1,20 +1,20 @@
 """Cost of PCGrad and SMART per multitask training step, relative to a plain step.
 
-One step of multitask training (``common.MultitaskRunner``, the pipeline's step
-from the package's parts) takes one batch of each of SST, Quora and STS at the
-configuration's batch sizes (default ``baseline`` at the ``cpu`` scale: 8 each,
-siamese pair heads) and is run four ways, interleaved on the same model:
+One step of multitask training (``minbert.train.multitask.MultitaskStep``, the
+pipeline's own step) takes one batch of each of SST, Quora and STS at the
+configuration's batch sizes (default ``baseline`` at the ``cpu`` scale, siamese
+pair heads) and is run four ways, interleaved on the same model:
 
 * ``plain``: round-robin, the sum of the three losses, one backward;
 * ``pcgrad``: ``pcgrad_backward`` (one backward per task, gradient surgery);
-* ``smart``: round-robin with SMART (``_task_objective`` with SMART settings from
-  params.yaml, ``--smart-steps`` ascent steps, default 1) and the teacher update;
+* ``smart``: round-robin with SMART (SMART settings from params.yaml,
+  ``--smart-steps`` ascent steps, default 1) and the teacher update;
 * ``pcgrad+smart``: both.
 
 Every variant sees the same cycle of ``--pool`` step batches, drawn once from a
 length-bucketed round-robin epoch of the pipeline's tokenised training data
-(``data/tokenized/*-train.parquet``) and padded beforehand, so only the step
-itself is timed: objectives, backward, clipping, optimizer, teacher update.
+(``data/tokenized/*-train.parquet``); the whole step is timed, as the pipeline runs
+it: padding, objectives, backward, clipping, optimizer, teacher update.
 """
 
 from __future__ import annotations
@@ -44,18 +44,19 @@ def main() -> None:
     params, settings = common.multitask_settings(args.config, args.scale)
     smart = dataclasses.replace(settings.smart or SmartSettings(**{
         k: v for k, v in params["smart"].items() if k != "enabled"}), steps=args.smart_steps)
-    runner = common.MultitaskRunner(settings, params["checkpoint"], smart=smart)
-    steps = round_robin_epoch(runner.lengths, settings.batch_size, np.random.default_rng(args.seed))
-    pool = [runner.batches(s) for s in steps[:args.pool]]
+    runner = common.MultitaskRunner(settings, params["checkpoint"])
+    pool = round_robin_epoch(runner.lengths, settings.batch_size,
+                             np.random.default_rng(args.seed))[:args.pool]
 
-    variants = {"plain": {}, "pcgrad": {"pcgrad": True}, "smart": {"smart": smart},
-                "pcgrad+smart": {"pcgrad": True, "smart": smart}}
+    variants = {"plain": ("round-robin", None), "pcgrad": ("pcgrad", None),
+                "smart": ("round-robin", smart), "pcgrad+smart": ("pcgrad", smart)}
 
-    def cycle(options: dict):  # every variant walks the same sequence of batches
+    def cycle(gradient: str, smart_settings):  # every variant walks the same batches
+        step = runner.step(dataclasses.replace(settings, gradient=gradient, smart=smart_settings))
         batches = itertools.cycle(pool)
-        return lambda: runner.step(next(batches), **options)
+        return lambda: step(next(batches))
 
-    timings = common.measure({n: cycle(o) for n, o in variants.items()},
+    timings = common.measure({n: cycle(*v) for n, v in variants.items()},
                              warmup=args.warmup, repeats=args.repeats)
     plain = timings["plain"].median
     results = {n: {**t.as_dict(), "ratio_to_plain": t.median / plain} for n, t in timings.items()}
@@ -70,7 +71,7 @@ def main() -> None:
         "config": args.config, "scale": args.scale, "batch_size": settings.batch_size,
         "heads": {"paraphrase": settings.paraphrase_head, "sts": settings.sts_head},
         "smart_settings": dataclasses.asdict(smart), "pool": len(pool),
-        "pool_shapes": [{t: list(b.ids.shape) for t, b, _ in step} for step in pool],
+        "pool_shapes": [{t: list(b.ids.shape) for t, b in runner.batches(step)} for step in pool],
         "variants": results}, targets)
 
 

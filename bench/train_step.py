@@ -43,6 +43,22 @@ def eval_flop_per_token(config, seq_len: int) -> float:
     return 2 * config.num_parameters_non_embedding + 4 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
+def bert_base_directory(seed: int) -> str:
+    """Random weights of bert-base's size (the paper's encoder), saved as a checkpoint
+    directory in a temporary folder, so every model loads the same ones."""
+    import tempfile
+    from pathlib import Path
+
+    from minbert.model.bert import BertConfig, BertModel
+    from minbert.model.checkpoint import resolve_checkpoint, save_pretrained
+
+    torch.manual_seed(seed)
+    directory = Path(tempfile.mkdtemp(prefix="bert-base-random-"))
+    save_pretrained(BertModel(BertConfig()), directory,
+                    resolve_checkpoint("all-minilm-l6-v2") / "vocab.txt")
+    return str(directory)
+
+
 def load_models(checkpoint: str) -> dict[str, torch.nn.Module]:
     import transformers
 
@@ -92,6 +108,9 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--checkpoint", default="all-minilm-l6-v2",
                    help="packaged name, Hugging Face-format directory or hub name")
+    p.add_argument("--bert-base", action="store_true",
+                   help="random bert-base-sized weights instead of --checkpoint; results go to "
+                        "train_step_bert_base.json")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-lengths", type=int, nargs="+", default=[64, 128])
     p.add_argument("--eval-batch-size", type=int, default=128)
@@ -104,7 +123,9 @@ def main() -> None:
 
     from minbert.train.optim import build_optimizer
 
-    models = load_models(args.checkpoint)
+    if args.bert_base:
+        args.checkpoint = "bert-base (random weights)"
+    models = load_models(bert_base_directory(args.seed) if args.bert_base else args.checkpoint)
     config = models["minbert"].config
     optimizers = {name: build_optimizer("adamw", m.parameters(), lr=args.lr, weight_decay=0.0)
                   for name, m in models.items()}
@@ -161,7 +182,7 @@ def main() -> None:
                "non_embedding_params": config.num_parameters_non_embedding,
                "flop_formula": {"train_per_token": "6 N + 12 L T h", "eval_per_token": "2 N + 4 L T h"},
                "same_weights_max_pooled_diff": max_diff, "matmul_peak": peak, "shapes": shapes}
-    common.finish("train_step", args, results, targets)
+    common.finish("train_step_bert_base" if args.bert_base else "train_step", args, results, targets)
 
 
 if __name__ == "__main__":

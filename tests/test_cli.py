@@ -15,7 +15,7 @@ def _write(path, text):
 def test_help_lists_every_command():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("validate", "check-params", "checkpoint"):
+    for command in ("validate", "check-params", "checkpoint", "sweep-report"):
         assert command in result.output
 
 

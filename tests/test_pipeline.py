@@ -57,6 +57,7 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
     params["scales"]["cpu"] = {
         "max_length": {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
+        "pooling": "mean",
         "sentiment": {"batch_size": 8, "max_tokens": 256, "epochs": {"last-layer": 2, "full": 1},
                       "train_examples": {"sst": 0, "cfimdb": 0}},
         "multitask": {"lr": 1e-3, "epochs": 2, "batch_size": {"sst": 8, "quora": 8, "sts": 8},

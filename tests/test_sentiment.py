@@ -99,7 +99,7 @@ def test_non_finite_loss_names_step_and_examples(tokenized, tiny_params, tiny_ch
     settings = params_module.sentiment_settings(tiny_params, "sst-full")
     encoder = BertModel.from_pretrained(tiny_checkpoint)
     with torch.no_grad():
-        encoder.pooler.dense.bias.fill_(float("nan"))
+        encoder.embeddings.LayerNorm.bias.fill_(float("nan"))
     tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev")}
     with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 0, task sst; batch example ids: id0-"):
         train_sentiment(settings, encoder, tables["train"], tables["dev"], None, torch.device("cpu"))

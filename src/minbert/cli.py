@@ -2,7 +2,7 @@
 
 The pipeline itself runs through DVC (``dvc repro``); these commands are what a
 researcher uses around it: checking a data file or a parameters file before a
-long run, and inspecting a checkpoint.
+long run, inspecting a checkpoint, and aggregating a sweep of experiments.
 """
 
 from __future__ import annotations
@@ -74,6 +74,30 @@ def checkpoint(
                   f"{cfg.num_attention_heads} heads, vocabulary {cfg.vocab_size}, "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters")
     console.print(f"  {model.load_report}")
+
+
+@app.command("sweep-report")
+def sweep_report(
+    out: Path = typer.Option(None, "--out", help="Also write the Markdown to this file."),
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository of the sweep."),
+) -> None:
+    """Aggregate a sweep of DVC experiments over seeds: mean ± std per configuration.
+
+    Reads the baseline commit and its finished experiments (`dvc exp show`),
+    groups the runs whose parameters differ only in `seed`, and prints one table
+    per group.
+    """
+    from minbert.atomic import atomic_write_text
+    from minbert.sweep import aggregate, collect_runs
+
+    try:
+        text = aggregate(collect_runs(repo))
+    except ValueError as exc:
+        console.print(str(exc))
+        raise typer.Exit(1) from None
+    typer.echo(text)
+    if out is not None:
+        atomic_write_text(out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import yaml
 
 from minbert.data.corpus import SOURCES as CORPUS_SOURCES
 from minbert.data.tasks import TASKS
-from minbert.model.heads import PAIR_HEADS
+from minbert.model.heads import PAIR_HEADS, POOLINGS
 from minbert.train.device import DEVICES
 from minbert.train.mlm import STARTS as MLM_STARTS
 from minbert.train.mlm import MlmSettings
@@ -41,6 +41,7 @@ _MAX_LENGTH = {task: int for task in TASKS}
 _PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
 _SCALE = {
     "max_length": _MAX_LENGTH,
+    "pooling": tuple(POOLINGS),
     "sentiment": {
         "batch_size": int,
         "max_tokens": int,
@@ -88,6 +89,7 @@ SCHEMA: dict[str, Any] = {
     },
     "seed": int,
     "device": DEVICES,
+    "launcher": str,  # checked in validate()
     "checkpoint": str,
     "scale": str,  # checked against the keys of `scales` below
     "data": {
@@ -166,6 +168,9 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
         raise ParamsError(
             f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}"
         )
+    if params["launcher"].split()[:1] not in (["python"], ["torchrun"]):
+        raise ParamsError(f"{source}: launcher = {params['launcher']!r} must be 'python' or a "
+                          "'torchrun ...' command line (e.g. 'torchrun --standalone --nproc_per_node 4')")
     for key in ("data.quora_holdout_fraction", "mlm.heldout_fraction", "mlm.mask_prob"):
         group, name = key.split(".")
         if not 0 < params[group][name] < 1:
@@ -220,6 +225,7 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         train_examples=sized["train_examples"][spec["task"]],
         seed=params["seed"],
         max_tokens=sized["max_tokens"],
+        pooling=scale(params)["pooling"],
     )
 
 
@@ -257,6 +263,7 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         grad_clip=float(common["grad_clip"]),
         seed=params["seed"],
         compile=common["compile"],
+        pooling=scale(params)["pooling"],
         smart=SmartSettings(**{k: float(v) if k != "steps" else v
                                for k, v in smart.items() if k != "enabled"})
         if smart["enabled"] else None,

@@ -19,8 +19,11 @@ if not console.is_terminal:
     console = Console(stderr=True, width=160)
 
 
-def progress() -> Progress:
-    """A progress display with count, elapsed time and ETA; use as a context manager."""
+def progress(quiet: bool = False) -> Progress:
+    """A progress display with count, elapsed time and ETA; use as a context manager.
+
+    ``quiet`` shows and logs nothing (the ranks other than 0 of a data-parallel run).
+    """
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -29,6 +32,6 @@ def progress() -> Progress:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        console=console,
+        console=Console(stderr=True, quiet=True) if quiet else console,
         transient=False,
     )

@@ -1,6 +1,15 @@
 """Task heads on top of the shared encoder.
 
-Sentiment: dropout + linear on the pooled [CLS] output, one logit per class.
+Every head reads one vector per sequence, chosen by name from ``POOLINGS``:
+
+* ``pooler``: BERT's pooled output, a tanh layer over the final [CLS] state
+  (Devlin et al., 2019), what the paper's heads read;
+* ``mean``: the mean of the final states over the real (non-padding) tokens, what
+  sentence-embedding checkpoints such as all-MiniLM-L6-v2 were trained to produce
+  (Reimers & Gurevych, 2019). Such a checkpoint carries a pooler layer that its own
+  training never used, so its pooled [CLS] output says little about the sentence.
+
+Sentiment: dropout + linear on the pooled vector, one logit per class.
 
 Sentence pairs (paraphrase, similarity) come in two families, chosen by name from
 ``PAIR_HEADS``:
@@ -24,7 +33,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minbert.model.bert import BertModel
+from minbert.model.bert import BertModel, BertOutput
+
+
+def _mean_of_real_tokens(output: BertOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    hidden = output.last_hidden_state
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+POOLINGS = {
+    "pooler": lambda output, attention_mask: output.pooler_output,
+    "mean": _mean_of_real_tokens,
+}
+
+
+def pool(output: BertOutput, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """One vector per sequence of the encoder's output, by the ``pooling`` named."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling {pooling!r} is not one of {sorted(POOLINGS)}")
+    return POOLINGS[pooling](output, attention_mask)
 
 
 class ClassificationHead(nn.Module):
@@ -40,15 +70,19 @@ class ClassificationHead(nn.Module):
 
 
 class SentimentClassifier(nn.Module):
-    """BERT's pooled [CLS] output followed by a classification head."""
+    """The encoder's pooled vector followed by a classification head."""
 
-    def __init__(self, encoder: BertModel, num_classes: int, dropout: float) -> None:
+    def __init__(self, encoder: BertModel, num_classes: int, dropout: float,
+                 pooling: str = "pooler") -> None:
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not one of {sorted(POOLINGS)}")
         self.encoder = encoder
+        self.pooling = pooling
         self.head = ClassificationHead(encoder.config.hidden_size, num_classes, dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(input_ids, attention_mask).pooler_output)
+        return self.head(pool(self.encoder(input_ids, attention_mask), attention_mask, self.pooling))
 
 
 def _features(u: torch.Tensor, v: torch.Tensor, parts: tuple[str, ...]) -> torch.Tensor:

@@ -221,6 +221,9 @@ def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metr
     from minbert import params as params_module
     from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
     from minbert.train.device import choose_device, describe
+    from minbert.train.distributed import require_single_process
+
+    require_single_process("mlm")
 
     settings = params_module.mlm_settings(params, start)
     device = choose_device(params["device"])

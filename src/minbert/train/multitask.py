@@ -9,10 +9,14 @@ starts a fresh pass with a new shuffle rather than replaying a cached order.
 The task losses are summed and back-propagated ("round-robin"), or combined by
 PCGrad gradient surgery over the shared encoder ("pcgrad"). SMART adds an
 adversarial smoothness term and a Bregman proximal term against a momentum teacher.
+
+Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
+``minbert.train.distributed`` says how the batches, losses and outputs are split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -21,16 +25,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from minbert.atomic import atomic_write_text
 from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad
 from minbert.evaluate import accuracy, pearson, write_predictions
 from minbert.model.bert import BertModel
-from minbert.model.heads import ClassificationHead, build_pair_head
+from minbert.model.heads import POOLINGS, ClassificationHead, build_pair_head, pool
 from minbert.progress import progress
 from minbert.train.device import autocast
+from minbert.train.distributed import World
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.pcgrad import pcgrad_backward
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
@@ -70,10 +77,13 @@ class MultitaskSettings:
     seed: int
     smart: SmartSettings | None = None
     compile: bool = False  # torch.compile the encoder's layers (pays off on a GPU)
+    pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
 
     def __post_init__(self) -> None:
         if self.gradient not in GRADIENT_MODES:
             raise ValueError(f"gradient {self.gradient!r} is not one of {list(GRADIENT_MODES)}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
         for name in ("batch_size", "train_examples", "dev_examples"):
             if set(getattr(self, name)) != set(TASKS):
                 raise ValueError(f"{name} must give a value for each of {list(TASKS)}")
@@ -100,10 +110,15 @@ class Batch:
 
 
 class MultitaskBert(nn.Module):
-    def __init__(self, encoder: BertModel, paraphrase_head: str, sts_head: str, dropout: float):
+    def __init__(self, encoder: BertModel, paraphrase_head: str, sts_head: str, dropout: float,
+                 pooling: str = "pooler"):
         super().__init__()
         h = encoder.config.hidden_size
         self.encoder = encoder
+        self.pooling = pooling
+        # Heads that do not read BERT's pooler leave it out of training altogether
+        # (data-parallel training expects a gradient for every trainable weight).
+        encoder.pooler.requires_grad_(pooling == "pooler")
         self.heads = nn.ModuleDict({
             "sst": ClassificationHead(h, 5, dropout),
             "quora": build_pair_head(paraphrase_head, "quora", h, dropout),
@@ -118,14 +133,16 @@ class MultitaskBert(nn.Module):
 
     def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
         """Task output from an embedding output (SMART perturbs the latter)."""
-        pooled = self.encoder.encode(embedded, batch.mask).pooler_output
+        pooled = pool(self.encoder.encode(embedded, batch.mask), batch.mask, self.pooling)
         if self.is_siamese(task):
             u, v = pooled.chunk(2)
             return self.heads[task](u, v)
         return self.heads[task](pooled)
 
-    def forward(self, task: str, batch: Batch) -> torch.Tensor:
-        return self.from_embedded(task, batch, self.embed(batch))
+    def forward(self, task: str, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        # One entry point for every training pass (SMART's perturbed ones included),
+        # so that under DistributedDataParallel each goes through its forward.
+        return self.from_embedded(task, batch, self.embed(batch) if embedded is None else embedded)
 
 
 def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -226,18 +243,30 @@ class MultitaskResult:
 
 @torch.inference_mode()
 def evaluate(model: MultitaskBert, data: dict[str, TaskData], batch_size: int,
-             device: torch.device) -> tuple[dict, dict[str, np.ndarray]]:
-    """Dev losses and metrics of every task, and the predictions in row order."""
+             device: torch.device, world: World = World()) -> tuple[dict, dict[str, np.ndarray]]:
+    """Dev losses and metrics of every task, and the predictions in row order.
+
+    Under torchrun each rank runs every ``world.size``-th batch and the outputs are
+    gathered, so every rank returns the same numbers for every row, each row
+    computed exactly once.
+    """
     model.eval()
     metrics, preds = {}, {}
     for task, d in data.items():
-        outputs = [None] * len(d)
-        for rows in length_bucketed_batches(d.lengths, batch_size, shuffle=False):
+        batches = length_bucketed_batches(d.lengths, batch_size, shuffle=False)
+        mine = []
+        for rows in batches[world.rank::world.size]:
             with autocast(device):
-                out = model(task, d.batch(rows).to(device)).float().cpu()
-            for r, o in zip(rows, out):
-                outputs[r] = o
-        output = torch.stack(outputs)
+                mine.append((rows, model(task, d.batch(rows).to(device)).float().cpu()))
+        parts = [part for rank_parts in world.all_gather(mine) for part in rank_parts]
+        output = torch.empty(len(d), *parts[0][1].shape[1:])
+        seen = np.zeros(len(d), dtype=int)
+        for rows, out in parts:
+            output[torch.from_numpy(rows)] = out
+            seen[rows] += 1
+        if not (seen == 1).all():
+            raise RuntimeError(f"{task}: evaluation covered rows {np.flatnonzero(seen != 1)[:8]} "
+                               f"{sorted(set(seen[seen != 1]))} times, not once")
         preds[task] = predictions(task, output)
         if d.table.labels is not None:
             labels = d.labels(np.arange(len(d)))
@@ -249,6 +278,90 @@ def evaluate(model: MultitaskBert, data: dict[str, TaskData], batch_size: int,
     return metrics, preds
 
 
+class MultitaskStep:
+    """One training step, as ``train_multitask`` runs it: each task's objective on
+    this rank's share of its global batch (SMART's terms included when on), the
+    summed backward pass or PCGrad's, gradient clipping, the optimizer step and
+    SMART's teacher update. The benchmarks in ``bench/`` time this same object.
+    """
+
+    def __init__(self, settings: MultitaskSettings, model: MultitaskBert,
+                 train: dict[str, TaskData], device: torch.device, world: World = World()):
+        self.settings, self.model, self.train, self.device, self.world = (
+            settings, model, train, device, world)
+        # Round-robin: DDP averages the gradients during the backward pass. PCGrad
+        # takes per-task gradients with autograd.grad, which DDP does not see, so it
+        # runs without DDP's synchronisation and averages each task's gradient itself.
+        self.net = model
+        if world.distributed:
+            self.net = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.no_sync = (self.net.no_sync if world.distributed and settings.gradient == "pcgrad"
+                        else contextlib.nullcontext)
+        # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
+        self.shared = [p for p in model.encoder.parameters() if p.requires_grad]
+        self.heads = [list(model.heads[t].parameters()) for t in TASKS]
+        self.optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
+                                         weight_decay=settings.weight_decay)
+        self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
+        self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
+        # SMART's random starts, drawn for whole global batches: alike on every rank.
+        self.smart_generator = torch.Generator(device).manual_seed(settings.seed)
+
+    @property
+    def generators(self) -> tuple[torch.Generator, torch.Generator]:
+        return self.pcgrad_generator, self.smart_generator
+
+    def __call__(self, rows_by_task: dict[str, np.ndarray], epoch: int = 0,
+                 step: int = 0) -> tuple[torch.Tensor, dict | None]:
+        """Train on one global batch of every task (row indices into ``train``).
+
+        Returns each task's mean loss over its global batch (on the device) and, with
+        PCGrad, the conflict statistics of the task gradients.
+        """
+        world, smart, stats = self.world, self.settings.smart, None
+        losses, batches = [], []
+        with self.no_sync():
+            for task in TASKS:
+                rows = rows_by_task[task]
+                positions = world.shard(len(rows))
+                weight = world.loss_weight(len(positions), len(rows))
+                # A rank left without rows of a small last batch runs one row with
+                # weight zero: every rank joins every collective.
+                if not len(positions):
+                    positions = np.zeros(1, dtype=int)
+                data = self.train[task]
+                batch = data.batch(rows[positions]).to(self.device)
+                labels = data.labels(batch.rows).to(self.device)
+                start = None if smart is None else _smart_start(
+                    data, rows, positions, batch, self.model.encoder.config.hidden_size,
+                    smart.noise_std, self.smart_generator)
+                losses.append(weight * _task_objective(self.model, self.net, self.teacher, smart,
+                                                       task, batch, labels, self.device, start))
+                batches.append(batch)
+            step_losses = torch.stack([loss.detach() for loss in losses])
+            if world.distributed:
+                # The global batch's mean loss of each task, for the log and the check.
+                dist.all_reduce(step_losses)
+                step_losses /= world.size
+            # The one host synchronisation of the step.
+            if not bool(torch.isfinite(step_losses).all()):
+                _raise_non_finite(world, epoch, step, losses, batches, self.train)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.settings.gradient == "pcgrad":
+                stats = pcgrad_backward(losses, self.shared, self.heads,
+                                        generator=self.pcgrad_generator,
+                                        reduce=world.all_reduce_mean_)
+            else:
+                torch.stack(losses).sum().backward()
+        if self.settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.optimizer.step()
+        if self.teacher is not None:
+            self.teacher.update(self.model)
+        return step_losses, stats
+
+
 def train_multitask(
     settings: MultitaskSettings,
     encoder: BertModel,
@@ -256,14 +369,20 @@ def train_multitask(
     device: torch.device,
     compile_options: dict | None = None,
     resume: ResumePoint | None = None,
+    world: World = World(),
 ) -> MultitaskResult:
     """Train on ``tables[(task, "train")]``, select the best epoch on ``(task, "dev")``
-    by the average of the three dev metrics, and predict dev and (where given) test."""
+    by the average of the three dev metrics, and predict dev and (where given) test.
+
+    With several ranks (``world``), each step's global batch of a task holds
+    ``world.size * batch_size`` rows, split across the ranks.
+    """
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
-    pcgrad_generator = torch.Generator().manual_seed(settings.seed)
     model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
-                          settings.dropout).to(device)
+                          settings.dropout, settings.pooling).to(device)
+    # Built alike on every rank; from here on each rank draws its own dropout masks.
+    torch.manual_seed(settings.seed + world.rank)
     if settings.compile:
         model.encoder.compile_layers(**(compile_options or {}))
 
@@ -274,33 +393,33 @@ def train_multitask(
     train = data_for("train", settings.train_examples)
     dev = data_for("dev", settings.dev_examples)
     test = data_for("test", None)
-    # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
-    shared = [p for p in model.encoder.parameters() if p.requires_grad]
-    heads = [list(model.heads[t].parameters()) for t in TASKS]
-    optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
-                                weight_decay=settings.weight_decay)
+    train_step = MultitaskStep(settings, model, train, device, world)
+    optimizer, teacher = train_step.optimizer, train_step.teacher
     scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
-    teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
 
     result = MultitaskResult()
     best_state = None
     lengths = {t: d.lengths for t, d in train.items()}
-    steps_per_epoch = max(math.ceil(len(d) / settings.batch_size[t]) for t, d in train.items())
+    global_batch = {t: settings.batch_size[t] * world.size for t in TASKS}
+    steps_per_epoch = max(math.ceil(len(d) / global_batch[t]) for t, d in train.items())
     global_step = 0
     first_epoch = 1
-    saved = resume.load() if resume else None
+    # Rank 0 reads the saved state and hands it to the others: on several machines
+    # only its disk is sure to have it.
+    saved = world.broadcast(resume.load() if resume and world.is_main else None)
     if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         if teacher is not None:
             teacher.module.load_state_dict(saved["teacher"])
-        restore_generators(saved["generators"], rng, pcgrad_generator)
+        restore_generators(saved["generators"][world.rank], rng, *train_step.generators)
         result.history, result.conflicts = saved["history"], saved["conflicts"]
         result.best_epoch, result.best = saved["best_epoch"], saved["best"]
+        result.dev_predictions = {t: v.numpy() for t, v in saved["dev_predictions"].items()}
         best_state, global_step = saved["best_state"], saved["global_step"]
         first_epoch = saved["epoch"] + 1
-    with progress() as bar:
+    with progress(quiet=not world.is_main) as bar:
         job = bar.add_task("multitask", total=settings.epochs * steps_per_epoch, status="",
                            completed=(first_epoch - 1) * steps_per_epoch)
         if saved is not None:
@@ -308,41 +427,18 @@ def train_multitask(
         for epoch in range(first_epoch, settings.epochs + 1):
             model.train()
             lr = optimizer.param_groups[0]["lr"]
-            # Loss sums stay on the device: reading a loss back (.item()) waits for the
-            # GPU to finish, so the loop does it once per step, for the finiteness check.
+            # Loss sums stay on the device (no host synchronisation for the log).
             sums = torch.zeros(len(TASKS), device=device)
-            steps = round_robin_epoch(lengths, settings.batch_size, rng)
+            steps = round_robin_epoch(lengths, global_batch, rng)
             for step, rows_by_task in enumerate(steps):
-                losses, batches = [], []
-                for task in TASKS:
-                    batch = train[task].batch(rows_by_task[task]).to(device)
-                    labels = train[task].labels(batch.rows).to(device)
-                    losses.append(_task_objective(model, teacher, settings.smart, task, batch,
-                                                  labels, device))
-                    batches.append(batch)
-                step_losses = torch.stack([loss.detach() for loss in losses])
-                if not bool(torch.isfinite(step_losses).all()):
-                    t = int((~torch.isfinite(step_losses)).nonzero()[0])
-                    raise NonFiniteLoss(
-                        f"non-finite loss {step_losses[t].item()} at epoch {epoch}, step {step}, "
-                        f"task {TASKS[t]}; batch example ids: "
-                        f"{', '.join(train[TASKS[t]].table.ids[i] for i in batches[t].rows)}")
+                step_losses, stats = train_step(rows_by_task, epoch, step)
                 sums += step_losses
-                optimizer.zero_grad(set_to_none=True)
-                if settings.gradient == "pcgrad":
-                    stats = pcgrad_backward(losses, shared, heads, generator=pcgrad_generator)
+                if stats is not None:
                     result.conflicts.append(_conflict_row(epoch, global_step, stats))
-                else:
-                    torch.stack(losses).sum().backward()
-                if settings.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-                optimizer.step()
-                if teacher is not None:
-                    teacher.update(model)
                 global_step += 1
                 bar.update(job, advance=1, status=f"epoch {epoch} loss {step_losses.sum().item():.3f}")
             scheduler.step()
-            dev_metrics, _ = evaluate(model, dev, settings.eval_batch_size, device)
+            dev_metrics, dev_predictions = evaluate(model, dev, settings.eval_batch_size, device, world)
             row = {"epoch": epoch, "lr": lr}
             row.update({f"train_loss_{t}": v / len(steps) for t, v in zip(TASKS, sums.tolist())})
             row.update(dev_metrics)
@@ -352,39 +448,72 @@ def train_multitask(
                                                        "average")))
             if best_state is None or dev_metrics["average"] > result.best["average"]:
                 result.best_epoch, result.best = epoch, dev_metrics
+                result.dev_predictions = dev_predictions
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-            if resume:
+            # Collective: every rank's generators, each rank resumes from its own.
+            generators = world.all_gather(generator_states(rng, *train_step.generators))
+            if resume and world.is_main:
                 resume.save({
                     "epoch": epoch, "global_step": global_step,
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "teacher": teacher.module.state_dict() if teacher is not None else None,
-                    "generators": generator_states(rng, pcgrad_generator),
+                    "generators": generators,
                     "history": result.history, "conflicts": result.conflicts,
                     "best_epoch": result.best_epoch, "best": result.best, "best_state": best_state,
+                    # As tensors: the state is read back with weights_only=True.
+                    "dev_predictions": {t: torch.from_numpy(v) for t, v in result.dev_predictions.items()},
                 })
     model.load_state_dict(best_state)
-    _, result.dev_predictions = evaluate(model, dev, settings.eval_batch_size, device)
     if test:
-        _, result.test_predictions = evaluate(model, test, settings.eval_batch_size, device)
+        _, result.test_predictions = evaluate(model, test, settings.eval_batch_size, device, world)
     result.train_examples = {t: len(d) for t, d in train.items()}
     result.dev_ids = {t: d.table.ids for t, d in dev.items()}
     result.test_ids = {t: d.table.ids for t, d in test.items()}
     return result
 
 
-def _task_objective(model, teacher, smart: SmartSettings | None, task, batch, labels, device):
-    """The task loss, plus SMART's two regularisers when SMART is on."""
+def _raise_non_finite(world: World, epoch: int, step: int, losses, batches, train) -> None:
+    """Stop every rank with the step, the task and the example ids of the bad batch."""
+    local = [f"task {task}; batch example ids: "
+             f"{', '.join(train[task].table.ids[i] for i in batch.rows)}"
+             for task, loss, batch in zip(TASKS, losses, batches) if not torch.isfinite(loss)]
+    found = [f"rank {rank}, {what}" if world.distributed else what
+             for rank, found in enumerate(world.all_gather(local)) for what in found]
+    raise NonFiniteLoss(f"non-finite loss at epoch {epoch}, step {step}, " + " | ".join(found))
+
+
+def _smart_start(data: TaskData, rows: np.ndarray, positions: np.ndarray, batch: Batch,
+                 hidden: int, std: float, generator: torch.Generator) -> torch.Tensor:
+    """SMART's random start for this rank's ``positions`` of a global batch of ``rows``.
+
+    N(0, std^2) noise is drawn for the whole global batch (its rows, by its padded
+    width) and this rank keeps its own rows and its own width: each example starts
+    from the same noise however the batch is split across processes.
+    """
+    stacked = np.concatenate([positions, positions + len(rows)]) if data.siamese else positions
+    shape = (len(rows) * (2 if data.siamese else 1), int(data.lengths[rows].max()), hidden)
+    noise = torch.randn(shape, generator=generator, device=generator.device) * std
+    return noise[torch.from_numpy(stacked).to(noise.device), : batch.ids.shape[1]]
+
+
+def _task_objective(model, net, teacher, smart: SmartSettings | None, task, batch, labels, device,
+                    start: torch.Tensor | None = None):
+    """The task loss, plus SMART's two regularisers when SMART is on.
+
+    ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
+    that builds the graph goes through it. ``start`` is SMART's random start.
+    """
     with autocast(device):
         embedded = model.embed(batch)
-        output = model.from_embedded(task, batch, embedded)
+        output = net(task, batch, embedded)
     loss = task_loss(task, output, labels)
     if smart is None:
         return loss
     kind = DIVERGENCE[task]
     with autocast(device):
-        adversarial = smoothness_loss(lambda e: model.from_embedded(task, batch, e).float(),
-                                      embedded, output.float(), kind, smart)
+        adversarial = smoothness_loss(lambda e: net(task, batch, e).float(),
+                                      embedded, output.float(), kind, smart, start=start)
         with torch.no_grad():
             target = teacher.module(task, batch).float()
     return loss + smart.lambda_s * adversarial + smart.mu * bregman_loss(output.float(), target, kind)
@@ -413,11 +542,22 @@ def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Pat
     every epoch, and a rerun of an interrupted stage continues from it.
     """
     from minbert import params as params_module
-    from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
-    from minbert.train.device import choose_device, describe
+    from minbert.train import distributed
 
     settings = params_module.multitask_settings(params, config)
-    device = choose_device(params["device"])
+    world, device = distributed.start(params["device"])
+    try:
+        return _run_stage(params, config, settings, world, device, tokenized_dir, manifest_file,
+                          metrics_dir, predictions_dir, mlm_dir, resume_dir)
+    finally:
+        distributed.stop(world)
+
+
+def _run_stage(params, config, settings, world, device, tokenized_dir, manifest_file, metrics_dir,
+               predictions_dir, mlm_dir, resume_dir) -> dict:
+    from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+    from minbert.train.device import describe
+
     checkpoint_dir = resolve_checkpoint(params["checkpoint"]) if mlm_dir is None else Path(mlm_dir)
     name = config if mlm_dir is None else f"{Path(mlm_dir).name}-{config}"
     tables = {(t, s): TokenizedTable.read(tokenized_dir / f"{t}-{s}.parquet")
@@ -428,10 +568,10 @@ def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Pat
         params["checkpoint"] if mlm_dir is None
         else f"{params['checkpoint']} + MLM {Path(mlm_dir).name}", checkpoint_dir)
     resume = ResumePoint(resume_dir, f"multitask-{name}", fingerprint(
-        settings=asdict(settings), checkpoint=checkpoint, device=str(device),
+        settings=asdict(settings), checkpoint=checkpoint, device=device.type, processes=world.size,
         data={"-".join(k): len(v) for k, v in tables.items()}, manifest=manifest))
     result = train_multitask(settings, BertModel.from_pretrained(checkpoint_dir), tables, device,
-                             resume=resume)
+                             resume=resume, world=world)
 
     metrics = {
         "config": config,
@@ -449,13 +589,17 @@ def run_stage(params: dict, config: str, tokenized_dir: Path, manifest_file: Pat
         "settings": {k: v for k, v in asdict(settings).items()
                      if k not in ("batch_size", "train_examples", "dev_examples", "seed")},
         "batch_size": settings.batch_size,
+        # Data-parallel processes; each step's batch of a task is processes x batch_size.
+        "processes": world.size,
         "checkpoint": checkpoint,
         "pretraining": None if mlm_dir is None else {"start": Path(mlm_dir).name,
                                                      "directory": Path(mlm_dir).as_posix()},
         "scale": params["scale"],
         "seed": settings.seed,
-        "device": describe(device),
+        "device": describe(device) if world.size == 1 else f"{world.size} x {describe(device)}",
     }
+    if not world.is_main:
+        return metrics
     if result.conflicts:
         conflicts = pd.DataFrame(result.conflicts)
         metrics["pcgrad_conflict_fraction"] = float(conflicts.conflicts.sum() / conflicts.pairs.sum())

@@ -29,7 +29,7 @@ coefficients are handled in float64 whatever the gradients' dtype.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -274,6 +274,7 @@ def pcgrad_backward(
     shared_params: list[torch.nn.Parameter],
     head_params_per_task: list[list[torch.nn.Parameter]] | None = None,
     generator: torch.Generator | None = None,
+    reduce: Callable[[list[torch.Tensor]], None] | None = None,
 ) -> dict:
     """The PCGrad replacement for ``sum(losses).backward()`` in the training loop.
 
@@ -284,6 +285,11 @@ def pcgrad_backward(
     gradients do not accumulate across calls. Returns the conflict statistics of
     the original shared gradients for logging:
     ``{"cosines": k x k tensor, "conflicts": int, "pairs": k * (k - 1) // 2}``.
+
+    ``reduce``, when given, is called once per task on that task's gradients (shared
+    parameters, then heads) before anything else uses them, and may change them in
+    place: data-parallel training averages them over its processes there, so that
+    the surgery sees each task's gradient of the whole batch.
     """
     _check_losses_and_params(losses, shared_params)
     shared_params = list(shared_params)
@@ -311,6 +317,8 @@ def pcgrad_backward(
     head_grads: list[torch.Tensor] | None = None
     for t, loss in enumerate(losses):
         grads = _task_gradients(loss, params, retain_graph=t < last)
+        if reduce is not None:
+            reduce(grads)
         shared_grads.append(grads[:n_shared])
         if head_grads is None:
             head_grads = grads[n_shared:]

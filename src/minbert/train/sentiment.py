@@ -3,7 +3,7 @@
 Two modes, as in the course project and the paper's Table 1:
 
 * ``last-layer``: the encoder is frozen and only the head (dropout + linear on the
-  pooled [CLS] output) learns. A frozen encoder gives the same pooled features for
+  pooled vector, see ``minbert.model.heads.POOLINGS``) learns. A frozen encoder gives the same pooled features for
   a sentence every epoch, so they are computed once (encoder in eval mode, no
   gradients) and the head trains on the cached features: the same model, at a
   fraction of the cost of re-encoding every sentence every epoch.
@@ -36,7 +36,7 @@ from minbert.data.batches import (
 from minbert.data.tasks import TASKS
 from minbert.evaluate import accuracy, write_predictions
 from minbert.model.bert import BertModel
-from minbert.model.heads import ClassificationHead, SentimentClassifier
+from minbert.model.heads import POOLINGS, ClassificationHead, SentimentClassifier, pool
 from minbert.progress import progress
 from minbert.train.device import autocast
 from minbert.train.optim import build_optimizer, build_scheduler
@@ -68,6 +68,7 @@ class SentimentSettings:
     train_examples: int  # 0: the whole training split
     seed: int
     max_tokens: int = 0  # padded tokens per forward pass (0: no limit); bounds memory
+    pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
 
     def __post_init__(self) -> None:
         if self.task not in ("sst", "cfimdb"):
@@ -79,6 +80,8 @@ class SentimentSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.train_examples < 0:
             raise ValueError(f"train_examples must be 0 (all) or positive, got {self.train_examples}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
 
 
 @dataclass
@@ -114,9 +117,9 @@ def _check_finite(loss: torch.Tensor, epoch: int, step: int, task: str, ids: lis
 @torch.inference_mode()
 def encode_pooled(
     encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device,
-    max_tokens: int = 0,
+    max_tokens: int = 0, pooling: str = "pooler",
 ) -> torch.Tensor:
-    """Pooled [CLS] features of every row, in row order (encoder in eval mode)."""
+    """The pooled vector of every row, in row order (encoder in eval mode)."""
     was_training = encoder.training
     encoder.eval()
     seqs = table.sequences["input_ids"]
@@ -128,7 +131,8 @@ def encode_pooled(
             for rows in split_by_tokens(batch, seqs.lengths(), max_tokens):
                 ids, mask = pad(seqs, rows)
                 with autocast(device):
-                    pooled = encoder(ids.to(device), mask.to(device)).pooler_output
+                    mask = mask.to(device)
+                    pooled = pool(encoder(ids.to(device), mask), mask, pooling)
                 out[torch.from_numpy(rows)] = pooled.float().cpu()
             bar.advance(job)
     encoder.train(was_training)
@@ -234,7 +238,8 @@ def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, lo
 def _train_head_on_features(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     encoder.to(device)
-    feats = {name: encode_pooled(encoder, t, settings.eval_batch_size, device, settings.max_tokens)
+    feats = {name: encode_pooled(encoder, t, settings.eval_batch_size, device, settings.max_tokens,
+                                 settings.pooling)
              for name, t in (("train", train), ("dev", dev), ("test", test)) if t is not None}
     head = ClassificationHead(encoder.config.hidden_size, num_classes, settings.dropout).to(device)
     optimizer = build_optimizer(settings.optimizer, head.parameters(), lr=settings.lr,
@@ -281,7 +286,7 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
 
 def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
-    model = SentimentClassifier(encoder, num_classes, settings.dropout).to(device)
+    model = SentimentClassifier(encoder, num_classes, settings.dropout, settings.pooling).to(device)
     optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
                                 weight_decay=settings.weight_decay)
     seqs = train.sequences["input_ids"]
@@ -345,6 +350,9 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
     from minbert import params as params_module
     from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
     from minbert.train.device import choose_device, describe
+    from minbert.train.distributed import require_single_process
+
+    require_single_process("sentiment")
 
     settings = params_module.sentiment_settings(params, run)
     device = choose_device(params["device"])

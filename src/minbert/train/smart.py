@@ -184,6 +184,7 @@ def adversarial_perturbation(
     kind: Kind,
     settings: SmartSettings,
     generator: torch.Generator | None = None,
+    start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Approximate the inner max of R_s: a perturbation in the epsilon ball.
 
@@ -200,10 +201,20 @@ def adversarial_perturbation(
 
     ``forward_fn`` runs in whatever mode the model is in; during training that
     means fresh dropout masks per call, as in the paper's implementation.
+
+    ``start`` is the random start, when the caller draws it (data-parallel training
+    draws it for the whole batch, so that each example's start does not depend on
+    how the batch was split); otherwise it is drawn here with ``generator``.
     """
     embedded = embedded.detach()
     target = clean_output.detach()
-    noise = initial_noise(embedded, settings.noise_std, generator)
+    if start is None:
+        noise = initial_noise(embedded, settings.noise_std, generator)
+    elif start.shape != embedded.shape:
+        raise ValueError(f"start has shape {tuple(start.shape)}, the embedding output "
+                         f"{tuple(embedded.shape)}")
+    else:
+        noise = start.to(embedded.dtype)
     for _ in range(settings.steps):
         noise.requires_grad_(True)
         loss = divergence(forward_fn(embedded + noise), target, kind)
@@ -238,6 +249,7 @@ def smoothness_loss(
     kind: Kind,
     settings: SmartSettings,
     generator: torch.Generator | None = None,
+    start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """R_s for one batch: the divergence at the adversarial perturbation (a scalar).
 
@@ -255,7 +267,7 @@ def smoothness_loss(
     the ascent, and differentiating through that choice is not part of SMART.
     """
     noise = adversarial_perturbation(
-        forward_fn, embedded, clean_output, kind, settings, generator
+        forward_fn, embedded, clean_output, kind, settings, generator, start
     )
     return divergence(forward_fn(embedded + noise), clean_output, kind)
 

@@ -1,0 +1,156 @@
+"""One paper-scale multitask epoch on a GPU: seconds per epoch and model FLOP utilisation.
+
+The paper's setting: a bert-base-sized encoder (12 layers, hidden 768), the
+``concatenation`` configuration (cross-encoder heads for Quora and STS), round-robin
+batches of 2 / 36 / 2 (SST / Quora / STS) per step, bf16 autocast, fused AdamW, and
+the full training sizes (SST 8,544 sentences, Quora 141,506 pairs, STS 6,040 pairs),
+so one epoch is ceil(8,544 / 2) = 4,272 steps. Quora's train split is not on this
+machine, so every task's examples are synthetic: random token ids whose lengths are
+drawn from the tokenised course data when ``data/tokenized`` exists (for Quora,
+from the carved pairs), else a fixed fallback distribution. Weights are random
+(``--checkpoint`` takes a bert-base-uncased directory instead): speed does not
+depend on them.
+
+The epoch runs the pipeline's own training step (``MultitaskStep``), with
+``--compile`` for ``torch.compile`` of the encoder layers. ``--steps N`` times the
+first N steps after a warm-up and scales to the epoch.
+
+Model FLOP utilisation = model FLOP of the epoch / seconds / the device's dense
+bf16 peak (``--peak-tflops``; H100 and H200 SXM: 989 TFLOP/s). Model FLOP per
+sequence of length T: (6 N + 12 L T h) x T for training (PaLM, appendix B), the
+same count as ``train_step.py``.
+
+    python bench/paper_epoch.py                 # on a CUDA machine
+    python bench/paper_epoch.py --quick         # a tiny smoke run (CPU too)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import torch
+
+import common
+
+TARGET_SECONDS = 60.0  # per paper-scale epoch on one H100
+TARGET_MFU = 0.35
+SIZES = {"sst": 8544, "quora": 141506, "sts": 6040}
+BATCH = {"sst": 2, "quora": 36, "sts": 2}
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bf16, SXM
+
+
+def synthetic_tables(sizes: dict, vocab: int, rng: np.random.Generator) -> dict:
+    """Random-token tables shaped like the tokenised course data, per task."""
+    from minbert.data.batches import Sequences, TokenizedTable
+
+    def lengths_of(task: str, column: str, n: int) -> np.ndarray:
+        path = common.TOKENIZED / f"{task}-train.parquet"
+        if path.is_file():
+            real = TokenizedTable.read(path).sequences[column].lengths()
+            return rng.choice(real, size=n)
+        return np.clip(rng.lognormal(3.2, 0.5, size=n), 5, 128).astype(int)
+
+    def seqs(lengths):
+        return Sequences.from_list([np.concatenate([[101], rng.integers(1000, vocab, n - 2), [102]])
+                                    for n in lengths])
+
+    tables = {}
+    for task, n in sizes.items():
+        ids = [f"{task}{i}" for i in range(n)]
+        if task == "sst":
+            labels = rng.integers(0, 5, n)
+            tables[task] = TokenizedTable(ids, labels, {"input_ids": seqs(lengths_of(task, "input_ids", n))})
+            continue
+        labels = rng.integers(0, 2, n) if task == "quora" else rng.uniform(0, 5, n)
+        lengths = lengths_of(task, "pair_input_ids", n)
+        types = Sequences.from_list([np.repeat([0, 1], [m // 2, m - m // 2]) for m in lengths])
+        tables[task] = TokenizedTable(ids, labels, {"pair_input_ids": seqs(lengths),
+                                                    "pair_token_type_ids": types})
+    return tables
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default=None, help="a bert-base-sized checkpoint directory "
+                   "(default: random bert-base weights)")
+    p.add_argument("--steps", type=int, default=400, help="timed steps (0: the whole epoch)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the encoder layers")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's dense bf16 peak (default: from its name)")
+    args = p.parse_args()
+    common.setup(args, repeats=1, warmup=20, quick_warmup=1)
+    if not torch.cuda.is_available() and not args.quick:
+        raise SystemExit("paper_epoch.py measures a GPU: no CUDA device here (--quick runs a "
+                         "tiny smoke test on the CPU)")
+
+    from minbert.model.bert import BertConfig, BertModel
+    from minbert.train.multitask import TASKS, MultitaskBert, MultitaskStep, TaskData, round_robin_epoch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    _, settings = common.multitask_settings("concatenation", "paper")
+    settings = dataclasses.replace(settings, batch_size=BATCH)
+    sizes = {t: 64 for t in TASKS} if args.quick else SIZES
+    if args.quick:
+        args.steps = 3
+    config = (BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+              if args.quick else BertConfig())
+    torch.manual_seed(args.seed)
+    encoder = (BertModel.from_pretrained(args.checkpoint) if args.checkpoint else BertModel(config))
+    config = encoder.config
+    model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head, settings.dropout,
+                          settings.pooling).to(device).train()
+    if args.compile:
+        model.encoder.compile_layers()
+    rng = np.random.default_rng(args.seed)
+    data = {t: TaskData(t, table, model.is_siamese(t))
+            for t, table in synthetic_tables(sizes, config.vocab_size, rng).items()}
+    step = MultitaskStep(settings, model, data, device)
+    plan = round_robin_epoch({t: d.lengths for t, d in data.items()}, BATCH, rng)
+    epoch_steps = len(plan)
+    timed = epoch_steps if args.steps == 0 else min(args.steps, epoch_steps - args.warmup)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for rows in plan[:args.warmup]:
+        step(rows)
+    sync()
+    start = time.perf_counter()
+    for rows in plan[args.warmup:args.warmup + timed]:
+        step(rows)
+    sync()
+    seconds = time.perf_counter() - start
+
+    def flop(rows_by_task) -> float:
+        total = 0.0
+        for task, rows in rows_by_task.items():
+            for t in data[task].lengths[rows]:
+                total += (6 * config.num_parameters_non_embedding
+                          + 12 * config.num_hidden_layers * t * config.hidden_size) * t
+        return total
+
+    timed_flop = sum(flop(r) for r in plan[args.warmup:args.warmup + timed])
+    epoch_seconds = seconds / timed * epoch_steps
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), math.nan)
+    mfu = timed_flop / seconds / (peak * 1e12)
+    common.table(f"paper-scale epoch: concatenation, batch {BATCH}, {epoch_steps} steps, on {name}",
+                 ["timed steps", "s/step", "epoch s", "TFLOP/s", "MFU"],
+                 [[timed, f"{seconds / timed * 1e3:.1f} ms", f"{epoch_seconds:.1f}",
+                   f"{timed_flop / seconds / 1e12:.1f}", f"{mfu:.1%}"]])
+    results = {"device": name, "config": dataclasses.asdict(config), "batch_size": BATCH,
+               "sizes": sizes, "epoch_steps": epoch_steps, "timed_steps": timed,
+               "timed_seconds": seconds, "epoch_seconds": epoch_seconds,
+               "timed_model_flop": timed_flop, "peak_tflops": peak, "mfu": mfu,
+               "compile": args.compile, "bf16_autocast": device.type == "cuda"}
+    common.finish("paper_epoch", args, results, [
+        common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS),
+        common.target("model FLOP utilisation (bf16)", mfu, ">=", TARGET_MFU)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Seed sweeps: DVC experiments aggregated into mean ± standard deviation.
+
+A sweep is a grid of DVC experiments, queued and run in parallel by DVC itself::
+
+    dvc exp run --queue -S 'seed=1,2,3' -S 'optimizer=adamw,adamaxw'
+    dvc queue start --jobs 2
+    minbert sweep-report
+
+Each experiment is a git commit holding its ``params.yaml`` and its metrics files.
+:func:`collect_runs` reads them back (the baseline commit and every finished
+experiment derived from it); :func:`aggregate` groups the runs whose parameters
+differ only in ``seed`` and reports, for each group and each result (a multitask
+configuration's metrics, a sentiment run's accuracy), the mean, the sample
+standard deviation and the seeds it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+# The numbers a sweep reports, by metrics folder: name in the metrics file, title.
+RESULTS = {
+    "multitask": [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
+                  ("sts_pearson", "STS Pearson"), ("average", "Average")],
+    "multitask-mlm": [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
+                      ("sts_pearson", "STS Pearson"), ("average", "Average")],
+    "sentiment": [("dev_accuracy", "dev acc")],
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the pipeline: its name, parameters and metrics files."""
+
+    name: str
+    params: dict
+    metrics: dict[str, dict]  # "multitask/baseline" -> the metrics file's content
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = json.dumps(value, sort_keys=True) if isinstance(value, list) else value
+    return out
+
+
+def _mean_std(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.3f}"
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def aggregate(runs: list[Run]) -> str:
+    """Markdown: one section per group of runs differing only in ``seed``."""
+    if not runs:
+        raise ValueError("no runs to aggregate: queue and run experiments first "
+                         "(dvc exp run --queue -S 'seed=1,2,3'; dvc queue start)")
+    flat = {run.name: _flatten(run.params) for run in runs}
+    keys = sorted({k for f in flat.values() for k in f} - {"seed"})
+    varying = [k for k in keys if len({json.dumps(f.get(k), default=str) for f in flat.values()}) > 1]
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[tuple(flat[run.name].get(k) for k in varying)].append(run)
+
+    lines = ["# Seed sweep", "",
+             f"{len(runs)} runs in {len(groups)} group(s); within a group the runs differ only "
+             "in `seed`. Each cell is the mean ± sample standard deviation over the group's "
+             "seeds (a single run shows its value alone).", ""]
+    for key in sorted(groups, key=lambda k: json.dumps(k, default=str)):
+        members = sorted(groups[key], key=lambda r: (r.params.get("seed", 0), r.name))
+        label = ", ".join(f"`{k}={v}`" for k, v in zip(varying, key)) or "all runs"
+        seeds = ", ".join(str(r.params.get("seed")) for r in members)
+        lines += [f"## {label}", "", f"Seeds: {seeds} (runs: {', '.join(r.name for r in members)}).", ""]
+        for folder, columns in RESULTS.items():
+            names = sorted({n.split("/", 1)[1] for r in members for n in r.metrics
+                            if n.startswith(f"{folder}/")})
+            if not names:
+                continue
+            header = ["Result", *(title for _, title in columns), "n"]
+            lines += [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
+            for name in names:
+                found = [r.metrics[f"{folder}/{name}"] for r in members if f"{folder}/{name}" in r.metrics]
+                cells = [_mean_std([m[field] for m in found]) for field, _ in columns]
+                lines.append(f"| `{folder}/{name}` | {' | '.join(cells)} | {len(found)} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def read_run(repo: Path, rev: str, name: str) -> Run:
+    """The parameters and metrics files committed at ``rev``."""
+    params = yaml.safe_load(_git(repo, "show", f"{rev}:params.yaml"))
+    metrics = {}
+    for path in _git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines():
+        if path.endswith(".json"):
+            folder, file = path.split("/")[-2:]
+            metrics[f"{folder}/{file[:-len('.json')]}"] = json.loads(_git(repo, "show", f"{rev}:{path}"))
+    return Run(name, params, metrics)
+
+
+def collect_runs(repo: Path = Path(".")) -> list[Run]:
+    """The baseline commit and its finished experiments, as DVC lists them.
+
+    Experiments still queued, running or failed, and a baseline never reproduced,
+    have no results and are left out (and named on the way, so that a short sweep
+    is never mistaken for a full one).
+    Runs with identical parameters (an experiment that repeats the baseline) count once.
+    """
+    from dvc.api import exp_show
+
+    from minbert.progress import console
+
+    runs, seen = [], set()
+    for row in exp_show(repo=str(repo)):
+        if row.get("rev") == "workspace":
+            continue
+        name = row.get("Experiment") or row["rev"]
+        if row.get("typ") != "baseline" and row.get("State") != "Success":
+            console.log(f"experiment {name} is {row.get('State')}: left out")
+            continue
+        run = read_run(repo, row["rev"], name)
+        if not run.metrics:
+            console.log(f"{name} has no metrics files: left out")
+            continue
+        key = json.dumps(run.params, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            runs.append(run)
+    return runs

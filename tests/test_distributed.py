@@ -1,0 +1,133 @@
+"""Data-parallel multitask training: two gloo processes on the CPU against one.
+
+Two ranks with batch b must make the same updates as one process with batch 2b
+(up to floating point), with round-robin, with PCGrad and with SMART; the ranks
+must stay identical to each other (parameters and SMART's EMA teacher); and the
+stage must write its outputs once, from rank 0. The data has 25 rows per task, so
+the last batch of every epoch holds one row: one rank's shard of it is empty.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import REPO
+from test_multitask import _prepared
+
+import distributed_worker
+from minbert import params as params_module
+from minbert.data.tokenize import tokenize_prepared
+from minbert.evaluate import read_predictions
+from minbert.train.distributed import World
+from minbert.train.multitask import TASKS
+
+CONFIGS = ["baseline", "pcgrad-adamw", "best"]  # round-robin, PCGrad, PCGrad + SMART
+
+
+def _torchrun(script: Path, *args, cwd: Path | None = None) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(script), *map(str, args)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("ddp")
+    _prepared(root / "prepared", n=25)
+    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
+                      {"sst": 32, "quora": 32, "sts": 32})
+    return root
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tokenized, tiny_checkpoint):
+    out = tmp_path_factory.mktemp("ranks")
+    _torchrun(REPO / "tests" / "distributed_worker.py", tokenized / "tok", tiny_checkpoint, out, 1,
+              *CONFIGS)
+    return {(config, rank): torch.load(out / f"{config}-rank{rank}.pt", weights_only=True)
+            for config in CONFIGS for rank in (0, 1)}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized, tiny_checkpoint,
+                                                             config):
+    torch.set_num_threads(1)
+    single = distributed_worker.run(tokenized / "tok", tiny_checkpoint, 2, config, World())
+    rank0, rank1 = two_ranks[config, 0], two_ranks[config, 1]
+    # The ranks hold the very same model, and the same EMA teacher after every step.
+    for name, value in rank0["encoder"].items():
+        assert torch.equal(value, rank1["encoder"][name]), name
+    assert rank0["teacher_sums"] == rank1["teacher_sums"]
+    assert rank0["history"] == rank1["history"]
+    # Losses of every epoch (the mean over its steps) and the dev metrics after it.
+    for ours, theirs in zip(rank0["history"], single["history"], strict=True):
+        for key, value in theirs.items():
+            assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (key, ours["epoch"])
+    # The final parameters.
+    for name, value in single["encoder"].items():
+        torch.testing.assert_close(rank0["encoder"][name], value, rtol=1e-4, atol=2e-5, msg=name)
+    for task in TASKS:
+        torch.testing.assert_close(rank0["dev_predictions"][task], single["dev_predictions"][task],
+                                   rtol=1e-4, atol=1e-4, msg=task)
+    if config == "baseline":
+        assert not rank0["conflicts"]
+    else:
+        # PCGrad sees the same (rank-averaged) task gradients as the single process.
+        assert len(rank0["conflicts"]) == len(single["conflicts"]) == 2 * 7
+        for ours, theirs in zip(rank0["conflicts"], single["conflicts"]):
+            assert ours["conflicts"] == theirs["conflicts"]
+            for key in ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts"):
+                assert ours[key] == pytest.approx(theirs[key], abs=1e-4)
+    if config == "best":
+        assert len(rank0["teacher_sums"]) == 2 * 7
+        np.testing.assert_allclose(rank0["teacher_sums"], single["teacher_sums"], rtol=1e-6)
+
+
+def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, tiny_checkpoint):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params.update(checkpoint=str(tiny_checkpoint), device="cpu", launcher="torchrun --nproc_per_node 2")
+    params["scales"]["cpu"]["multitask"] = {
+        "lr": 1e-3, "epochs": 1, "batch_size": {"sst": 4, "quora": 3, "sts": 2},
+        "train_examples": {t: 0 for t in TASKS}, "dev_examples": {t: 0 for t in TASKS}}
+    params_module.validate(params)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
+    (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
+    _torchrun(REPO / "stages" / "multitask.py", "pcgrad-adamw", cwd=tmp_path)
+    metrics = yaml.safe_load((tmp_path / "metrics" / "multitask" / "pcgrad-adamw.json").read_text())
+    assert metrics["processes"] == 2 and metrics["device"].startswith("2 x cpu")
+    assert metrics["batch_size"] == {"sst": 4, "quora": 3, "sts": 2}
+    for task in TASKS:
+        path = tmp_path / "predictions" / "multitask" / "pcgrad-adamw" / f"{task}-dev-out.csv"
+        lines = path.read_text().splitlines()[1:]
+        assert len(lines) == 25 and set(read_predictions(path)) == {f"dev{i}" for i in range(25)}
+    assert not list((tmp_path / ".resume").glob("*.pt"))  # cleared once the outputs exist
+
+
+def test_sentiment_and_mlm_stages_refuse_several_processes(monkeypatch):
+    from minbert.train.distributed import require_single_process
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="stage sentiment runs in one process"):
+        require_single_process("sentiment")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    require_single_process("sentiment")
+
+
+def test_launcher_is_checked(tiny_checkpoint):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["launcher"] = "mpirun -n 4"
+    with pytest.raises(params_module.ParamsError, match="launcher = 'mpirun -n 4' must be 'python' or"):
+        params_module.validate(params)

@@ -1,0 +1,98 @@
+"""Seed sweeps: aggregation into mean ± std, and a queued sweep through DVC."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import time
+
+import pytest
+import yaml
+from conftest import REPO
+from test_pipeline import _run, _slice
+
+from minbert.sweep import Run, aggregate
+
+
+def _run_of(name, seed, optimizer, average, acc):
+    return Run(name, {"seed": seed, "optimizer": optimizer, "smart": {"enabled": False}},
+               {"multitask/baseline": {"sst_accuracy": acc, "quora_accuracy": 0.7, "sts_pearson": 0.5,
+                                       "average": average},
+                "sentiment/sst-full": {"dev_accuracy": acc}})
+
+
+def test_aggregate_groups_by_everything_but_the_seed():
+    runs = [_run_of("a", 1, "adamw", 0.50, 0.40), _run_of("b", 2, "adamw", 0.54, 0.44),
+            _run_of("c", 3, "adamw", 0.58, 0.42), _run_of("d", 1, "adamaxw", 0.60, 0.30)]
+    text = aggregate(runs)
+    assert "4 runs in 2 group(s)" in text
+    sections = {part.split("\n", 1)[0]: part for part in text.split("## ")[1:]}
+    adamw = sections["`optimizer=adamw`"]
+    std = statistics.stdev([0.50, 0.54, 0.58])
+    assert f"| `multitask/baseline` | 0.420 ± {statistics.stdev([0.40, 0.44, 0.42]):.3f} | 0.700 ± 0.000 | " \
+           f"0.500 ± 0.000 | 0.540 ± {std:.3f} | 3 |" in adamw
+    assert "Seeds: 1, 2, 3 (runs: a, b, c)" in adamw
+    adamaxw = sections["`optimizer=adamaxw`"]
+    assert "| `sentiment/sst-full` | 0.300 | 1 |" in adamaxw  # one seed: no spread to show
+
+
+def test_aggregate_needs_runs():
+    with pytest.raises(ValueError, match="no runs to aggregate"):
+        aggregate([])
+
+
+@pytest.fixture(scope="module")
+def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
+    """The project's pipeline with one sentiment run and one multitask configuration."""
+    root = tmp_path_factory.mktemp("sweep")
+    for name in ("dvc.yaml", "params.yaml", ".gitignore"):
+        shutil.copy(REPO / name, root / name)
+    for name in ("stages", "src", "reference"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _slice(shared_data, root / "slice", 24)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
+    params["configs"] = {"baseline": {}}
+    params["sentiment"]["runs"] = {"sst-last-layer": params["sentiment"]["runs"]["sst-last-layer"]}
+    params["scales"]["cpu"].update(
+        max_length={"sst": 32, "cfimdb": 32, "quora": 32, "sts": 32},
+        sentiment={"batch_size": 8, "max_tokens": 0, "epochs": {"last-layer": 1, "full": 1},
+                   "train_examples": {"sst": 0, "cfimdb": 0}},
+        multitask={"lr": 1e-3, "epochs": 1, "batch_size": {"sst": 8, "quora": 8, "sts": 8},
+                   "train_examples": {"sst": 0, "quora": 0, "sts": 0},
+                   "dev_examples": {"sst": 0, "quora": 0, "sts": 0}})
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run(["git", "init", "-q"], root)
+    _run(["dvc", "init", "-q"], root)
+    _run(["dvc", "config", "core.analytics", "false"], root)
+    _run(["git", "add", "-A"], root)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline"], root)
+    return root
+
+
+def test_queued_seed_sweep_runs_and_is_aggregated(small_pipeline):
+    root = small_pipeline
+    _run(["dvc", "exp", "run", "--queue", "-S", "seed=1,2"], root)
+    _run(["dvc", "queue", "start", "--jobs", "2"], root)
+    deadline = time.monotonic() + 400
+    try:
+        while True:
+            status = _run(["dvc", "queue", "status"], root)
+            tasks = [line.split()[-1] for line in status.splitlines()[1:] if line.strip()
+                     and not line.startswith("Worker status")]
+            if tasks and not {"Queued", "Running"} & set(tasks):
+                break
+            assert time.monotonic() < deadline, f"the queue did not finish:\n{status}"
+            time.sleep(3)
+    finally:
+        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, capture_output=True)
+    assert tasks == ["Success", "Success"], status
+    out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
+    # The baseline commit has no results (no `dvc repro` before the sweep): only the
+    # two seeds make up the one group.
+    assert "2 runs in 1 group(s)" in out and "Seeds: 1, 2" in out
+    row = next(line for line in out.splitlines() if line.startswith("| `multitask/baseline` |"))
+    assert row.endswith("| 2 |") and row.count("±") == 4
+    assert (root / "sweep.md").read_text() == out
