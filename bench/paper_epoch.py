@@ -128,7 +128,7 @@ def main() -> None:
     def flop(rows_by_task) -> float:
         total = 0.0
         for task, rows in rows_by_task.items():
-            for t in data[task].lengths[rows]:
+            for t in data[task].lengths[rows].tolist():
                 total += (6 * config.num_parameters_non_embedding
                           + 12 * config.num_hidden_layers * t * config.hidden_size) * t
         return total

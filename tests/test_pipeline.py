@@ -13,8 +13,10 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,45 @@ def test_status_is_clean_and_metrics_show(pipeline):
     assert json.loads(status) == {}
     shown = _run(["dvc", "metrics", "show", "--json"], pipeline)
     assert "dev_accuracy" in shown
+
+
+def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
+    """Kill `dvc repro` of a fine-tuning stage once it has saved an epoch; `dvc repro`
+    then reruns the stage, which resumes and ends with an uninterrupted run's numbers."""
+    # A new value for this stage only, so that DVC has no earlier result to restore.
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    params["configs"]["best"]["smart"]["mu"] = 0.5
+    (pipeline / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    state = pipeline / ".resume" / "multitask-best.pt"
+    outputs = [pipeline / "metrics" / "multitask" / name
+               for name in ("best.json", "best-history.csv", "best-conflicts.csv")]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               DVC_NO_ANALYTICS="1")
+    proc = subprocess.Popen(["dvc", "repro", "--single-item", "multitask@best"],
+                            cwd=pipeline, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not state.exists():
+        assert proc.poll() is None, f"the stage ended before saving a state: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # dvc and the stage: a lost machine
+    proc.wait()
+    assert not outputs[0].exists()
+    try:
+        rerun = subprocess.run(["dvc", "repro"], cwd=pipeline, env=env, capture_output=True,
+                               text=True, timeout=600)
+        assert rerun.returncode == 0, rerun.stderr
+        assert "Running stage 'multitask@best'" in rerun.stdout
+        assert "resumed from .resume/multitask-best.pt after epoch 1" in rerun.stdout + rerun.stderr
+        assert not state.exists()
+        assert json.loads(_run(["dvc", "status", "--json"], pipeline)) == {}
+        resumed = [path.read_bytes() for path in outputs]
+        _run(["dvc", "repro", "--force", "--single-item", "multitask@best"], pipeline)
+        assert [path.read_bytes() for path in outputs] == resumed
+    finally:
+        _run(["git", "checkout", "--", "."], pipeline)
+        _run(["dvc", "checkout", "--force"], pipeline)
 
 
 def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):

@@ -49,7 +49,7 @@ def write_multitask(directory: Path, configs: list[str], quora_split: dict = CAR
                          "optimizer": "adamaxw" if "adamaxw" in config else "adamw",
                          "lr": 5e-05, "weight_decay": 0.0, "lr_schedule": "exponential",
                          "lr_gamma": 0.9, "epochs": epochs, "eval_batch_size": 128,
-                         "dropout": 0.3, "grad_clip": 1.0,
+                         "dropout": 0.3, "grad_clip": 1.0, "pooling": "mean",
                          "smart": {"lambda_s": 1.0} if config == "best" else None},
             "batch_size": {"sst": 16, "quora": 16, "sts": 16},
             "checkpoint": CHECKPOINT, "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)",
@@ -88,7 +88,7 @@ def write_sentiment(directory: Path) -> None:
     for run, mode, acc in [("sst-full", "full", 0.4359673), ("sst-last-layer", "last-layer", 0.32607)]:
         metrics = {"run": run, "task": "sst", "mode": mode, "dev_accuracy": acc, "best_epoch": 2,
                    "epochs": 2, "lr": 1e-05, "batch_size": 32, "optimizer": "adamw",
-                   "train_examples": 8544, "dev_examples": 1101,
+                   "pooling": "mean", "train_examples": 8544, "dev_examples": 1101,
                    "data_split": "course sst train / dev", "checkpoint": CHECKPOINT,
                    "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)"}
         (directory / f"{run}.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -73,7 +73,7 @@ def table1(metrics: list[dict], paper: dict) -> str:
             f"- `{m['run']}`: dev accuracy {m['dev_accuracy']:.4f} at epoch {m['best_epoch']} of "
             f"{m['epochs']} (best dev epoch); {m['train_examples']} training examples "
             f"({m['data_split']}), {m['dev_examples']} dev examples; lr {m['lr']}, batch "
-            f"{m['batch_size']}, {m['optimizer']}; checkpoint `{ck['name']}` "
+            f"{m['batch_size']}, {m['optimizer']}, pooling `{m['pooling']}`; checkpoint `{ck['name']}` "
             f"({ck['weights']} sha256 {ck['sha256'][:12]}…); seed {m['seed']}; scale "
             f"`{m['scale']}`; device {m['device']}."
         )
@@ -116,7 +116,8 @@ def _provenance(m: dict) -> str:
         f"training examples {_per_task(m['train_examples'])}; dev examples "
         f"{_per_task(m['dev_examples'])}; paraphrase head `{s['paraphrase_head']}`, STS head "
         f"`{s['sts_head']}`, gradient `{s['gradient']}`, optimizer {s['optimizer']} lr {s['lr']}, "
-        f"batch {_per_task(m['batch_size'])}, SMART {smart}; checkpoint `{ck['name']}` "
+        f"batch {_per_task(m['batch_size'])}, SMART {smart}, pooling `{s['pooling']}`; "
+        f"checkpoint `{ck['name']}` "
         f"({ck['weights']} sha256 {ck['sha256'][:12]}…); seed {m['seed']}; scale `{m['scale']}`; "
         f"device {m['device']}."
     )
