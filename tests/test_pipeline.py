@@ -44,19 +44,27 @@ def _run(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
-    root = tmp_path_factory.mktemp("pipeline")
+def make_project(root: Path, shared_data: Path, checkpoint: Path, rows: int, edit) -> Path:
+    """The project's pipeline in a fresh git + DVC repository at ``root``: its
+    dvc.yaml, stages and sources, the first ``rows`` of every course file, the
+    ``checkpoint``, and params.yaml as ``edit(params)`` leaves it."""
     for name in ("dvc.yaml", "params.yaml", ".gitignore"):
         shutil.copy(REPO / name, root / name)
     for name in ("stages", "src", "reference"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    _slice(shared_data, root / "slice", ROWS)
-
+    _slice(shared_data, root / "slice", rows)
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["checkpoint"] = str(tiny_checkpoint)
-    params["device"] = "cpu"
+    params.update(checkpoint=str(checkpoint), device="cpu")
     params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
+    edit(params)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run(["git", "init", "-q"], root)
+    _run(["dvc", "init", "-q"], root)
+    _run(["dvc", "config", "core.analytics", "false"], root)
+    return root
+
+
+def _tiny_scale(params: dict) -> None:
     params["scales"]["cpu"] = {
         "max_length": {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
         "pooling": "mean",
@@ -67,11 +75,12 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
                       "dev_examples": {"sst": 0, "quora": 0, "sts": 0}},
         "mlm": {"max_length": 32, "epochs": 1, "batch_size": 8, "sequences": 200},
     }
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
-    _run(["git", "init", "-q"], root)
-    _run(["dvc", "init", "-q"], root)
-    _run(["dvc", "config", "core.analytics", "false"], root)
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
+    root = make_project(tmp_path_factory.mktemp("pipeline"), shared_data, tiny_checkpoint, ROWS,
+                        _tiny_scale)
     _run(["dvc", "repro"], root)
     _run(["git", "add", "-A"], root)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results"], root)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import subprocess
 import time
 
 import pytest
-import yaml
-from conftest import REPO
-from test_pipeline import _run, _slice
+from test_pipeline import _run, make_project
 
 from minbert.sweep import Run, aggregate
 
@@ -42,18 +39,7 @@ def test_aggregate_needs_runs():
         aggregate([])
 
 
-@pytest.fixture(scope="module")
-def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
-    """The project's pipeline with one sentiment run and one multitask configuration."""
-    root = tmp_path_factory.mktemp("sweep")
-    for name in ("dvc.yaml", "params.yaml", ".gitignore"):
-        shutil.copy(REPO / name, root / name)
-    for name in ("stages", "src", "reference"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    _slice(shared_data, root / "slice", 24)
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params.update(checkpoint=str(tiny_checkpoint), device="cpu")
-    params["data"].update(source=str(root / "slice"), verify_checksums=False, skip_ids={})
+def _one_config_one_run(params: dict) -> None:
     params["configs"] = {"baseline": {}}
     params["sentiment"]["runs"] = {"sst-last-layer": params["sentiment"]["runs"]["sst-last-layer"]}
     params["scales"]["cpu"].update(
@@ -63,10 +49,14 @@ def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
         multitask={"lr": 1e-3, "epochs": 1, "batch_size": {"sst": 8, "quora": 8, "sts": 8},
                    "train_examples": {"sst": 0, "quora": 0, "sts": 0},
                    "dev_examples": {"sst": 0, "quora": 0, "sts": 0}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run(["git", "init", "-q"], root)
-    _run(["dvc", "init", "-q"], root)
-    _run(["dvc", "config", "core.analytics", "false"], root)
+
+
+@pytest.fixture(scope="module")
+def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
+    """The project's pipeline with one sentiment run and one multitask configuration,
+    committed without results: the sweep's experiments produce them."""
+    root = make_project(tmp_path_factory.mktemp("sweep"), shared_data, tiny_checkpoint, 24,
+                        _one_config_one_run)
     _run(["git", "add", "-A"], root)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline"], root)
     return root

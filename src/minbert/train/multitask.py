@@ -278,6 +278,48 @@ def evaluate(model: MultitaskBert, data: dict[str, TaskData], batch_size: int,
     return metrics, preds
 
 
+class LossWatch:
+    """Each step's losses on the host, for the finiteness check and the log, without
+    making the host wait for the device every step.
+
+    On a GPU each step's losses are copied to the host asynchronously and read one
+    step later, when the device has long finished them, so the host keeps queueing
+    work; a non-finite loss then stops training one step later, still naming the
+    step and the examples it happened on. On the CPU they are read at once.
+    """
+
+    def __init__(self, world: World, train: dict[str, TaskData]):
+        self.world, self.train = world, train
+        self.pending = None  # (host copy, event or None, epoch, step, rows by task)
+        self.last: torch.Tensor | None = None  # the newest losses read (global means per task)
+
+    def push(self, step_losses: torch.Tensor, local_losses: torch.Tensor, epoch: int, step: int,
+             rows: dict[str, np.ndarray]) -> None:
+        both = torch.cat([step_losses, local_losses]).detach()
+        event = None
+        if both.is_cuda:
+            both = both.to("cpu", non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self.read()
+        self.pending = (both, event, epoch, step, rows)
+        if event is None:
+            self.read()
+
+    def read(self) -> None:
+        """Check the pending step's losses (waiting for them if need be)."""
+        if self.pending is None:
+            return
+        both, event, epoch, step, rows = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+        n = len(TASKS)
+        if not bool(torch.isfinite(both[:n]).all()):
+            _raise_non_finite(self.world, epoch, step, both[n:], rows, self.train)
+        self.last = both[:n]
+
+
 class MultitaskStep:
     """One training step, as ``train_multitask`` runs it: each task's objective on
     this rank's share of its global batch (SMART's terms included when on), the
@@ -307,6 +349,7 @@ class MultitaskStep:
         self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
         # SMART's random starts, drawn for whole global batches: alike on every rank.
         self.smart_generator = torch.Generator(device).manual_seed(settings.seed)
+        self.watch = LossWatch(world, train)
 
     @property
     def generators(self) -> tuple[torch.Generator, torch.Generator]:
@@ -317,10 +360,11 @@ class MultitaskStep:
         """Train on one global batch of every task (row indices into ``train``).
 
         Returns each task's mean loss over its global batch (on the device) and, with
-        PCGrad, the conflict statistics of the task gradients.
+        PCGrad, the conflict statistics of the task gradients. A non-finite loss
+        raises :class:`NonFiniteLoss` (on a GPU, during the next call or :meth:`flush`).
         """
         world, smart, stats = self.world, self.settings.smart, None
-        losses, batches = [], []
+        losses, rows_used = [], {}
         with self.no_sync():
             for task in TASKS:
                 rows = rows_by_task[task]
@@ -338,15 +382,14 @@ class MultitaskStep:
                     smart.noise_std, self.smart_generator)
                 losses.append(weight * _task_objective(self.model, self.net, self.teacher, smart,
                                                        task, batch, labels, self.device, start))
-                batches.append(batch)
-            step_losses = torch.stack([loss.detach() for loss in losses])
+                rows_used[task] = batch.rows
+            local_losses = torch.stack([loss.detach() for loss in losses])
+            step_losses = local_losses.clone()
             if world.distributed:
                 # The global batch's mean loss of each task, for the log and the check.
                 dist.all_reduce(step_losses)
                 step_losses /= world.size
-            # The one host synchronisation of the step.
-            if not bool(torch.isfinite(step_losses).all()):
-                _raise_non_finite(world, epoch, step, losses, batches, self.train)
+            self.watch.push(step_losses, local_losses, epoch, step, rows_used)
             self.optimizer.zero_grad(set_to_none=True)
             if self.settings.gradient == "pcgrad":
                 stats = pcgrad_backward(losses, self.shared, self.heads,
@@ -360,6 +403,10 @@ class MultitaskStep:
         if self.teacher is not None:
             self.teacher.update(self.model)
         return step_losses, stats
+
+    def flush(self) -> None:
+        """Check the last step's losses (at the end of an epoch)."""
+        self.watch.read()
 
 
 def train_multitask(
@@ -436,7 +483,10 @@ def train_multitask(
                 if stats is not None:
                     result.conflicts.append(_conflict_row(epoch, global_step, stats))
                 global_step += 1
-                bar.update(job, advance=1, status=f"epoch {epoch} loss {step_losses.sum().item():.3f}")
+                last = train_step.watch.last
+                bar.update(job, advance=1,
+                           status=f"epoch {epoch} loss {'…' if last is None else f'{last.sum():.3f}'}")
+            train_step.flush()
             scheduler.step()
             dev_metrics, dev_predictions = evaluate(model, dev, settings.eval_batch_size, device, world)
             row = {"epoch": epoch, "lr": lr}
@@ -473,11 +523,12 @@ def train_multitask(
     return result
 
 
-def _raise_non_finite(world: World, epoch: int, step: int, losses, batches, train) -> None:
+def _raise_non_finite(world: World, epoch: int, step: int, local_losses: torch.Tensor,
+                      rows: dict[str, np.ndarray], train: dict[str, TaskData]) -> None:
     """Stop every rank with the step, the task and the example ids of the bad batch."""
     local = [f"task {task}; batch example ids: "
-             f"{', '.join(train[task].table.ids[i] for i in batch.rows)}"
-             for task, loss, batch in zip(TASKS, losses, batches) if not torch.isfinite(loss)]
+             f"{', '.join(train[task].table.ids[i] for i in rows[task])}"
+             for task, loss in zip(TASKS, local_losses) if not torch.isfinite(loss)]
     found = [f"rank {rank}, {what}" if world.distributed else what
              for rank, found in enumerate(world.all_gather(local)) for what in found]
     raise NonFiniteLoss(f"non-finite loss at epoch {epoch}, step {step}, " + " | ".join(found))
