@@ -36,10 +36,15 @@ def _slice(src: Path, dst: Path, rows: int) -> None:
             csv.writer(f, delimiter="\t", lineterminator="\n").writerows(records)
 
 
+def tool_env() -> dict:
+    """The environment for the project's tools (dvc, minbert): this Python's
+    scripts first on PATH, whether or not the virtual environment is activated."""
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                DVC_NO_ANALYTICS="1")
+
+
 def _run(args: list[str], cwd: Path) -> str:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1")
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -131,8 +136,7 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
     state = pipeline / ".resume" / "multitask-best.pt"
     outputs = [pipeline / "metrics" / "multitask" / name
                for name in ("best.json", "best-history.csv", "best-conflicts.csv")]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1")
+    env = tool_env()
     proc = subprocess.Popen(["dvc", "repro", "--single-item", "multitask@best"],
                             cwd=pipeline, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

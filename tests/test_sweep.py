@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from test_pipeline import _run, make_project
+from test_pipeline import _run, make_project, tool_env
 
 from minbert.sweep import Run, aggregate
 
@@ -77,7 +77,8 @@ def test_queued_seed_sweep_runs_and_is_aggregated(small_pipeline):
             assert time.monotonic() < deadline, f"the queue did not finish:\n{status}"
             time.sleep(3)
     finally:
-        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, capture_output=True)
+        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, env=tool_env(),
+                       capture_output=True)
     assert tasks == ["Success", "Success"], status
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
