@@ -62,7 +62,6 @@ def two_ranks(tmp_path_factory, tokenized, tiny_checkpoint):
 @pytest.mark.parametrize("config", CONFIGS)
 def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized, tiny_checkpoint,
                                                              config):
-    torch.set_num_threads(1)
     single = distributed_worker.run(tokenized / "tok", tiny_checkpoint, 2, config, World())
     rank0, rank1 = two_ranks[config, 0], two_ranks[config, 1]
     # The ranks hold the very same model, and the same EMA teacher after every step.

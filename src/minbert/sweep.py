@@ -17,7 +17,7 @@ standard deviation and the seeds it came from.
 from __future__ import annotations
 
 import json
-import math
+import statistics
 import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,11 +26,11 @@ from pathlib import Path
 import yaml
 
 # The numbers a sweep reports, by metrics folder: name in the metrics file, title.
+_MULTITASK = [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
+              ("sts_pearson", "STS Pearson"), ("average", "Average")]
 RESULTS = {
-    "multitask": [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
-                  ("sts_pearson", "STS Pearson"), ("average", "Average")],
-    "multitask-mlm": [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
-                      ("sts_pearson", "STS Pearson"), ("average", "Average")],
+    "multitask": _MULTITASK,
+    "multitask-mlm": _MULTITASK,
     "sentiment": [("dev_accuracy", "dev acc")],
 }
 
@@ -56,11 +56,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _mean_std(values: list[float]) -> str:
-    mean = sum(values) / len(values)
     if len(values) == 1:
-        return f"{mean:.3f}"
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    return f"{mean:.3f} ± {std:.3f}"
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
 def aggregate(runs: list[Run]) -> str:
