@@ -234,7 +234,7 @@ class MultitaskRunner:
         torch.manual_seed(settings.seed)
         encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
         self.model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
-                                   settings.dropout, settings.pooling).train()
+                                   settings.dropout, settings.pooling, settings.sts_output).train()
         self.data = {t: TaskData(t, subsample(tables[t], settings.train_examples[t], settings.seed),
                                  self.model.is_siamese(t)) for t in TASKS}
 
@@ -250,5 +250,5 @@ class MultitaskRunner:
         return MultitaskStep(settings, self.model, self.data, CPU)
 
     def batches(self, rows_by_task: dict[str, np.ndarray]) -> list[tuple]:
-        """(task, padded batch) of one round-robin step, as the step pads them."""
+        """(task, padded batch) of one step, as the step pads them."""
         return [(task, self.data[task].batch(rows)) for task, rows in rows_by_task.items()]

@@ -7,8 +7,8 @@ to its own longest sequence. This script times one epoch of a configuration
 batch sizes, heads, optimizer, learning rate, gradient mode) twice, identical
 except for the batch order:
 
-* ``bucketed``: ``round_robin_epoch`` as the pipeline calls it;
-* ``random``: the same ``round_robin_epoch`` with each task's passes drawn by
+* ``bucketed``: ``epoch_steps`` as the pipeline calls it;
+* ``random``: the same ``epoch_steps`` with each task's passes drawn by
   ``random_batches`` (plain shuffled batches, padded to their longest).
 
 Both variants have the same number of steps (one batch of every task per step,
@@ -31,20 +31,21 @@ import common
 TARGET = 3.0  # random-batch epoch seconds / bucketed epoch seconds >= this
 
 
-def epoch_steps(lengths: dict, batch_size: dict, rng: np.random.Generator, order: str) -> list[dict]:
+def epoch_steps(gradient: str, lengths: dict, batch_size: dict, rng: np.random.Generator,
+                order: str) -> list[dict]:
     from minbert.data.batches import random_batches
     from minbert.train import multitask
 
     if order == "bucketed":
-        return multitask.round_robin_epoch(lengths, batch_size, rng)
+        return multitask.epoch_steps(gradient, lengths, batch_size, rng)
 
-    # round_robin_epoch draws each pass from multitask.length_bucketed_batches; swapping
-    # in random batches keeps the package's own round-robin logic for both variants.
+    # epoch_steps draws each pass from multitask.length_bucketed_batches; swapping in
+    # random batches keeps the package's own scheduling logic for both variants.
     def shuffled(task_lengths, size, *, shuffle, generator):
         return random_batches(len(task_lengths), size, generator)
 
     with mock.patch.object(multitask, "length_bucketed_batches", shuffled):
-        return multitask.round_robin_epoch(lengths, batch_size, rng)
+        return multitask.epoch_steps(gradient, lengths, batch_size, rng)
 
 
 def padding(runner: common.MultitaskRunner, steps: list[dict]) -> dict:
@@ -73,13 +74,14 @@ def main() -> None:
     runners = {o: common.MultitaskRunner(settings, params["checkpoint"]) for o in orders}
     steps = {o: runner.step(settings) for o, runner in runners.items()}
     lengths = runners["bucketed"].lengths
-    epoch_length = len(epoch_steps(lengths, settings.batch_size, np.random.default_rng(0), "bucketed"))
+    epoch_length = len(epoch_steps(settings.gradient, lengths, settings.batch_size,
+                                   np.random.default_rng(0), "bucketed"))
     n_steps = min(args.steps or epoch_length, epoch_length)
 
     def draw(order: str, repeat: int) -> list[dict]:
         # Repeat r of both variants draws from the same seed.
         rng = np.random.default_rng([settings.seed, repeat])
-        return epoch_steps(lengths, settings.batch_size, rng, order)[:n_steps]
+        return epoch_steps(settings.gradient, lengths, settings.batch_size, rng, order)[:n_steps]
 
     for order, step in steps.items():  # warm-up: allocator, optimizer state, kernels
         for rows_by_task in draw(order, args.repeats)[:args.warmup]:

@@ -1,10 +1,11 @@
 """One paper-scale multitask epoch on a GPU: seconds per epoch and model FLOP utilisation.
 
 The paper's setting: a bert-base-sized encoder (12 layers, hidden 768), the
-``concatenation`` configuration (cross-encoder heads for Quora and STS), round-robin
-batches of 2 / 36 / 2 (SST / Quora / STS) per step, bf16 autocast, fused AdamW, and
-the full training sizes (SST 8,544 sentences, Quora 141,506 pairs, STS 6,040 pairs),
-so one epoch is ceil(8,544 / 2) = 4,272 steps. Quora's train split is not on this
+``concatenation`` configuration (cross-encoder heads for Quora and STS), the paper's
+round-robin (one task's batch per step, cycling SST, Quora, STS) with batches of
+2 / 36 / 2, bf16 autocast, fused AdamW, and the full training sizes (SST 8,544
+sentences, Quora 141,506 pairs, STS 6,040 pairs), so one epoch gives every task
+ceil(8,544 / 2) = 4,272 batches: 12,816 steps. Quora's train split is not on this
 machine, so every task's examples are synthetic: random token ids whose lengths are
 drawn from the tokenised course data when ``data/tokenized`` exists (for Quora,
 from the carved pairs), else a fixed fallback distribution. Weights are random
@@ -87,7 +88,7 @@ def main() -> None:
                          "tiny smoke test on the CPU)")
 
     from minbert.model.bert import BertConfig, BertModel
-    from minbert.train.multitask import TASKS, MultitaskBert, MultitaskStep, TaskData, round_robin_epoch
+    from minbert.train.multitask import TASKS, MultitaskBert, MultitaskStep, TaskData, epoch_steps
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _, settings = common.multitask_settings("concatenation", "paper")
@@ -101,14 +102,14 @@ def main() -> None:
     encoder = (BertModel.from_pretrained(args.checkpoint) if args.checkpoint else BertModel(config))
     config = encoder.config
     model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head, settings.dropout,
-                          settings.pooling).to(device).train()
+                          settings.pooling, settings.sts_output).to(device).train()
     if args.compile:
         model.encoder.compile_layers()
     rng = np.random.default_rng(args.seed)
     data = {t: TaskData(t, table, model.is_siamese(t))
             for t, table in synthetic_tables(sizes, config.vocab_size, rng).items()}
     step = MultitaskStep(settings, model, data, device)
-    plan = round_robin_epoch({t: d.lengths for t, d in data.items()}, BATCH, rng)
+    plan = epoch_steps(settings.gradient, {t: d.lengths for t, d in data.items()}, BATCH, rng)
     epoch_steps = len(plan)
     timed = epoch_steps if args.steps == 0 else min(args.steps, epoch_steps - args.warmup)
 

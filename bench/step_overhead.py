@@ -5,9 +5,9 @@ pipeline's own step) takes one batch of each of SST, Quora and STS at the
 configuration's batch sizes (default ``baseline`` at the ``cpu`` scale, siamese
 pair heads) and is run four ways, interleaved on the same model:
 
-* ``plain``: round-robin, the sum of the three losses, one backward;
+* ``plain``: one batch of every task, the sum of the three losses, one backward (``summed``);
 * ``pcgrad``: ``pcgrad_backward`` (one backward per task, gradient surgery);
-* ``smart``: round-robin with SMART (SMART settings from params.yaml,
+* ``smart``: ``summed`` with SMART (SMART settings from params.yaml,
   ``--smart-steps`` ascent steps, default 1) and the teacher update;
 * ``pcgrad+smart``: both.
 
@@ -38,18 +38,18 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=20, warmup=3)
 
-    from minbert.train.multitask import round_robin_epoch
+    from minbert.train.multitask import epoch_steps
     from minbert.train.smart import SmartSettings
 
     params, settings = common.multitask_settings(args.config, args.scale)
     smart = dataclasses.replace(settings.smart or SmartSettings(**{
         k: v for k, v in params["smart"].items() if k != "enabled"}), steps=args.smart_steps)
     runner = common.MultitaskRunner(settings, params["checkpoint"])
-    pool = round_robin_epoch(runner.lengths, settings.batch_size,
-                             np.random.default_rng(args.seed))[:args.pool]
+    pool = epoch_steps("summed", runner.lengths, settings.batch_size,
+                       np.random.default_rng(args.seed))[:args.pool]
 
-    variants = {"plain": ("round-robin", None), "pcgrad": ("pcgrad", None),
-                "smart": ("round-robin", smart), "pcgrad+smart": ("pcgrad", smart)}
+    variants = {"plain": ("summed", None), "pcgrad": ("pcgrad", None),
+                "smart": ("summed", smart), "pcgrad+smart": ("pcgrad", smart)}
 
     def cycle(gradient: str, smart_settings):  # every variant walks the same batches
         step = runner.step(dataclasses.replace(settings, gradient=gradient, smart=smart_settings))

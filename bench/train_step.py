@@ -127,7 +127,7 @@ def main() -> None:
         args.checkpoint = "bert-base (random weights)"
     models = load_models(bert_base_directory(args.seed) if args.bert_base else args.checkpoint)
     config = models["minbert"].config
-    optimizers = {name: build_optimizer("adamw", m.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizers = {name: build_optimizer("adamw", m, lr=args.lr, weight_decay=0.0)
                   for name, m in models.items()}
     generator = torch.Generator().manual_seed(args.seed)
     max_diff = check_same_weights(models, random_batch(config.vocab_size, 2, 16, generator))

@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 from minbert import params
+from minbert.train.device import pin_cpu_kernels
 from minbert.train.multitask import run_stage
+
+pin_cpu_kernels()  # before any tensor operation: the same numbers on every CPU
 
 config, mlm_start = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
 run_stage(

@@ -1,8 +1,9 @@
-"""Stage `report`: regenerate the paper's tables from the metrics files."""
+"""Stage `report`: regenerate the paper's tables and figures from the metrics and predictions."""
 
 from pathlib import Path
 
 from minbert.report import write_report
 
-write_report(metrics_dir=Path("metrics"), paper_file=Path("reference/paper.yaml"),
+write_report(metrics_dir=Path("metrics"), predictions_dir=Path("predictions"),
+             prepared_dir=Path("data/prepared"), paper_file=Path("reference/paper.yaml"),
              out_dir=Path("report"))

@@ -4,7 +4,10 @@ import sys
 from pathlib import Path
 
 from minbert import params
+from minbert.train.device import pin_cpu_kernels
 from minbert.train.sentiment import run_stage
+
+pin_cpu_kernels()  # before any tensor operation: the same numbers on every CPU
 
 run_stage(
     params.load(),

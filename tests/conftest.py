@@ -37,3 +37,25 @@ def tiny_checkpoint(tmp_path_factory, minilm_dir) -> Path:
     directory = tmp_path_factory.mktemp("tiny-bert")
     save_pretrained(BertModel(TINY), directory, minilm_dir / "vocab.txt")
     return directory
+
+
+def tiny_multitask_scale(params: dict, *, epochs: int, batch_size: dict, lr: float = 1e-3,
+                         history: dict | None = None, test_predictions: bool = True) -> dict:
+    """The committed cpu scale's multitask sizes cut down for a tiny model: whole
+    (tiny) splits, every example in the history, ``lr`` for both optimizers."""
+    scale = params["scales"]["cpu"]["multitask"]
+    scale.update(epochs=epochs, batch_size=dict(batch_size),
+                 train_examples={t: 0 for t in ("sst", "quora", "sts")},
+                 history_examples=history or {"dev": 0, "train": 0},
+                 test_predictions=test_predictions)
+    for optimizer in scale["optimizers"].values():
+        optimizer["lr"] = lr
+    return params
+
+
+def tiny_sentiment_scale(params: dict, *, batch_size: int, epochs: dict, train_examples: dict,
+                         max_tokens: int = 0) -> dict:
+    params["scales"]["cpu"]["sentiment"].update(
+        batch_size={"sst": batch_size, "cfimdb": batch_size}, max_tokens=max_tokens,
+        epochs=dict(epochs), train_examples=dict(train_examples))
+    return params

@@ -24,6 +24,7 @@ from minbert.model import BertModel
 from minbert.train import distributed
 from minbert.train import multitask as multitask_module
 from minbert.train.multitask import TASKS, train_multitask
+from conftest import tiny_multitask_scale
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = {"sst": 4, "quora": 3, "sts": 2}  # per process, times BATCH_SCALE
@@ -32,10 +33,9 @@ BATCH = {"sst": 4, "quora": 3, "sts": 2}  # per process, times BATCH_SCALE
 def settings_for(config: str, checkpoint: Path, batch_scale: int):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(checkpoint=str(checkpoint), device="cpu")
-    params["scales"]["cpu"]["multitask"] = {
-        "lr": 1e-3, "epochs": 2, "batch_size": {t: b * batch_scale for t, b in BATCH.items()},
-        "train_examples": {t: 0 for t in TASKS}, "dev_examples": {t: 0 for t in TASKS}}
+    tiny_multitask_scale(params, epochs=2, batch_size={t: b * batch_scale for t, b in BATCH.items()})
     params["multitask"]["eval_batch_size"] = 5
+    params["configs"]["summed"] = {"gradient": "summed"}
     # SMART with a ball and a step large enough to matter in float32.
     params["configs"]["best"]["smart"] = {"enabled": True, "epsilon": 1e-2, "step_size": 1.0}
     settings = params_module.multitask_settings(params_module.validate(params), config)

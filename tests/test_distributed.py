@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, tiny_multitask_scale
 from test_multitask import _prepared
 
 import distributed_worker
@@ -28,7 +28,7 @@ from minbert.evaluate import read_predictions
 from minbert.train.distributed import World
 from minbert.train.multitask import TASKS
 
-CONFIGS = ["baseline", "pcgrad-adamw", "best"]  # round-robin, PCGrad, PCGrad + SMART
+CONFIGS = ["baseline", "summed", "best"]  # round-robin, summed losses, PCGrad + SMART
 
 
 def _torchrun(script: Path, *args, cwd: Path | None = None) -> None:
@@ -70,16 +70,22 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
     assert rank0["teacher_sums"] == rank1["teacher_sums"]
     assert rank0["history"] == rank1["history"]
     # Losses of every epoch (the mean over its steps) and the dev metrics after it.
+    # (Written at 4 decimals: equal up to a rounding step.)
     for ours, theirs in zip(rank0["history"], single["history"], strict=True):
+        assert ours.keys() == theirs.keys()
         for key, value in theirs.items():
-            assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (key, ours["epoch"])
+            if value is None:
+                assert ours[key] is None, key
+            else:
+                assert ours[key] == pytest.approx(value, rel=1e-4, abs=2e-4), (key, ours["epoch"])
     # The final parameters.
     for name, value in single["encoder"].items():
         torch.testing.assert_close(rank0["encoder"][name], value, rtol=1e-4, atol=2e-5, msg=name)
     for task in TASKS:
+        # STS predictions are written at 3 decimals: equal up to a rounding step.
         torch.testing.assert_close(rank0["dev_predictions"][task], single["dev_predictions"][task],
-                                   rtol=1e-4, atol=1e-4, msg=task)
-    if config == "baseline":
+                                   rtol=1e-4, atol=1.1e-3, msg=task, check_dtype=False)
+    if config != "best":
         assert not rank0["conflicts"]
     else:
         # PCGrad sees the same (rank-averaged) task gradients as the single process.
@@ -96,20 +102,18 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
 def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, tiny_checkpoint):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(checkpoint=str(tiny_checkpoint), device="cpu", launcher="torchrun --nproc_per_node 2")
-    params["scales"]["cpu"]["multitask"] = {
-        "lr": 1e-3, "epochs": 1, "batch_size": {"sst": 4, "quora": 3, "sts": 2},
-        "train_examples": {t: 0 for t in TASKS}, "dev_examples": {t: 0 for t in TASKS}}
+    tiny_multitask_scale(params, epochs=1, batch_size={"sst": 4, "quora": 3, "sts": 2})
     params_module.validate(params)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
-    _torchrun(REPO / "stages" / "multitask.py", "pcgrad-adamw", cwd=tmp_path)
-    metrics = yaml.safe_load((tmp_path / "metrics" / "multitask" / "pcgrad-adamw.json").read_text())
+    _torchrun(REPO / "stages" / "multitask.py", "best-no-smart", cwd=tmp_path)
+    metrics = yaml.safe_load((tmp_path / "metrics" / "multitask" / "best-no-smart.json").read_text())
     assert metrics["processes"] == 2 and metrics["device"].startswith("2 x cpu")
     assert metrics["batch_size"] == {"sst": 4, "quora": 3, "sts": 2}
     for task in TASKS:
-        path = tmp_path / "predictions" / "multitask" / "pcgrad-adamw" / f"{task}-dev-out.csv"
+        path = tmp_path / "predictions" / "multitask" / "best-no-smart" / f"{task}-dev-out.csv"
         lines = path.read_text().splitlines()[1:]
         assert len(lines) == 25 and set(read_predictions(path)) == {f"dev{i}" for i in range(25)}
     assert not list((tmp_path / ".resume").glob("*.pt"))  # cleared once the outputs exist

@@ -261,7 +261,8 @@ def test_stage_writes_a_checkpoint_that_fine_tuning_reads(tmp_path, tokenized, m
     assert saved["after"]["perplexity"] < saved["before"]["perplexity"]
     assert saved["corpus"]["heldout_sequences"] >= 1
     history = pd.read_csv(tmp_path / "metrics" / f"{start}-history.csv")
-    assert list(history.epoch) == [1, 2]
+    assert list(history.epoch) == [0, 1, 2]  # epoch 0: the held-out scores before pretraining
+    assert history.heldout_perplexity[0] == saved["before"]["perplexity"]
     encoder = BertModel.from_pretrained(tmp_path / "models" / start)
     assert encoder.config.hidden_size == (32 if start == "continue" else 16)
     assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]

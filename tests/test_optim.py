@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minbert.train.optim import AdamaxW, build_optimizer, build_scheduler
+from minbert.train.optim import AdamaxW, build_optimizer, build_scheduler, parameter_groups
 
 
 def test_adamaxw_matches_hand_computed_steps():
@@ -37,7 +37,7 @@ def test_first_step_is_lr_times_sign():
 
 
 def test_registries_reject_unknown_names():
-    params = [torch.nn.Parameter(torch.zeros(1))]
+    params = torch.nn.Linear(2, 1)
     with pytest.raises(ValueError, match=r"optimizer 'sgd' is not one of \['adamaxw', 'adamw'\]"):
         build_optimizer("sgd", params, lr=1e-3, weight_decay=0)
     opt = build_optimizer("adamw", params, lr=1.0, weight_decay=0)
@@ -46,7 +46,7 @@ def test_registries_reject_unknown_names():
 
 
 def test_exponential_schedule_decays_per_epoch():
-    params = [torch.nn.Parameter(torch.zeros(1))]
+    params = torch.nn.Linear(2, 1)
     opt = build_optimizer("adamaxw", params, lr=1.0, weight_decay=0)
     sched = build_scheduler("exponential", opt, gamma=0.9)
     lrs = []
@@ -56,3 +56,26 @@ def test_exponential_schedule_decays_per_epoch():
         sched.step()
     assert lrs == pytest.approx([1.0, 0.9, 0.81])
     assert not math.isnan(lrs[-1])
+
+
+def test_weight_decay_spares_biases_and_layer_norms():
+    """BERT's parameter groups: matrices and embeddings decay, 1-D parameters do not."""
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    model[0].weight.requires_grad_(True)
+    groups = parameter_groups(model.named_parameters(), 0.01)
+    decayed = {id(p) for g in groups if g["weight_decay"] == 0.01 for p in g["params"]}
+    spared = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert decayed == {id(model[0].weight), id(model[1].weight)}
+    assert spared == {id(model[1].bias), id(model[2].weight), id(model[2].bias)}
+    # One AdamW step with a zero gradient: only the decayed parameters shrink.
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer("adamw", model, lr=0.1, weight_decay=0.5)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        changed = not torch.equal(p.detach(), before[name])
+        assert changed == (p.ndim >= 2 and bool(before[name].abs().sum() > 0)), name
+    model[1].weight.requires_grad_(False)  # frozen: in no group at all
+    assert id(model[1].weight) not in {id(p) for g in parameter_groups(model.named_parameters(), 0.01)
+                                       for p in g["params"]}

@@ -30,13 +30,16 @@ def test_committed_params_are_valid(committed):
         (["device"], "tpu", "device = 'tpu' is not one of"),
         (["scale"], "huge", r"scale = 'huge' is not one of \['cpu', 'paper'\]"),
         (["seed"], "11711", "seed must be int"),
-        (["scales", "cpu", "sentiment", "batch_size"], True, "batch_size must be int"),
+        (["scales", "cpu", "sentiment", "batch_size", "sst"], True, "batch_size.sst must be int"),
         (["data", "quora_holdout_fraction"], 1.5, "strictly between 0 and 1"),
         (["scales", "cpu", "max_length", "imdb"], 10, "unknown key 'scales.cpu.max_length.imdb'"),
         (["mlm", "pretrain"], ["continue", "warm"], r"mlm.pretrain\[1\] = 'warm' is not one of"),
         (["mlm", "pretrain"], "continue", "mlm.pretrain must be a list"),
         (["mlm", "pretrain"], ["scratch", "scratch"], "mlm.pretrain lists an entry twice"),
         (["mlm", "finetune"], ["baseline", "bestest"], r"mlm.finetune names \['bestest'\]"),
+        (["seed_study", "configs"], ["best", "bestest"], r"seed_study.configs names \['bestest'\]"),
+        (["gradient"], "sum", r"gradient = 'sum' is not one of \['round-robin', 'summed', 'pcgrad'\]"),
+        (["sts_output"], "tanh", r"sts_output = 'tanh' is not one of \['sigmoid', 'linear'\]"),
         (["mlm", "sources"], ["sst", "imdb"], r"mlm.sources\[1\] = 'imdb'"),
         (["mlm", "mask_prob"], 1.0, "mlm.mask_prob must lie strictly between 0 and 1"),
     ],
@@ -52,16 +55,66 @@ def test_mistakes_are_named(committed, path, value, message):
 
 
 def test_missing_key_is_named(committed):
-    del committed["sentiment"]["dropout"]
-    with pytest.raises(params.ParamsError, match="sentiment lacks dropout"):
+    del committed["sentiment"]["weight_decay"]
+    with pytest.raises(params.ParamsError, match="sentiment lacks weight_decay"):
         params.validate(committed)
+
+
+def test_exponential_schedule_needs_its_factor(committed):
+    del committed["scales"]["cpu"]["multitask"]["optimizers"]["adamaxw"]["lr_gamma"]
+    with pytest.raises(params.ParamsError, match=r"optimizers.adamaxw lacks lr_gamma"):
+        params.validate(committed)
+
+
+def test_paper_scale_is_section_4_3(committed):
+    """The paper's experimental details (its Section 4.3), value by value."""
+    paper = committed["scales"]["paper"]
+    assert paper["sentiment"]["epochs"] == {"last-layer": 10, "full": 10}
+    assert paper["sentiment"]["batch_size"] == {"sst": 64, "cfimdb": 8}
+    assert paper["sentiment"]["dropout"] == 0.3
+    assert paper["sentiment"]["train_examples"] == {"sst": 0, "cfimdb": 0}
+    lrs = {run["mode"]: run["lr"] for run in committed["sentiment"]["runs"].values()}
+    assert lrs == {"last-layer": 1e-3, "full": 1e-5}
+    multitask = paper["multitask"]
+    assert multitask["epochs"] == 10 and multitask["dropout"] == 0.3
+    assert multitask["batch_size"] == {"sst": 2, "quora": 36, "sts": 2}
+    assert multitask["train_examples"] == {"sst": 0, "quora": 0, "sts": 0}
+    assert multitask["history_examples"] == {"dev": 0, "train": 0}
+    adamw, adamaxw = multitask["optimizers"]["adamw"], multitask["optimizers"]["adamaxw"]
+    assert (adamw["lr"], adamw["lr_schedule"]) == (1e-5, "constant")
+    assert (adamaxw["lr"], adamaxw["lr_schedule"], adamaxw["lr_gamma"]) == (1e-4, "exponential", 0.9)
+    assert paper["pooling"] == "pooler"  # BERT's pooled output, as the paper's heads read
+    # Resolved settings: what a multitask stage runs with at the paper's scale.
+    committed["scale"] = "paper"
+    best = params.multitask_settings(committed, "best")
+    assert (best.optimizer, best.lr, best.lr_schedule, best.lr_gamma) == ("adamaxw", 1e-4, "exponential", 0.9)
+    assert (best.dropout, best.epochs, best.batch_size) == (0.3, 10, {"sst": 2, "quora": 36, "sts": 2})
+    assert params.multitask_settings(committed, "best-adamw").lr == 1e-5
+    sst = params.sentiment_settings(committed, "sst-full")
+    assert (sst.batch_size, sst.epochs, sst.dropout, sst.lr) == (64, 10, 0.3, 1e-5)
+    assert params.sentiment_settings(committed, "cfimdb-last-layer").batch_size == 8
+
+
+def test_the_papers_configurations(committed):
+    """Table 4's columns are single-component ablations of the best model, and
+    best-no-smart isolates SMART."""
+    def resolved(config):
+        s = params.multitask_settings(committed, config)
+        return (s.paraphrase_head, s.sts_head, s.gradient, s.optimizer, s.smart is not None)
+
+    assert resolved("best") == ("cross-encoder", "cross-encoder", "pcgrad", "adamaxw", True)
+    assert resolved("best-round-robin") == ("cross-encoder", "cross-encoder", "round-robin", "adamaxw", True)
+    assert resolved("best-adamw") == ("cross-encoder", "cross-encoder", "pcgrad", "adamw", True)
+    assert resolved("best-no-smart") == ("cross-encoder", "cross-encoder", "pcgrad", "adamaxw", False)
+    assert resolved("baseline") == ("siamese-concat", "siamese-concat", "round-robin", "adamw", False)
+    assert params.multitask_settings(committed, "baseline").sts_output == "sigmoid"
 
 
 def test_scale_switch_changes_sizes(committed):
     cpu = params.sentiment_settings(committed, "sst-full")
     committed["scale"] = "paper"
     paper = params.sentiment_settings(committed, "sst-full")
-    assert (paper.batch_size, paper.epochs) == (8, 10)
+    assert (paper.batch_size, paper.epochs) == (64, 10)
     assert paper.lr == cpu.lr == 1e-5
 
 

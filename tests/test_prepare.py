@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import random
 from pathlib import Path
@@ -14,7 +16,7 @@ from coursefiles import UNVERIFIED, course_files
 
 from minbert.data import download
 from minbert.data.csvfile import DataError
-from minbert.data.prepare import holdout_mask, prepare, resolve_source
+from minbert.data.prepare import holdout_mask, prepare, question_groups, resolve_source
 
 QUORA_ROWS = 200
 BROKEN_ID = "dev-broken"  # a quora-dev row with no label, like the two in the real file
@@ -81,6 +83,59 @@ def test_holdout_mask_is_exact_order_independent_and_seeded():
     random.Random(0).shuffle(shuffled)
     assert set(pd.Series(shuffled)[holdout_mask(shuffled, 0.1, seed=3)]) == held
     assert set(pd.Series(ids)[holdout_mask(ids, 0.1, seed=4)]) != held
+
+
+def _chained_quora(directory: Path, monkeypatch) -> pd.DataFrame:
+    """quora-dev.csv with chains of pairs sharing questions: a chain of 6 pairs
+    (A-B, B-C, ... with the shared question re-spaced and re-cased), a star of 4 pairs
+    around one question, a pair repeated with its questions swapped, and 60 pairs of
+    their own."""
+    rows = []
+    chain = [f"chain question {k}" for k in range(7)]
+    for k in range(6):
+        second = chain[k + 1].upper() if k % 2 else "  " + chain[k + 1].replace(" ", "   ")
+        rows.append((f"chain-{k}", chain[k], second))
+    rows += [(f"star-{k}", "What is the hub?", f"spoke {k}") for k in range(4)]
+    rows += [("swap-0", "left one", "right one"), ("swap-1", "Right one", "left   one")]
+    rows += [(f"solo-{k}", f"solo a {k}", f"solo b {k}") for k in range(60)]
+    out = io.StringIO()
+    writer = csv.writer(out, delimiter="\t", lineterminator="\n")
+    writer.writerow(["", "id", "sentence1", "sentence2", "is_duplicate"])
+    for i, (ident, a, b) in enumerate(rows):
+        writer.writerow([i, ident, a, b, f"{i % 2}.0"])
+    body = out.getvalue().encode()
+    (directory / "quora-dev.csv").write_bytes(body)
+    monkeypatch.setitem(download.COURSE_SHA256, "quora-dev.csv", hashlib.sha256(body).hexdigest())
+    return pd.DataFrame(rows, columns=["id", "sentence1", "sentence2"])
+
+
+def test_question_groups_follow_chains_after_normalisation():
+    frame = pd.DataFrame([("a", "Q1", "q2"), ("b", "q2 ", "Q3"), ("c", "x", "y"), ("d", "Y", "z"),
+                          ("e", "lone", "other")], columns=["id", "s1", "s2"])
+    assert question_groups(frame.s1, frame.s2).tolist() == [0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_question_crosses_the_carved_quora_split(tmp_path, source, monkeypatch, seed):
+    """Chains of pairs that share questions stay on one side, whatever the seed."""
+    pairs = _chained_quora(source, monkeypatch)
+    manifest = prepare(str(source), tmp_path / f"out{seed}", quora_holdout_fraction=0.3,
+                       split_seed=seed, skip_ids={})
+    train = pd.read_parquet(tmp_path / f"out{seed}" / "quora-train.parquet")
+    dev = pd.read_parquet(tmp_path / f"out{seed}" / "quora-dev.parquet")
+
+    def questions(frame):
+        return {" ".join(q.split()).lower() for q in (*frame.sentence1, *frame.sentence2)}
+
+    assert not questions(train) & questions(dev)
+    assert sorted([*train.id, *dev.id]) == sorted(pairs.id)
+    for family in ("chain", "star", "swap"):  # each family is one group: never split
+        members = {i for i in pairs.id if i.startswith(family)}
+        assert members <= set(train.id) or members <= set(dev.id), family
+    split = manifest["quora_split"]
+    assert split["questions_across_split"] == 0
+    assert split["question_groups"] == 3 + 60 and split["largest_group_pairs"] == 6
+    assert abs(len(dev) - 0.3 * len(pairs)) < 6  # within one group of the target
 
 
 def test_carved_quora_split_is_deterministic_disjoint_and_complete(tmp_path, source):

@@ -1,99 +1,183 @@
-"""The report stage on synthetic metrics files shaped like the stages' outputs."""
+"""The report stage on synthetic outputs shaped like the stages': metrics files, dev
+predictions and the prepared dev labels they are scored against."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from conftest import REPO
 
+from minbert import metrics
+from minbert.evaluate import write_predictions
+from minbert.metrics import METRIC, MULTITASK_TASKS, fixed, score
 from minbert.report import write_report
 
 PAPER = REPO / "reference" / "paper.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["figure2-loss.png", "figure3-average.png", "figure-conflicts.png"]
-CONFIGS = ["baseline", "siamese-diff", "siamese-prod", "siamese-diff-prod", "cosine-sts",
-           "concatenation", "round-robin-adamaxw", "pcgrad-adamw", "pcgrad-adamaxw", "best"]
+CONFIGS = ["baseline", "siamese-diff", "siamese-diff-prod", "cosine-sts", "concatenation", "best",
+           "best-round-robin", "best-adamw", "best-no-smart"]
+SIZES = {"sst": 300, "quora": 400, "sts": 250, "cfimdb": 120}
 CHECKPOINT = {"name": "all-minilm-l6-v2", "weights": "model.safetensors",
-              "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"}
+              "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+              "training_data": {"file": "data_config.json", "datasets": 290, "examples": 1170060424,
+                                "course_overlap": [{"task": "quora", "dataset": "quora_duplicates.jsonl.gz",
+                                                    "examples": 103663}]}}
 CARVED = {"kind": "carved-from-dev", "holdout_fraction": 0.2, "seed": 0, "train_pairs": 16170,
           "heldout_pairs": 4042,
           "note": "Quora's official 141k train split was not available; both are carved from dev."}
+NUMBER_WITH_INTERVAL = re.compile(r"^-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]$")
 
 
-def _scores(i: int) -> tuple[float, float, float]:
-    """Distinct, recognisable numbers per configuration (SST, Quora, STS)."""
-    return 0.4 + 0.01 * i + 0.00012, 0.7 + 0.01 * i + 0.00034, 0.5 + 0.01 * i + 0.00056
+def _labels(task: str, rng: np.random.Generator) -> np.ndarray:
+    n = SIZES[task]
+    if task == "sts":
+        return np.round(rng.uniform(0, 5, n), 1)
+    return rng.integers(0, {"sst": 5, "quora": 2, "cfimdb": 2}[task], n).astype(float)
 
 
-def write_multitask(directory: Path, configs: list[str], quora_split: dict = CARVED,
-                    epochs: int = 3, steps_per_epoch: int = 20) -> None:
-    """Per configuration: the JSON, the per-epoch history and the per-step conflicts."""
+def _predict(task: str, labels: np.ndarray, quality: float, rng: np.random.Generator) -> np.ndarray:
+    """Predictions right with probability ``quality`` (STS: noise shrinking with it)."""
+    if task == "sts":
+        return np.round(np.clip(labels + rng.normal(0, 3 * (1 - quality), len(labels)), 0, 5), 3)
+    classes = {"sst": 5, "quora": 2, "cfimdb": 2}[task]
+    wrong = rng.integers(0, classes, len(labels))
+    return np.where(rng.random(len(labels)) < quality, labels, wrong).astype(int)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fewer_resamples():
+    """Intervals are not checked to the digit here: fewer resamples keep the tests quick."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metrics, "BOOTSTRAP_RESAMPLES", 999)
+        yield
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    """Prepared labels, plus every configuration's and the sentiment runs' outputs."""
+    root = tmp_path_factory.mktemp("outputs")
+    write_labels(root)
+    write_multitask(root, CONFIGS)
+    write_sentiment(root)
+    write_zero_shot(root)
+    return root
+
+
+def write_labels(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    (root / "prepared").mkdir(parents=True, exist_ok=True)
+    for task in SIZES:
+        pd.DataFrame({"id": [f"{task}-{i}" for i in range(SIZES[task])], "label": _labels(task, rng)}
+                     ).to_parquet(root / "prepared" / f"{task}-dev.parquet")
+
+
+def _labels_of(root: Path, task: str) -> tuple[list[str], np.ndarray]:
+    frame = pd.read_parquet(root / "prepared" / f"{task}-dev.parquet")
+    return frame["id"].tolist(), frame["label"].to_numpy()
+
+
+def _write_run(root: Path, folder: str, quality: float, seed: int) -> dict:
+    """Dev predictions of one multitask-style run; returns its metrics (as scored)."""
+    rng = np.random.default_rng(1000 + seed)  # not the labels' generator
+    scores = {}
+    for task in MULTITASK_TASKS:
+        ids, labels = _labels_of(root, task)
+        predictions = _predict(task, labels, quality, rng)
+        write_predictions(root / "predictions" / folder / f"{task}-dev-out.csv", task, ids, predictions)
+        scores[METRIC[task]] = score(task, labels, predictions)
+    scores["average"] = float(np.mean(list(scores.values())))
+    return {k: fixed(v) for k, v in scores.items()}
+
+
+def _metrics(config: str, scores: dict, quora_split: dict, epochs: int) -> dict:
+    pcgrad = config in ("best", "best-adamw", "best-no-smart")
+    smart = config.startswith("best") and config != "best-no-smart"
+    return {
+        "config": config, **scores, "best_epoch": epochs, "epochs": epochs,
+        "train_examples": {"sst": 480, "quora": 480, "sts": 480},
+        "dev_examples": {t: SIZES[t] for t in MULTITASK_TASKS},
+        "history_examples": {"dev": {"sst": 100, "quora": 100, "sts": 100},
+                             "train": {"sst": 50, "quora": 50, "sts": 50}},
+        "data_split": {"sst": "course train / dev", "sts": "course train / dev", "quora": quora_split},
+        "settings": {"paraphrase_head": "siamese-concat", "sts_head": "siamese-concat",
+                     "sts_output": "sigmoid", "gradient": "pcgrad" if pcgrad else "round-robin",
+                     "optimizer": "adamw" if config in ("baseline", "best-adamw") else "adamaxw",
+                     "lr": 5e-05, "weight_decay": 0.01, "lr_schedule": "exponential", "lr_gamma": 0.9,
+                     "epochs": epochs, "eval_batch_size": 128, "dropout": 0.3, "grad_clip": 1.0,
+                     "pooling": "mean", "smart": {"lambda_s": 1.0} if smart else None},
+        "batch_size": {"sst": 16, "quora": 16, "sts": 16},
+        "checkpoint": CHECKPOINT, "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)",
+    }
+
+
+def write_multitask(root: Path, configs: list[str], quora_split: dict = CARVED, epochs: int = 3,
+                    steps_per_epoch: int = 20) -> None:
+    """Per configuration: the JSON, the per-epoch history, the per-step conflicts and the
+    dev predictions. `best-no-smart` predicts exactly what `best` predicts."""
+    directory = root / "metrics" / "multitask"
     directory.mkdir(parents=True, exist_ok=True)
     for config in configs:
         i = CONFIGS.index(config)
-        sst, quora, sts = _scores(i)
-        pcgrad = config.startswith("pcgrad") or config == "best"
-        metrics = {
-            "config": config, "sst_accuracy": sst, "quora_accuracy": quora, "sts_pearson": sts,
-            "average": (sst + quora + sts) / 3, "best_epoch": epochs, "epochs": epochs,
-            "train_examples": {"sst": 480, "quora": 480, "sts": 480},
-            "dev_examples": {"sst": 400, "quora": 400, "sts": 400},
-            "data_split": {"sst": "course train / dev", "sts": "course train / dev",
-                           "quora": quora_split},
-            "settings": {"paraphrase_head": "siamese-concat", "sts_head": "siamese-concat",
-                         "gradient": "pcgrad" if pcgrad else "round-robin",
-                         "optimizer": "adamaxw" if "adamaxw" in config else "adamw",
-                         "lr": 5e-05, "weight_decay": 0.0, "lr_schedule": "exponential",
-                         "lr_gamma": 0.9, "epochs": epochs, "eval_batch_size": 128,
-                         "dropout": 0.3, "grad_clip": 1.0, "pooling": "mean",
-                         "smart": {"lambda_s": 1.0} if config == "best" else None},
-            "batch_size": {"sst": 16, "quora": 16, "sts": 16},
-            "checkpoint": CHECKPOINT, "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)",
-        }
-        history = pd.DataFrame({
-            "epoch": range(epochs), "lr": [5e-5 * 0.9**e for e in range(epochs)],
-            **{f"train_loss_{t}": [1.5 - 0.3 * e - 0.01 * i for e in range(epochs)]
-               for t in ("sst", "quora", "sts")},
-            "dev_loss_sst": [1.4 - 0.2 * e for e in range(epochs)],
-            "sst_accuracy": [sst - 0.02 * (epochs - 1 - e) for e in range(epochs)],
-            "dev_loss_quora": [0.6 - 0.05 * e for e in range(epochs)],
-            "quora_accuracy": [quora - 0.02 * (epochs - 1 - e) for e in range(epochs)],
-            "dev_loss_sts": [2.0 - 0.3 * e for e in range(epochs)],
-            "sts_pearson": [sts - 0.02 * (epochs - 1 - e) for e in range(epochs)],
-        })
-        history["average"] = history[["sst_accuracy", "quora_accuracy", "sts_pearson"]].mean(axis=1)
-        columns = ["epoch", "step", "conflicts", "pairs", "cos_sst_quora", "cos_sst_sts",
-                   "cos_quora_sts"]
+        source = "best" if config == "best-no-smart" else config
+        scores = _write_run(root, f"multitask/{config}", 0.3 + 0.06 * CONFIGS.index(source), seed=CONFIGS.index(source))
+        metrics = _metrics(config, scores, quora_split, epochs)
+        e = np.arange(epochs + 1)
+        history = {"epoch": e, "lr": [None, *(5e-5 * 0.9 ** k for k in range(epochs))]}
+        for t in MULTITASK_TASKS:
+            history[f"train_loss_{t}"] = [None, *(1.5 - 0.3 * k - 0.01 * i for k in range(epochs))]
+            history[f"dev_loss_{t}"] = 1.4 - 0.2 * e
+            history[f"dev_{METRIC[t]}"] = 0.3 + 0.05 * e
+        history["dev_average"] = 0.3 + 0.05 * e + 0.001 * i
+        history["train_average"] = 0.3 + 0.1 * e
+        columns = ["epoch", "step", "conflicts", "pairs", "cos_sst_quora", "cos_sst_sts", "cos_quora_sts"]
         rows = []
-        if pcgrad:
-            n = epochs * steps_per_epoch
-            for step in range(n):
+        if metrics["settings"]["gradient"] == "pcgrad":
+            for step in range(epochs * steps_per_epoch):
                 cos = [((step * (k + 3) + i) % 11 - 4) / 10 for k in range(3)]
                 rows.append([step // steps_per_epoch, step, sum(c < 0 for c in cos), 3, *cos])
             conflicts = pd.DataFrame(rows, columns=columns)
-            metrics["pcgrad_conflict_fraction"] = conflicts.conflicts.sum() / conflicts.pairs.sum()
+            metrics["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
         (directory / f"{config}.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        history.to_csv(directory / f"{config}-history.csv", index=False)
-        pd.DataFrame(rows, columns=columns).to_csv(directory / f"{config}-conflicts.csv",
-                                                   index=False)
+        pd.DataFrame(history).to_csv(directory / f"{config}-history.csv", index=False)
+        pd.DataFrame(rows, columns=columns).to_csv(directory / f"{config}-conflicts.csv", index=False)
 
 
-def write_sentiment(directory: Path) -> None:
-    """Two Table 1 runs, shaped like minbert.train.sentiment.run_stage's output."""
+def write_zero_shot(root: Path) -> None:
+    scores = _write_run(root, "zero-shot", 0.2, seed=99)
+    metrics = {"config": "zero-shot", **scores, "dev_examples": dict(SIZES),
+               "method": {"sst": "majority class", "quora": "cosine threshold", "sts": "cosine"},
+               "checkpoint": CHECKPOINT}
+    (root / "metrics" / "zero-shot.json").write_text(json.dumps(metrics) + "\n")
+
+
+def write_sentiment(root: Path) -> None:
+    """Table 1 runs for SST, shaped like minbert.train.sentiment.run_stage's output."""
+    directory = root / "metrics" / "sentiment"
     directory.mkdir(parents=True, exist_ok=True)
-    for run, mode, acc in [("sst-full", "full", 0.4359673), ("sst-last-layer", "last-layer", 0.32607)]:
-        metrics = {"run": run, "task": "sst", "mode": mode, "dev_accuracy": acc, "best_epoch": 2,
+    rng = np.random.default_rng(7)
+    ids, labels = _labels_of(root, "sst")
+    for run, mode, quality in [("sst-full", "full", 0.6), ("sst-last-layer", "last-layer", 0.3)]:
+        predictions = _predict("sst", labels, quality, rng)
+        write_predictions(root / "predictions" / "sentiment" / run / "dev-out.csv", "sst", ids, predictions)
+        metrics = {"run": run, "task": "sst", "mode": mode,
+                   "dev_accuracy": fixed(score("sst", labels, predictions)), "best_epoch": 2,
                    "epochs": 2, "lr": 1e-05, "batch_size": 32, "optimizer": "adamw",
-                   "pooling": "mean", "train_examples": 8544, "dev_examples": 1101,
+                   "pooling": "mean", "train_examples": 8544, "dev_examples": SIZES["sst"],
                    "data_split": "course sst train / dev", "checkpoint": CHECKPOINT,
                    "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)"}
         (directory / f"{run}.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        pd.DataFrame({"epoch": [0, 1], "dev_accuracy": [0.4, acc]}).to_csv(
-            directory / f"{run}-history.csv", index=False)
+
+
+def report(root: Path, out: Path, paper: Path = PAPER) -> str:
+    write_report(root / "metrics", root / "predictions", root / "prepared", paper, out)
+    return (out / "README.md").read_text(encoding="utf-8")
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -105,124 +189,186 @@ def _sections(text: str) -> dict[str, str]:
     return parts
 
 
-def _row(section: str, config: str) -> list[str]:
-    line = next(l for l in section.splitlines() if l.startswith("|") and f"(`{config}`)" in l)
+def _row(section: str, marker: str) -> list[str]:
+    line = next(line for line in section.splitlines() if line.startswith("|") and marker in line)
     return [c.strip() for c in line.strip("|").split(" | ")]
 
 
-@pytest.fixture
-def metrics(tmp_path) -> Path:
-    """Every configuration but siamese-prod, and the sentiment runs."""
-    root = tmp_path / "metrics"
-    write_multitask(root / "multitask", [c for c in CONFIGS if c != "siamese-prod"])
-    write_sentiment(root / "sentiment")
-    return root
+def _paper_numbers(spec: dict) -> list[float]:
+    rows = [r.get("paper") or {} for r in spec.get("rows", [])]
+    if "test" in spec:
+        rows.append(spec["test"]["paper"])
+    return [v for row in rows for v in row.values() if v is not None]
 
 
-def test_tables(metrics, tmp_path):
-    write_report(metrics, PAPER, tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def text(outputs, tmp_path_factory) -> str:
+    return report(outputs, tmp_path_factory.mktemp("report") / "report")
+
+
+def test_every_paper_number_is_shown_in_its_table(text):
+    paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
     sections = _sections(text)
-
-    # Table 1 as before.
-    assert "| SST (5 classes) | 0.326 | 0.391 | 0.436 | 0.515 |" in sections["Table 1"]
-    assert "`sst-full`: dev accuracy 0.4360" in sections["Table 1"]
-
-    # Table 2: ours to 3 decimals beside the paper's; the public-code baseline numbers.
-    sst, quora, sts = _scores(CONFIGS.index("baseline"))
-    assert _row(sections["Table 2"], "baseline")[1:] == [
-        f"{sst:.3f}", "0.499", f"{quora:.3f}", "0.820", f"{sts:.3f}", "0.558",
-        f"{(sst + quora + sts) / 3:.3f}", f"{(0.499 + 0.820 + 0.558) / 3:.3f}"]
-    assert "public code" in sections["Table 2"]
-    sst, quora, sts = _scores(CONFIGS.index("best"))
-    assert _row(sections["Table 2"], "best")[1:] == [
-        f"{sst:.3f}", "—", f"{quora:.3f}", "—", f"{sts:.3f}", "—", f"{(sst + quora + sts) / 3:.3f}", "—"]
-
-    # Table 3: the configuration not run; a "|" in a label does not split the cell.
-    assert _row(sections["Table 3"], "siamese-prod")[1:] == ["not run", "—"] * 4
-    assert r"concat(u, v, \|u − v\|)" in sections["Table 3"]
-    assert len(_row(sections["Table 3"], "siamese-diff")) == 9
-
-    # Provenance and the carved-Quora warning under every multitask table.
-    for name in ("Table 2", "Table 3", "Table 4"):
-        body = sections[name]
-        assert "NOT on the official Quora split" in body
-        assert "141k train split was not available" in body
-        assert "sha256 53aa51172d14" in body and "seed 11711" in body and "scale `cpu`" in body
-        assert "training examples SST 480, Quora 480, STS 480" in body
-        assert "dev examples SST 400, Quora 400, STS 400" in body
-        assert "device cpu (2 threads)" in body
-    assert "`siamese-prod`:" not in sections["Table 3"]          # nothing to account for
-    assert "PCGrad conflict fraction" in sections["Table 4"]
-    assert "SMART on" in sections["Table 4"]
+    for number, name in ((2, "table2"), (3, "table3"), (4, "table4")):
+        table = sections[f"Table {number}"]
+        for value in _paper_numbers(paper[name]):
+            assert f"| {value:.3f} |" in table, (name, value)
+    for reference in paper["table1"]["references"]:
+        for modes in reference["rows"].values():
+            for value in filter(None, modes.values()):
+                assert f"{value:.3f}" in sections["Table 1"]
+    # Not the paper's: another code base's numbers never stand in a paper column.
+    for foreign in ("0.499", "0.820", "0.558"):
+        assert foreign not in sections["Table 2"]
 
 
-def test_figures(metrics, tmp_path):
-    write_report(metrics, PAPER, tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
+def test_every_cell_of_ours_has_an_interval_and_every_ablation_a_paired_difference(text, outputs):
+    table = _sections(text)["Table 3"]
+    cells = _row(table, "(`siamese-diff`)")
+    ours = cells[1:9:2]
+    assert all(NUMBER_WITH_INTERVAL.match(c) for c in ours), ours
+    metrics = json.loads((outputs / "metrics" / "multitask" / "siamese-diff.json").read_text())
+    assert ours[1].startswith(f"{metrics['quora_accuracy']:.3f} [")
+    assert re.match(r"^\**[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]\**$", cells[-1])
+    assert _row(table, "(`baseline`)")[-1] == "(parent)"
+    assert "Paired differences from `baseline`" in table
+    # Table 4 is measured against the best model.
+    table4 = _sections(text)["Table 4"]
+    assert "Δ average vs `best`" in table4 and _row(table4, "(`best`)")[-1] == "(parent)"
+
+
+def test_identical_predictions_are_indistinguishable_and_a_large_gain_is_not(text):
+    table4 = _sections(text)["Table 4"]
+    # best-no-smart predicts exactly what best predicts: every difference is 0 [0, 0].
+    assert _row(table4, "| `best-no-smart` |")[1:] == ["+0.000 [+0.000, +0.000]"] * 4
+    assert "`best-no-smart` vs `best`: no difference is distinguishable from zero." in table4
+    table3 = _sections(text)["Table 3"]
+    gain = _row(table3, "| `best` |")[1:]  # far better predictions than the baseline
+    assert all(c.startswith("**+") for c in gain), gain
+    assert "`best` vs `baseline`: SST acc higher by" in table3
+
+
+def test_zero_shot_row_test_row_and_checkpoint_note(text):
+    table2 = _sections(text)["Table 2"]
+    zero = _row(table2, "(`zero-shot`)")
+    assert NUMBER_WITH_INTERVAL.match(zero[1]) and zero[2] == "—"
+    test_row = _row(table2, "Best, test set")
+    assert test_row[1:9] == ["not scored", "0.524", "not scored", "0.878", "not scored", "0.886",
+                             "not scored", "0.762"]
+    for name in ("Table 1", "Table 2", "Table 3", "Table 4"):
+        assert name == "Table 1" or "**Checkpoint:** `all-minilm-l6-v2` was trained further" in _sections(text)[name]
+    assert "`quora_duplicates.jsonl.gz` (103,663 examples) from the Quora question-pairs release" in table2
+    assert "1,170,060,424 examples from 290 datasets" in table2
+
+
+def test_no_checkpoint_note_for_a_checkpoint_that_says_nothing(tmp_path):
+    global CHECKPOINT
+    saved, CHECKPOINT = CHECKPOINT, {**CHECKPOINT, "name": "bert-base-uncased", "training_data": None}
+    try:
+        write_labels(tmp_path)
+        write_multitask(tmp_path, ["baseline", "best"])
+        text = report(tmp_path, tmp_path / "report")
+    finally:
+        CHECKPOINT = saved
+    assert "**Checkpoint:**" not in text
+
+
+def test_table1_has_paper_handout_and_paired_columns(text):
+    table1 = _sections(text)["Table 1"]
+    header = next(line for line in table1.splitlines() if line.startswith("|"))
+    assert "last layer only (paper)" in header and "full fine-tuning (course handout)" in header
+    row = _row(table1, "SST (5 classes)")
+    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:4] == ["0.380", "0.391"]
+    assert NUMBER_WITH_INTERVAL.match(row[4]) and row[5:7] == ["0.505", "0.515"]
+    assert row[7].startswith("**+")  # full fine-tuning's predictions are far better here
+    assert _row(table1, "CFIMDB")[1] == "not run"
+
+
+def test_table3_shows_concatenation_and_the_papers_row_as_best(text):
+    table3 = _sections(text)["Table 3"]
+    assert _row(table3, "(`concatenation`)")[4] == "—"
+    best = _row(table3, "(`best`)")
+    assert (best[4], best[6]) == ("0.878", "0.877")
+    assert "repeats its best model's dev numbers" in table3
+
+
+def test_figures(outputs, tmp_path):
+    text = report(outputs, tmp_path / "report")
     for name in FIGURES:
         data = (tmp_path / "report" / name).read_bytes()
-        assert data.startswith(PNG_MAGIC)
-        assert len(data) > 10_000
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
         assert f"]({name})" in text
     assert "Not drawn" not in text
-    # The conflicts figure's title gives the overall fraction; the caption says what it shows.
-    assert "running fraction of conflicting pairs" in text
-    assert "Overall fraction of conflicting task-gradient pairs: `pcgrad-adamw` 0." in text
+    assert "Overall fraction of conflicting task-gradient pairs: `best` 0." in text
 
 
 def test_figure_with_missing_config_is_skipped(tmp_path):
-    root = tmp_path / "metrics"
-    write_multitask(root / "multitask", ["baseline", "pcgrad-adamw", "round-robin-adamaxw"])
-    write_report(root, PAPER, tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
-    assert (tmp_path / "report" / "figure2-loss.png").read_bytes().startswith(PNG_MAGIC)
-    for name in ("figure3-average.png", "figure-conflicts.png"):
-        assert not (tmp_path / "report" / name).exists()
-    assert f"Not drawn: missing metrics `{(root / 'multitask').as_posix()}/pcgrad-adamaxw-history.csv`" in text
-    assert "best-conflicts.csv" in text
-    # Without sentiment metrics Table 1 still renders, saying nothing was run.
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline", "best", "best-no-smart"])
+    text = report(tmp_path, tmp_path / "report")
+    assert not list((tmp_path / "report").glob("*.png"))
+    assert "Not drawn: missing metrics" in text and "best-round-robin-history.csv" in text
+    assert "best-adamw-conflicts.csv" in text
     assert "no sentiment metrics" in _sections(text)["Table 1"]
+    assert _row(_sections(text)["Table 4"], "(`best-adamw`)")[1] == "not run"
 
 
 def test_official_quora_split_has_no_warning(tmp_path):
-    root = tmp_path / "metrics"
-    write_multitask(root / "multitask", ["baseline"], quora_split={"kind": "official"})
-    write_report(root, PAPER, tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline"], quora_split={"kind": "official"})
+    text = report(tmp_path, tmp_path / "report")
     assert "NOT on the official" not in text
     assert "the official course train / dev split" in text
 
 
-def test_sentiment_only(tmp_path):
-    root = tmp_path / "metrics"
-    write_sentiment(root / "sentiment")
-    write_report(root, PAPER, tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
-    assert "| SST (5 classes) | 0.326 | 0.391 | 0.436 | 0.515 |" in text
-    assert _row(_sections(text)["Table 2"], "baseline")[1] == "not run"
-    assert not list((tmp_path / "report").glob("*.png"))
+def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline"])
+    path = tmp_path / "metrics" / "multitask" / "baseline.json"
+    metrics = json.loads(path.read_text())
+    metrics["sst_accuracy"] = fixed(metrics["sst_accuracy"] + 0.01)
+    path.write_text(json.dumps(metrics))
+    with pytest.raises(ValueError, match=r"sst-dev-out.csv: these predictions score .* but the metrics "
+                                         r"file of multitask/baseline says"):
+        report(tmp_path, tmp_path / "report")
+    (tmp_path / "predictions" / "multitask" / "baseline" / "sst-dev-out.csv").unlink()
+    with pytest.raises(FileNotFoundError, match="the dev predictions of multitask/baseline are missing"):
+        report(tmp_path, tmp_path / "report")
 
 
-def test_tables_are_data(metrics, tmp_path):
+def test_seed_study_section(outputs, tmp_path):
+    study = {"command": "minbert seed-study", "how": "queues experiments", "seeds": [1, 2, 11711],
+             "configs": {"best": [{"seed": s, "sst_accuracy": 0.4 + 0.01 * k, "quora_accuracy": 0.7,
+                                   "sts_pearson": 0.8, "average": 0.6} for k, s in enumerate((1, 2, 11711))]}}
+    (outputs / "metrics" / "seed-study.json").write_text(json.dumps(study))
+    try:
+        text = report(outputs, tmp_path / "report")
+    finally:
+        (outputs / "metrics" / "seed-study.json").unlink()
+    section = _sections(text)["Seed study"]
+    assert _row(section, "`best`")[1:] == ["0.410 ± 0.010", "0.700 ± 0.000", "0.800 ± 0.000",
+                                           "0.600 ± 0.000", "1, 2, 11711"]
+    assert "`minbert seed-study`" in section
+    assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
+
+
+def test_tables_are_data(outputs, tmp_path):
     """Rows come from paper.yaml: a one-row table shows that row only, no figures."""
     paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
-    custom = {"table1": paper["table1"],
-              "table2": {"title": "Just one", "source": "test.",
+    custom = {"paper": "test", "table1": paper["table1"],
+              "table2": {"title": "Just one", "source": "test.", "parent": "baseline",
                          "rows": [{"config": "cosine-sts", "label": "Cosine", "paper": {"sst": 0.5}}]}}
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(custom), encoding="utf-8")
-    write_report(metrics, tmp_path / "paper.yaml", tmp_path / "report")
-    text = (tmp_path / "report" / "README.md").read_text(encoding="utf-8")
+    text = report(outputs, tmp_path / "report", tmp_path / "paper.yaml")
     table = _sections(text)["Table 2"]
-    assert [l for l in table.splitlines() if l.startswith("| ") and "`" in l] == [
-        "| " + " | ".join(_row(table, "cosine-sts")) + " |"]
-    assert _row(table, "cosine-sts")[2] == "0.500"
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "(`" in line]
+    assert len(rows) == 1 and _row(table, "(`cosine-sts`)")[2] == "0.500"
     assert "Table 3" not in text and "## Figures" not in text
 
 
-def test_two_runs_are_identical(metrics, tmp_path):
-    write_report(metrics, PAPER, tmp_path / "a")
-    write_report(metrics, PAPER, tmp_path / "b")
+def test_two_runs_are_identical(outputs, tmp_path):
+    report(outputs, tmp_path / "a")
+    report(outputs, tmp_path / "b")
     assert (tmp_path / "a" / "README.md").read_text() == (tmp_path / "b" / "README.md").read_text()
     for name in FIGURES:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -231,5 +377,5 @@ def test_two_runs_are_identical(metrics, tmp_path):
 def test_no_metrics_is_an_error(tmp_path):
     (tmp_path / "metrics" / "multitask").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="no metrics files to report"):
-        write_report(tmp_path / "metrics", PAPER, tmp_path / "report")
+        report(tmp_path, tmp_path / "report")
     assert not (tmp_path / "report").exists()

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_multitask import _prepared
 
 from minbert import params as params_module
@@ -43,13 +43,9 @@ def setup(tmp_path_factory, tiny_checkpoint):
                       {"sst": 32, "quora": 32, "sts": 32})
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
-    p["scales"]["cpu"]["multitask"] = {
-        "lr": 1e-3, "epochs": 6, "batch_size": {"sst": 4, "quora": 4, "sts": 4},
-        "train_examples": {"sst": 0, "quora": 0, "sts": 0},
-        "dev_examples": {"sst": 0, "quora": 0, "sts": 0}}
-    p["scales"]["cpu"]["sentiment"] = {"batch_size": 4, "max_tokens": 0,
-                                       "epochs": {"last-layer": 6, "full": 6},
-                                       "train_examples": {"sst": 0, "cfimdb": 0}}
+    tiny_multitask_scale(p, epochs=6, batch_size={"sst": 4, "quora": 4, "sts": 4})
+    tiny_sentiment_scale(p, batch_size=4, epochs={"last-layer": 6, "full": 6},
+                         train_examples={"sst": 0, "cfimdb": 0})
     params_module.validate(p)
     (root / "params.yaml").write_text(yaml.safe_dump(p))
     return root

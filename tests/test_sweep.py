@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
-import time
 
 import pytest
 from test_pipeline import _run, make_project, tool_env
 
-from minbert.sweep import Run, aggregate
+from minbert.sweep import Run, aggregate, seed_study
 
 
 def _run_of(name, seed, optimizer, average, acc):
@@ -41,14 +41,14 @@ def test_aggregate_needs_runs():
 
 def _one_config_one_run(params: dict) -> None:
     params["configs"] = {"baseline": {}}
+    params["seed_study"]["configs"] = ["baseline"]
+    params["mlm"]["pretrain"] = []
     params["sentiment"]["runs"] = {"sst-last-layer": params["sentiment"]["runs"]["sst-last-layer"]}
-    params["scales"]["cpu"].update(
-        max_length={"sst": 32, "cfimdb": 32, "quora": 32, "sts": 32},
-        sentiment={"batch_size": 8, "max_tokens": 0, "epochs": {"last-layer": 1, "full": 1},
-                   "train_examples": {"sst": 0, "cfimdb": 0}},
-        multitask={"lr": 1e-3, "epochs": 1, "batch_size": {"sst": 8, "quora": 8, "sts": 8},
-                   "train_examples": {"sst": 0, "quora": 0, "sts": 0},
-                   "dev_examples": {"sst": 0, "quora": 0, "sts": 0}})
+    params["scales"]["cpu"]["max_length"] = {"sst": 32, "cfimdb": 32, "quora": 32, "sts": 32}
+    tiny_sentiment_scale(params, batch_size=8, epochs={"last-layer": 1, "full": 1},
+                         train_examples={"sst": 0, "cfimdb": 0})
+    tiny_multitask_scale(params, epochs=1, batch_size={"sst": 8, "quora": 8, "sts": 8},
+                         test_predictions=False)
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +62,21 @@ def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     return root
 
 
-def test_queued_seed_sweep_runs_and_is_aggregated(small_pipeline):
+def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
+    """`minbert seed-study` queues the study's configurations for each seed through DVC's
+    experiment queue, waits for them and writes their metrics per seed; `minbert
+    sweep-report` aggregates the same experiments."""
     root = small_pipeline
-    _run(["dvc", "exp", "run", "--queue", "-S", "seed=1,2"], root)
-    _run(["dvc", "queue", "start", "--jobs", "2"], root)
-    deadline = time.monotonic() + 400
     try:
-        while True:
-            status = _run(["dvc", "queue", "status"], root)
-            tasks = [line.split()[-1] for line in status.splitlines()[1:] if line.strip()
-                     and not line.startswith("Worker status")]
-            if tasks and not {"Queued", "Running"} & set(tasks):
-                break
-            assert time.monotonic() < deadline, f"the queue did not finish:\n{status}"
-            time.sleep(3)
+        out = _run(["minbert", "seed-study"], root)
     finally:
         subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, env=tool_env(),
                        capture_output=True)
-    assert tasks == ["Success", "Success"], status
+    assert "seeds [1, 2]" in out
+    study = json.loads((root / "metrics" / "seed-study.json").read_text())
+    assert study["command"] == "minbert seed-study" and study["seeds"] == [1, 2]
+    runs = study["configs"]["baseline"]
+    assert [r["seed"] for r in runs] == [1, 2] and runs[0]["average"] != runs[1]["average"]
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
     # two seeds make up the one group.
@@ -87,3 +84,23 @@ def test_queued_seed_sweep_runs_and_is_aggregated(small_pipeline):
     row = next(line for line in out.splitlines() if line.startswith("| `multitask/baseline` |"))
     assert row.endswith("| 2 |") and row.count("±") == 4
     assert (root / "sweep.md").read_text() == out
+
+
+def test_seed_study_takes_only_runs_of_the_same_parameters_and_their_own_seed():
+    params = {"seed": 11711, "optimizer": "adamw"}
+
+    def run(name, seed, config_seeds, optimizer="adamw"):
+        metrics = {f"multitask/{c}": {"seed": s, "sst_accuracy": 0.4, "quora_accuracy": 0.7,
+                                      "sts_pearson": 0.5, "average": 0.5 + s / 1e5}
+                   for c, s in config_seeds.items()}
+        return Run(name, {"seed": seed, "optimizer": optimizer}, metrics)
+
+    runs = [run("workspace", 11711, {"a": 11711, "b": 11711}),
+            run("exp-1", 1, {"a": 1, "b": 11711}),       # b was not retrained: its file is seed 11711's
+            run("exp-2", 2, {"a": 2, "b": 2}),
+            run("other", 3, {"a": 3, "b": 3}, optimizer="adamaxw")]  # another study altogether
+    study = seed_study(runs, params, ["a", "b"])
+    assert [r["seed"] for r in study["a"]] == [1, 2, 11711]
+    assert [r["seed"] for r in study["b"]] == [2, 11711]
+    with pytest.raises(ValueError, match="no finished run of configuration 'c'"):
+        seed_study(runs, params, ["c"])

@@ -100,5 +100,65 @@ def sweep_report(
         atomic_write_text(out, text + "\n")
 
 
+SEED_STUDY_COMMAND = "minbert seed-study"
+
+
+@app.command("seed-study")
+def seed_study(
+    out: Path = typer.Option(Path("metrics/seed-study.json"), "--out",
+                             help="Where to write the study (the report reads this file)."),
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
+    queue: bool = typer.Option(True, "--queue/--no-queue",
+                               help="Queue and run the experiments first (--no-queue: only "
+                                    "aggregate experiments that already ran)."),
+) -> None:
+    """The seed study of params.yaml's `seed_study`: retrain its configurations with its
+    seeds through DVC's experiment queue, then write each configuration's full-dev
+    metrics per seed (the committed results are the default seed's) to --out.
+
+    Run `dvc repro` afterwards: the report's seed-study section reads --out.
+    """
+    import json
+    import subprocess
+
+    from minbert.atomic import atomic_write_text
+    from minbert.params import ParamsError, load
+    from minbert.sweep import DVC, collect_runs, wait_for_queue
+    from minbert.sweep import seed_study as aggregate
+
+    try:
+        params = load(repo / "params.yaml")
+    except ParamsError as exc:
+        typer.echo(str(exc))
+        raise typer.Exit(1) from None
+    study = params["seed_study"]
+    targets = [f"multitask@{c}" for c in study["configs"]]
+    if queue:
+        for seed in study["seeds"]:
+            subprocess.run([*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *targets],
+                           cwd=repo, check=True)
+        subprocess.run([*DVC, "queue", "start", "--jobs", str(study["jobs"])], cwd=repo, check=True)
+        states = wait_for_queue(repo)
+        failed = {name: state for name, state in states.items() if state != "Success"}
+        if failed:
+            console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
+    try:
+        configs = aggregate(collect_runs(repo), params, study["configs"])
+    except ValueError as exc:
+        console.print(str(exc))
+        raise typer.Exit(1) from None
+    seeds = sorted({r["seed"] for runs in configs.values() for r in runs})
+    text = json.dumps({
+        "command": SEED_STUDY_COMMAND,
+        "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
+               "`seed_study.seeds`, runs the queue and aggregates the finished experiments "
+               "with the committed results",
+        "seeds": seeds,
+        "configs": configs,
+    }, indent=2) + "\n"
+    atomic_write_text(repo / out, text)
+    console.print(f"{repo / out}: {len(configs)} configurations, seeds {seeds}; now run `dvc repro`")
+
+
 if __name__ == "__main__":
     app()

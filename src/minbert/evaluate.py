@@ -1,8 +1,10 @@
-"""Metrics and prediction files.
+"""Prediction files.
 
 Prediction files use the course's submission format (a header line
 ``id \t Predicted_<Field> ``, then one ``<id> , <prediction> `` line per example),
 so they can be handed in or compared with the course's own outputs unchanged.
+Class predictions are written as integers and STS scores with
+``minbert.metrics.STS_DECIMALS`` decimals.
 """
 
 from __future__ import annotations
@@ -10,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-from sklearn.metrics import accuracy_score
-
 from minbert.atomic import atomic_write_text
+from minbert.metrics import STS_DECIMALS
 
 PREDICTION_FIELDS = {
     "sst": "Predicted_Sentiment",
@@ -23,20 +23,13 @@ PREDICTION_FIELDS = {
 }
 
 
-def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
-    return float(accuracy_score(labels, predictions))
-
-
-def pearson(labels: np.ndarray, predictions: np.ndarray) -> float:
-    labels, predictions = np.asarray(labels, float), np.asarray(predictions, float)
-    if labels.std() == 0 or predictions.std() == 0:
-        return 0.0  # undefined; a constant predictor carries no correlation
-    return float(np.corrcoef(labels, predictions)[0, 1])
+def _value(task: str, prediction) -> str:
+    return f"{float(prediction):.{STS_DECIMALS}f}" if task == "sts" else str(int(prediction))
 
 
 def format_predictions(task: str, ids: Sequence[str], predictions: Sequence) -> str:
     lines = [f"id \t {PREDICTION_FIELDS[task]} "]
-    lines += [f"{i} , {p} " for i, p in zip(ids, predictions, strict=True)]
+    lines += [f"{i} , {_value(task, p)} " for i, p in zip(ids, predictions, strict=True)]
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from minbert.data.corpus import SOURCES as CORPUS_SOURCES
 from minbert.data.tasks import TASKS
-from minbert.model.heads import PAIR_HEADS, POOLINGS
+from minbert.model.heads import PAIR_HEADS, POOLINGS, STS_OUTPUTS
 from minbert.train.device import DEVICES
 from minbert.train.mlm import STARTS as MLM_STARTS
 from minbert.train.mlm import MlmSettings
@@ -39,21 +39,28 @@ class Partial(dict):
 _NUMBER = (int, float)
 _MAX_LENGTH = {task: int for task in TASKS}
 _PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
+_PER_SENTIMENT_TASK = {"sst": int, "cfimdb": int}
+# One optimizer's hyperparameters; lr_gamma is needed by the exponential schedule only.
+_OPTIMIZER = Partial({"lr": _NUMBER, "lr_schedule": tuple(SCHEDULERS), "lr_gamma": _NUMBER,
+                      "weight_decay": _NUMBER})
 _SCALE = {
     "max_length": _MAX_LENGTH,
     "pooling": tuple(POOLINGS),
     "sentiment": {
-        "batch_size": int,
+        "batch_size": _PER_SENTIMENT_TASK,
+        "dropout": _NUMBER,
         "max_tokens": int,
         "epochs": {mode: int for mode in MODES},
-        "train_examples": {"sst": int, "cfimdb": int},
+        "train_examples": _PER_SENTIMENT_TASK,
     },
     "multitask": {
-        "lr": _NUMBER,
         "epochs": int,
+        "dropout": _NUMBER,
         "batch_size": _PER_MULTITASK_TASK,
         "train_examples": _PER_MULTITASK_TASK,
-        "dev_examples": _PER_MULTITASK_TASK,
+        "history_examples": {"dev": int, "train": int},
+        "test_predictions": bool,
+        "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
     },
     "mlm": {"max_length": int, "epochs": int, "batch_size": int, "sequences": int},
 }
@@ -72,6 +79,7 @@ _CONFIG = {
     "optimizer": tuple(OPTIMIZERS),
     "paraphrase_head": tuple(n for n, (_, tasks) in PAIR_HEADS.items() if "quora" in tasks),
     "sts_head": tuple(n for n, (_, tasks) in PAIR_HEADS.items() if "sts" in tasks),
+    "sts_output": STS_OUTPUTS,
     "gradient": GRADIENT_MODES,
     "smart": _SMART,
 }
@@ -79,14 +87,12 @@ SCHEMA: dict[str, Any] = {
     **_CONFIG,
     "configs": {"*": Partial({**_CONFIG, "smart": Partial(_SMART)})},
     "multitask": {
-        "weight_decay": _NUMBER,
-        "lr_schedule": tuple(SCHEDULERS),
-        "lr_gamma": _NUMBER,
-        "dropout": _NUMBER,
         "eval_batch_size": int,
         "grad_clip": _NUMBER,
         "compile": bool,
     },
+    "zero_shot": {"quora_train_pairs": int},
+    "seed_study": {"seeds": [int], "configs": [str], "jobs": int},
     "seed": int,
     "device": DEVICES,
     "launcher": str,  # checked in validate()
@@ -117,7 +123,6 @@ SCHEMA: dict[str, Any] = {
     },
     "sentiment": {
         "eval_batch_size": int,
-        "dropout": _NUMBER,
         "weight_decay": _NUMBER,
         "optimizer": tuple(OPTIMIZERS),
         "lr_schedule": tuple(SCHEDULERS),
@@ -175,10 +180,20 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
         group, name = key.split(".")
         if not 0 < params[group][name] < 1:
             raise ParamsError(f"{source}: {key} must lie strictly between 0 and 1")
-    unknown = [c for c in params["mlm"]["finetune"] if c not in params["configs"]]
-    if unknown:
-        raise ParamsError(f"{source}: mlm.finetune names {unknown}, which are not in configs: "
-                          f"{sorted(params['configs'])}")
+    for key in ("mlm.finetune", "seed_study.configs"):
+        group, name = key.split(".")
+        unknown = [c for c in params[group][name] if c not in params["configs"]]
+        if unknown:
+            raise ParamsError(f"{source}: {key} names {unknown}, which are not in configs: "
+                              f"{sorted(params['configs'])}")
+    for name, scale_params in params["scales"].items():
+        for optimizer, spec in scale_params["multitask"]["optimizers"].items():
+            key = f"scales.{name}.multitask.optimizers.{optimizer}"
+            missing = [k for k in ("lr", "lr_schedule", "weight_decay") if k not in spec]
+            if spec.get("lr_schedule") == "exponential" and "lr_gamma" not in spec:
+                missing.append("lr_gamma (the exponential schedule's factor per epoch)")
+            if missing:
+                raise ParamsError(f"{source}: {key} lacks {', '.join(missing)}")
     if not params["mlm"]["sources"]:
         raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(CORPUS_SOURCES)}")
     return params
@@ -214,9 +229,9 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         mode=spec["mode"],
         lr=float(spec["lr"]),
         epochs=sized["epochs"][spec["mode"]],
-        batch_size=sized["batch_size"],
+        batch_size=sized["batch_size"][spec["task"]],
         eval_batch_size=common["eval_batch_size"],
-        dropout=float(common["dropout"]),
+        dropout=float(sized["dropout"]),
         weight_decay=float(common["weight_decay"]),
         optimizer=common["optimizer"],
         lr_schedule=common["lr_schedule"],
@@ -245,21 +260,25 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart = values["smart"]
+    # The learning rate, its schedule and the weight decay belong to the optimizer.
+    optimizer = sized["optimizers"][values["optimizer"]]
     return MultitaskSettings(
         paraphrase_head=values["paraphrase_head"],
         sts_head=values["sts_head"],
+        sts_output=values["sts_output"],
         gradient=values["gradient"],
         optimizer=values["optimizer"],
-        lr=float(sized["lr"]),
-        weight_decay=float(common["weight_decay"]),
-        lr_schedule=common["lr_schedule"],
-        lr_gamma=float(common["lr_gamma"]),
+        lr=float(optimizer["lr"]),
+        weight_decay=float(optimizer["weight_decay"]),
+        lr_schedule=optimizer["lr_schedule"],
+        lr_gamma=float(optimizer.get("lr_gamma", 1.0)),
         epochs=sized["epochs"],
         batch_size=dict(sized["batch_size"]),
         train_examples=dict(sized["train_examples"]),
-        dev_examples=dict(sized["dev_examples"]),
+        history_examples=dict(sized["history_examples"]),
+        test_predictions=sized["test_predictions"],
         eval_batch_size=common["eval_batch_size"],
-        dropout=float(common["dropout"]),
+        dropout=float(sized["dropout"]),
         grad_clip=float(common["grad_clip"]),
         seed=params["seed"],
         compile=common["compile"],

@@ -19,11 +19,15 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+# DVC as this Python runs it, whether or not its environment is activated.
+DVC = (sys.executable, "-m", "dvc")
 
 # The numbers a sweep reports, by metrics folder: name in the metrics file, title.
 _MULTITASK = [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
@@ -147,3 +151,51 @@ def collect_runs(repo: Path = Path(".")) -> list[Run]:
             seen.add(key)
             runs.append(run)
     return runs
+
+
+# ------------------------------------------------------------------- the seed study
+
+
+def _without_seed(params: dict) -> str:
+    return json.dumps({k: v for k, v in _flatten(params).items() if k != "seed"}, sort_keys=True,
+                      default=str)
+
+
+def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
+    """Each configuration's full-dev metrics per seed, from the runs whose parameters
+    are ``params`` but for the seed.
+
+    A run counts for a configuration only when that configuration's metrics file was
+    written with the run's own seed: an experiment that retrained some stages keeps
+    the others' files from its baseline, and those must not pass for another seed.
+    """
+    same = [r for r in runs if _without_seed(r.params) == _without_seed(params)]
+    out = {}
+    for config in configs:
+        by_seed = {}
+        for run in same:
+            m = run.metrics.get(f"multitask/{config}")
+            if m is not None and m["seed"] == run.params["seed"]:
+                by_seed[m["seed"]] = {"seed": m["seed"], "run": run.name,
+                                      **{k: m[k] for k in ("sst_accuracy", "quora_accuracy",
+                                                           "sts_pearson", "average")}}
+        if not by_seed:
+            raise ValueError(f"no finished run of configuration {config!r} with these parameters")
+        out[config] = [by_seed[s] for s in sorted(by_seed)]
+    return out
+
+
+def wait_for_queue(repo: Path, poll_seconds: float = 10.0) -> dict[str, str]:
+    """Wait until DVC's experiment queue has nothing queued or running; each task's
+    final state (``dvc queue status``), by task name."""
+    import time
+
+    while True:
+        done = subprocess.run([*DVC, "queue", "status"], cwd=repo, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"dvc queue status failed: {done.stderr.strip()}")
+        states = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines()[1:]
+                  if line.strip() and not line.startswith("Worker status")}
+        if not {"Queued", "Running"} & set(states.values()):
+            return states
+        time.sleep(poll_seconds)

@@ -165,11 +165,12 @@ def random_batches(
 
 
 def pad(
-    seqs: Sequences, rows: np.ndarray, pad_id: int = 0
+    seqs: Sequences, rows: np.ndarray, pad_id: int = 0, multiple: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``rows`` of ``seqs`` into (ids, attention_mask), padded to their longest."""
+    """Stack ``rows`` of ``seqs`` into (ids, attention_mask), padded to their longest
+    rounded up to a multiple of ``multiple`` (repeating shapes for a GPU)."""
     lengths = seqs.lengths()[rows]
-    width = int(lengths.max())
+    width = -(-int(lengths.max()) // multiple) * multiple
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     for j, i in enumerate(rows):
         ids[j, : lengths[j]] = seqs[i]

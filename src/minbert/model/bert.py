@@ -203,11 +203,13 @@ def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor
     """Turn a (batch, seq) 1/0 padding mask into SDPA's boolean "may attend" mask.
 
     Shape (batch, 1, 1, seq): every query may look at every non-padding key.
-    ``None`` when nothing is padded, which lets SDPA pick its fastest kernel.
+    ``None`` when nothing is padded, which lets SDPA pick its fastest kernel; that is
+    only checked for a mask on the CPU, since on a GPU the check would make the host
+    wait for the device (callers that know a batch is unpadded pass no mask).
     Padded *query* rows still attend to the real keys, so their outputs are finite
     (and ignored downstream); a row of all-False would give NaN.
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    if attention_mask is None or (attention_mask.device.type == "cpu" and bool(attention_mask.all())):
         return None
     return attention_mask[:, None, None, :].bool()
 

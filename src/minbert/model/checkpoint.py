@@ -15,7 +15,9 @@ A checkpoint is named by the ``model.checkpoint`` parameter, one of:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -127,9 +129,45 @@ def save_pretrained(model: torch.nn.Module, directory: Path, vocab_file: Path) -
     shutil.copyfile(vocab_file, directory / "vocab.txt")
 
 
+# A sentence-transformers model lists the data of its similarity training here.
+TRAINING_DATA_FILE = "data_config.json"
+# Dataset names (as training-data files list them) that come from a course task's
+# source: a checkpoint trained on them has seen that task's kind of data, or its data.
+COURSE_SOURCES = {
+    "quora": re.compile(r"quora", re.IGNORECASE),
+    "sts": re.compile(r"(^|[^a-z])stsb?([^a-z]|$)|semeval", re.IGNORECASE),
+    "sst": re.compile(r"(^|[^a-z])sst([^a-z]|$)|sentiment.?treebank", re.IGNORECASE),
+    "cfimdb": re.compile(r"imdb", re.IGNORECASE),
+}
+
+
+def training_data(directory: Path) -> dict | None:
+    """What a checkpoint was trained on after its pretraining, when it says so.
+
+    Reads ``data_config.json`` (the training-data list of a sentence-transformers
+    model: one entry per dataset with its number of examples): the totals, and the
+    datasets that come from a course task's source. None when the file is absent,
+    as for BERT checkpoints, which were only pretrained.
+    """
+    path = Path(directory) / TRAINING_DATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        datasets = [(str(e["name"]), int(e["lines"])) for e in entries]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{path}: not a list of datasets with name and lines ({exc})") from None
+    overlap = [{"task": task, "dataset": name, "examples": lines}
+               for name, lines in datasets for task, pattern in COURSE_SOURCES.items()
+               if pattern.search(name)]
+    return {"file": TRAINING_DATA_FILE, "datasets": len(datasets),
+            "examples": sum(lines for _, lines in datasets), "course_overlap": overlap}
+
+
 def describe_checkpoint(name: str, directory: Path) -> dict:
     """What a metrics file records about the checkpoint that produced it."""
     from minbert.data.download import sha256_file
 
     weights = next(directory / w for w in HUB_WEIGHTS if (directory / w).is_file())
-    return {"name": name, "weights": weights.name, "sha256": sha256_file(weights)}
+    return {"name": name, "weights": weights.name, "sha256": sha256_file(weights),
+            "training_data": training_data(directory)}

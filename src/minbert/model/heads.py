@@ -23,8 +23,11 @@ Sentence pairs (paraphrase, similarity) come in two families, chosen by name fro
   ``[CLS] a [SEP] b [SEP]`` with segment ids and encoded once; dropout + linear
   on the pooled output.
 
-Every head returns one raw score per pair: a logit for paraphrase (trained with
-binary cross-entropy on logits) or a similarity on the 0-5 scale (trained with MSE).
+Every head returns one score per pair: a logit for paraphrase (trained with binary
+cross-entropy on logits) or a similarity on the 0-5 scale (trained with MSE). A
+linear similarity head outputs either its logit as it is (``linear``) or, as the
+paper does (its Section 3), the logit's sigmoid rescaled to 0-5 (``sigmoid``),
+chosen by name from ``STS_OUTPUTS``.
 """
 
 from __future__ import annotations
@@ -85,6 +88,15 @@ class SentimentClassifier(nn.Module):
         return self.head(pool(self.encoder(input_ids, attention_mask), attention_mask, self.pooling))
 
 
+# How a linear head's logit becomes an STS score (see the module docstring).
+STS_OUTPUTS = ("sigmoid", "linear")
+STS_MAX = 5.0
+
+
+def _sts_score(logit: torch.Tensor, output: str) -> torch.Tensor:
+    return STS_MAX * torch.sigmoid(logit) if output == "sigmoid" else logit
+
+
 def _features(u: torch.Tensor, v: torch.Tensor, parts: tuple[str, ...]) -> torch.Tensor:
     pieces = {"u": lambda: u, "v": lambda: v, "absdiff": lambda: (u - v).abs(), "prod": lambda: u * v}
     return torch.cat([pieces[p]() for p in parts], dim=-1)
@@ -95,14 +107,16 @@ class SiameseLinearHead(nn.Module):
 
     siamese = True
 
-    def __init__(self, hidden_size: int, dropout: float, parts: tuple[str, ...]) -> None:
+    def __init__(self, hidden_size: int, dropout: float, parts: tuple[str, ...],
+                 output: str = "linear") -> None:
         super().__init__()
-        self.parts = parts
+        self.parts, self.output = parts, output
         self.dropout = nn.Dropout(dropout)
         self.linear = nn.Linear(hidden_size * len(parts), 1)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.dropout(_features(u, v, self.parts))).squeeze(-1)
+        logit = self.linear(self.dropout(_features(u, v, self.parts))).squeeze(-1)
+        return _sts_score(logit, self.output)
 
 
 class CosineHead(nn.Module):
@@ -114,11 +128,11 @@ class CosineHead(nn.Module):
 
     siamese = True
 
-    def __init__(self, hidden_size: int, dropout: float) -> None:
+    def __init__(self, hidden_size: int, dropout: float, output: str = "linear") -> None:
         super().__init__()
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return 2.5 * (F.cosine_similarity(u, v, dim=-1) + 1.0)
+        return STS_MAX / 2 * (F.cosine_similarity(u, v, dim=-1) + 1.0)
 
 
 class CrossEncoderHead(nn.Module):
@@ -126,33 +140,39 @@ class CrossEncoderHead(nn.Module):
 
     siamese = False
 
-    def __init__(self, hidden_size: int, dropout: float) -> None:
+    def __init__(self, hidden_size: int, dropout: float, output: str = "linear") -> None:
         super().__init__()
+        self.output = output
         self.dropout = nn.Dropout(dropout)
         self.linear = nn.Linear(hidden_size, 1)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.dropout(pooled)).squeeze(-1)
+        return _sts_score(self.linear(self.dropout(pooled)).squeeze(-1), self.output)
 
 
-# name -> (constructor(hidden, dropout), tasks it may serve)
+# name -> (constructor(hidden, dropout, output), tasks it may serve)
 PAIR_HEADS: dict[str, tuple] = {
-    "siamese-concat": (lambda h, p: SiameseLinearHead(h, p, ("u", "v")), ("quora", "sts")),
+    "siamese-concat": (lambda h, p, o: SiameseLinearHead(h, p, ("u", "v"), o), ("quora", "sts")),
     "siamese-concat-diff": (
-        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "absdiff")), ("quora", "sts")),
+        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff"), o), ("quora", "sts")),
     "siamese-concat-prod": (
-        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "prod")), ("quora", "sts")),
+        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "prod"), o), ("quora", "sts")),
     "siamese-concat-diff-prod": (
-        lambda h, p: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod")), ("quora", "sts")),
+        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod"), o), ("quora", "sts")),
     "siamese-cosine": (CosineHead, ("sts",)),
     "cross-encoder": (CrossEncoderHead, ("quora", "sts")),
 }
 
 
-def build_pair_head(name: str, task: str, hidden_size: int, dropout: float) -> nn.Module:
+def build_pair_head(name: str, task: str, hidden_size: int, dropout: float,
+                    sts_output: str = "linear") -> nn.Module:
+    """The pair head ``name`` for ``task``; ``sts_output`` (from ``STS_OUTPUTS``) applies
+    to a linear head serving STS. A paraphrase head always outputs its logit."""
     if name not in PAIR_HEADS:
         raise ValueError(f"pair head {name!r} is not one of {sorted(PAIR_HEADS)}")
+    if sts_output not in STS_OUTPUTS:
+        raise ValueError(f"sts_output {sts_output!r} is not one of {list(STS_OUTPUTS)}")
     make, tasks = PAIR_HEADS[name]
     if task not in tasks:
         raise ValueError(f"pair head {name!r} cannot serve task {task!r} (only {list(tasks)})")
-    return make(hidden_size, dropout)
+    return make(hidden_size, dropout, sts_output if task == "sts" else "linear")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,10 +30,11 @@ from minbert.atomic import atomic_directory, atomic_write_text
 from minbert.data.batches import length_bucketed_batches, pad
 from minbert.data.corpus import SOURCES, Corpus, build_corpus
 from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
+from minbert.metrics import fixed, history_csv
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
 from minbert.progress import progress
-from minbert.train.device import autocast
+from minbert.train.device import compute_context
 from minbert.train.optim import build_optimizer
 from minbert.train.sentiment import NonFiniteLoss
 
@@ -133,14 +135,14 @@ def evaluate_mlm(model: BertForMaskedLM, batches: list[MaskedBatch], device: tor
     model.eval()
     total_loss, total, hits = 0.0, 0, 0
     for batch in batches:
-        with autocast(device):
+        with compute_context(device):
             loss, n, h = mlm_loss(model, batch.to(device))
         total_loss += float(loss) * n
         total += n
         hits += h
     mean = total_loss / max(total, 1)
-    return {"masked_accuracy": hits / max(total, 1), "perplexity": math.exp(mean),
-            "loss": mean, "masked_tokens": total}
+    return {"masked_accuracy": fixed(hits / max(total, 1)), "perplexity": fixed(math.exp(mean)),
+            "loss": fixed(mean), "masked_tokens": total}
 
 
 @dataclass
@@ -161,7 +163,7 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
         vocab, torch.Generator().manual_seed(settings.seed + 1), settings.mask_prob)
     model.to(device)
     before = evaluate_mlm(model, heldout_batches, device)
-    optimizer = build_optimizer("adamw", model.parameters(), lr=settings.lr,
+    optimizer = build_optimizer("adamw", model, lr=settings.lr,
                                 weight_decay=settings.weight_decay)
     rng = np.random.default_rng(settings.seed)
     lengths = train.input_ids.lengths()
@@ -171,7 +173,8 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
     warmup = max(1, total_steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1))))
-    history = []
+    # Epoch 0: the held-out scores before any update.
+    history = [{"epoch": 0, "train_loss": None, **{f"heldout_{k}": v for k, v in before.items()}}]
     step = 0
     with progress() as bar:
         job = bar.add_task("mlm", total=total_steps, status="")
@@ -183,7 +186,7 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
             loss_sum, batches = 0.0, 0
             for rows in order:
                 batch = masked_batches(train, [rows], vocab, generator, settings.mask_prob)[0].to(device)
-                with autocast(device):
+                with compute_context(device):
                     loss, _, _ = mlm_loss(model, batch)
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"non-finite MLM loss {loss.item()} at epoch {epoch}, step {step}; "
@@ -199,7 +202,7 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
                 step += 1
                 bar.update(job, advance=1, status=f"epoch {epoch} loss {loss.item():.3f}")
             heldout_metrics = evaluate_mlm(model, heldout_batches, device)
-            history.append({"epoch": epoch, "train_loss": loss_sum / max(batches, 1),
+            history.append({"epoch": epoch, "train_loss": fixed(loss_sum / max(batches, 1)),
                             **{f"heldout_{k}": v for k, v in heldout_metrics.items()}})
             bar.console.log(f"epoch {epoch}: train loss {loss_sum / max(batches, 1):.3f}, held-out "
                             f"masked accuracy {heldout_metrics['masked_accuracy']:.3f}, "
@@ -216,10 +219,8 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
 
 def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
     """The ``mlm@<start>`` stage: pretrain and write a checkpoint directory plus metrics."""
-    import pandas as pd
-
     from minbert import params as params_module
-    from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+    from minbert.model.checkpoint import TRAINING_DATA_FILE, describe_checkpoint, resolve_checkpoint
     from minbert.train.device import choose_device, describe
     from minbert.train.distributed import require_single_process
 
@@ -238,6 +239,9 @@ def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metr
     provenance = {"mlm_start": start, "mlm_base_checkpoint": source["name"] if start == "continue" else None}
     with atomic_directory(out_dir / start) as tmp:
         model.to("cpu").save_pretrained(tmp, checkpoint_dir / "vocab.txt", extra_config=provenance)
+        # A continued checkpoint keeps the record of what its base was trained on.
+        if start == "continue" and (checkpoint_dir / TRAINING_DATA_FILE).is_file():
+            shutil.copyfile(checkpoint_dir / TRAINING_DATA_FILE, tmp / TRAINING_DATA_FILE)
     metrics = {
         "start": start,
         "base_checkpoint": source if start == "continue" else None,
@@ -251,7 +255,7 @@ def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metr
         "seed": settings.seed,
         "device": describe(device),
     }
-    atomic_write_text(metrics_dir / f"{start}-history.csv", pd.DataFrame(result.history).to_csv(index=False))
+    atomic_write_text(metrics_dir / f"{start}-history.csv", history_csv(result.history))
     atomic_write_text(metrics_dir / f"{start}.json", json.dumps(metrics, indent=2) + "\n")
     return metrics
 

@@ -1,14 +1,28 @@
-"""Multitask fine-tuning: one shared encoder, three tasks, round-robin batches.
+"""Multitask fine-tuning: one shared encoder, three tasks.
 
 Tasks: SST 5-class sentiment (cross-entropy), Quora paraphrase (binary
 cross-entropy on a logit), STS similarity (MSE on the 0-5 scale).
 
-Each training step takes one batch of every task (round-robin). An epoch lasts as
-many steps as the task with the most batches needs; a smaller task that runs out
-starts a fresh pass with a new shuffle rather than replaying a cached order.
-The task losses are summed and back-propagated ("round-robin"), or combined by
-PCGrad gradient surgery over the shared encoder ("pcgrad"). SMART adds an
-adversarial smoothness term and a Bregman proximal term against a momentum teacher.
+How the tasks share the optimizer steps (``gradient``):
+
+* ``round-robin`` (the paper's, its Section 3): each step trains on one task's
+  mini-batch, cycling SST, Quora, STS, so that every task gets the same number of
+  batches per epoch;
+* ``summed``: each step takes one batch of every task and back-propagates the sum
+  of the three losses;
+* ``pcgrad``: each step takes one batch of every task and combines the task
+  gradients of the shared encoder by PCGrad gradient surgery.
+
+Either way an epoch gives every task as many batches as the task with the most
+batches needs; a smaller task that runs out starts a fresh pass with a new shuffle
+rather than replaying a cached order. SMART adds an adversarial smoothness term
+and a Bregman proximal term against a momentum teacher to each task's loss; the
+history logs the task losses and the two SMART terms apart.
+
+Each run is scored before its first update (epoch 0) and after every epoch on
+fixed slices of the dev and training sets (the history); the best epoch by the
+dev slice's average is then scored on the full dev sets, which give the reported
+numbers, and predicts the test sets.
 
 Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
 ``minbert.train.distributed`` says how the batches, losses and outputs are split.
@@ -18,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,11 +45,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from minbert.atomic import atomic_write_text
 from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad
-from minbert.evaluate import accuracy, pearson, write_predictions
+from minbert.evaluate import write_predictions
+from minbert.metrics import AVERAGE, METRIC, as_written, fixed, history_csv, score
+from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.bert import BertModel
-from minbert.model.heads import POOLINGS, ClassificationHead, build_pair_head, pool
+from minbert.model.heads import POOLINGS, STS_OUTPUTS, ClassificationHead, build_pair_head, pool
 from minbert.progress import progress
-from minbert.train.device import autocast
+from minbert.train.device import compute_context, pad_multiple, to_device
 from minbert.train.distributed import World
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.pcgrad import pcgrad_backward
@@ -50,11 +65,12 @@ from minbert.train.resume import (
 from minbert.train.sentiment import NonFiniteLoss, subsample
 from minbert.train.smart import EmaTeacher, SmartSettings, bregman_loss, smoothness_loss
 
-TASKS = ("sst", "quora", "sts")
-GRADIENT_MODES = ("round-robin", "pcgrad")
+GRADIENT_MODES = ("round-robin", "summed", "pcgrad")
 # How SMART compares two outputs of each task.
 DIVERGENCE = {"sst": "multiclass", "quora": "binary", "sts": "regression"}
-METRIC = {"sst": "sst_accuracy", "quora": "quora_accuracy", "sts": "sts_pearson"}
+# What each training step logs per task: the task's own loss, then SMART's two
+# terms (unweighted; zero without SMART).
+LOSS_PARTS = ("loss", "adversarial", "bregman")
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,7 @@ class MultitaskSettings:
     epochs: int
     batch_size: dict[str, int]
     train_examples: dict[str, int]  # 0: the whole split
-    dev_examples: dict[str, int]  # 0: the whole split
+    history_examples: dict[str, int]  # per task of the dev / train slices scored each epoch; 0: all
     eval_batch_size: int
     dropout: float
     grad_clip: float
@@ -78,15 +94,21 @@ class MultitaskSettings:
     smart: SmartSettings | None = None
     compile: bool = False  # torch.compile the encoder's layers (pays off on a GPU)
     pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
+    sts_output: str = "sigmoid"  # a name of minbert.model.heads.STS_OUTPUTS
+    test_predictions: bool = True  # predict the test sets with the chosen epoch
 
     def __post_init__(self) -> None:
         if self.gradient not in GRADIENT_MODES:
             raise ValueError(f"gradient {self.gradient!r} is not one of {list(GRADIENT_MODES)}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
-        for name in ("batch_size", "train_examples", "dev_examples"):
+        if self.sts_output not in STS_OUTPUTS:
+            raise ValueError(f"sts_output {self.sts_output!r} is not one of {list(STS_OUTPUTS)}")
+        for name in ("batch_size", "train_examples"):
             if set(getattr(self, name)) != set(TASKS):
                 raise ValueError(f"{name} must give a value for each of {list(TASKS)}")
+        if set(self.history_examples) != {"dev", "train"}:
+            raise ValueError("history_examples must give a size for `dev` and for `train`")
         if self.epochs < 1 or min(self.batch_size.values()) < 1:
             raise ValueError("epochs and batch sizes must be at least 1")
 
@@ -103,15 +125,17 @@ class Batch:
     mask: torch.Tensor
     token_types: torch.Tensor | None
     rows: np.ndarray  # table rows of the examples, for labels and error messages
+    padded: bool = True  # whether any position is padding (known on the host)
 
     def to(self, device: torch.device) -> Batch:
-        types = None if self.token_types is None else self.token_types.to(device)
-        return Batch(self.ids.to(device), self.mask.to(device), types, self.rows)
+        types = None if self.token_types is None else to_device(self.token_types, device)
+        return Batch(to_device(self.ids, device), to_device(self.mask, device), types, self.rows,
+                     self.padded)
 
 
 class MultitaskBert(nn.Module):
     def __init__(self, encoder: BertModel, paraphrase_head: str, sts_head: str, dropout: float,
-                 pooling: str = "pooler"):
+                 pooling: str = "pooler", sts_output: str = "sigmoid"):
         super().__init__()
         h = encoder.config.hidden_size
         self.encoder = encoder
@@ -122,7 +146,7 @@ class MultitaskBert(nn.Module):
         self.heads = nn.ModuleDict({
             "sst": ClassificationHead(h, 5, dropout),
             "quora": build_pair_head(paraphrase_head, "quora", h, dropout),
-            "sts": build_pair_head(sts_head, "sts", h, dropout),
+            "sts": build_pair_head(sts_head, "sts", h, dropout, sts_output),
         })
 
     def is_siamese(self, task: str) -> bool:
@@ -133,7 +157,8 @@ class MultitaskBert(nn.Module):
 
     def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
         """Task output from an embedding output (SMART perturbs the latter)."""
-        pooled = pool(self.encoder.encode(embedded, batch.mask), batch.mask, self.pooling)
+        attention = batch.mask if batch.padded else None  # no mask: SDPA's fastest kernel
+        pooled = pool(self.encoder.encode(embedded, attention), batch.mask, self.pooling)
         if self.is_siamese(task):
             u, v = pooled.chunk(2)
             return self.heads[task](u, v)
@@ -155,11 +180,12 @@ def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 
 def predictions(task: str, output: torch.Tensor) -> np.ndarray:
+    """Class ids, or STS scores at the precision prediction files hold them."""
     if task == "sst":
         return output.argmax(-1).numpy()
     if task == "quora":
         return (output > 0).long().numpy()
-    return output.numpy()
+    return as_written(task, output.numpy())
 
 
 # ----------------------------------------------------------------------------- data
@@ -181,31 +207,32 @@ class TaskData:
     def __len__(self) -> int:
         return len(self.table)
 
-    def batch(self, rows: np.ndarray) -> Batch:
+    def batch(self, rows: np.ndarray, multiple: int = 1) -> Batch:
+        """The padded batch of ``rows``, its width a multiple of ``multiple``."""
         seqs = self.table.sequences
+        types = None
         if self.task == "sst":
-            ids, mask = pad(seqs["input_ids"], rows)
-            return Batch(ids, mask, None, rows)
-        if self.siamese:
+            ids, mask = pad(seqs["input_ids"], rows, multiple=multiple)
+        elif self.siamese:
             # Both sentences in one padded batch: one encoder pass serves the pair.
             both = type(seqs["input_ids_1"]).from_list(
                 [seqs["input_ids_1"][i] for i in rows] + [seqs["input_ids_2"][i] for i in rows])
-            ids, mask = pad(both, np.arange(2 * len(rows)))
-            return Batch(ids, mask, None, rows)
-        ids, mask = pad(seqs["pair_input_ids"], rows)
-        types, _ = pad(seqs["pair_token_type_ids"], rows)
-        return Batch(ids, mask, types, rows)
+            ids, mask = pad(both, np.arange(2 * len(rows)), multiple=multiple)
+        else:
+            ids, mask = pad(seqs["pair_input_ids"], rows, multiple=multiple)
+            types, _ = pad(seqs["pair_token_type_ids"], rows, multiple=multiple)
+        return Batch(ids, mask, types, rows, padded=not bool(mask.all()))
 
     def labels(self, rows: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.table.labels[rows]).copy())
+        return torch.from_numpy(np.array(self.table.labels[rows]))
 
 
-def round_robin_epoch(
+def task_batches(
     lengths: dict[str, np.ndarray], batch_size: dict[str, int], rng: np.random.Generator
-) -> list[dict[str, np.ndarray]]:
-    """One epoch of steps, each holding one batch (row indices) of every task.
+) -> dict[str, list[np.ndarray]]:
+    """Each task's batches (row indices) for one epoch, the same number for every task.
 
-    The epoch is as long as the task with the most batches; the others start
+    The number is what the task with the most batches needs; the others start
     another freshly shuffled pass whenever they run out, so every example of every
     task is seen at least once per epoch.
     """
@@ -213,16 +240,33 @@ def round_robin_epoch(
         return length_bucketed_batches(lengths[task], batch_size[task], shuffle=True, generator=rng)
 
     passes = {task: new_pass(task) for task in lengths}
-    steps = max(len(p) for p in passes.values())
-    out = []
-    for step in range(steps):
-        item = {}
+    n = max(len(p) for p in passes.values())
+    out: dict[str, list[np.ndarray]] = {task: [] for task in lengths}
+    for _ in range(n):
         for task in lengths:
             if not passes[task]:
                 passes[task] = new_pass(task)
-            item[task] = passes[task].pop(0)
-        out.append(item)
+            out[task].append(passes[task].pop(0))
     return out
+
+
+def epoch_steps(
+    gradient: str, lengths: dict[str, np.ndarray], batch_size: dict[str, int],
+    rng: np.random.Generator,
+) -> list[dict[str, np.ndarray]]:
+    """One epoch of optimizer steps, each mapping the tasks it trains on to their rows.
+
+    ``round-robin``: one task per step, cycling through the tasks in order, so n
+    batches per task make 3n steps. ``summed`` and ``pcgrad``: one batch of every
+    task per step, n steps.
+    """
+    if gradient not in GRADIENT_MODES:
+        raise ValueError(f"gradient {gradient!r} is not one of {list(GRADIENT_MODES)}")
+    batches = task_batches(lengths, batch_size, rng)
+    n = len(next(iter(batches.values())))
+    if gradient == "round-robin":
+        return [{task: batches[task][i]} for i in range(n) for task in batches]
+    return [{task: batches[task][i] for task in batches} for i in range(n)]
 
 
 # ----------------------------------------------------------------------------- training
@@ -233,10 +277,11 @@ class MultitaskResult:
     history: list[dict] = field(default_factory=list)
     conflicts: list[dict] = field(default_factory=list)
     best_epoch: int = 0
-    best: dict = field(default_factory=dict)
+    dev: dict = field(default_factory=dict)  # the best epoch's scores on the full dev sets
     dev_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     test_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     train_examples: dict[str, int] = field(default_factory=dict)
+    history_examples: dict[str, dict[str, int]] = field(default_factory=dict)
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
     test_ids: dict[str, list[str]] = field(default_factory=dict)
 
@@ -244,20 +289,23 @@ class MultitaskResult:
 @torch.inference_mode()
 def evaluate(model: MultitaskBert, data: dict[str, TaskData], batch_size: int,
              device: torch.device, world: World = World()) -> tuple[dict, dict[str, np.ndarray]]:
-    """Dev losses and metrics of every task, and the predictions in row order.
+    """Each task's loss (``loss_<task>``) and metric, the average of the metrics, and the
+    predictions in row order. Unlabelled tables (test sets) give predictions only.
 
     Under torchrun each rank runs every ``world.size``-th batch and the outputs are
     gathered, so every rank returns the same numbers for every row, each row
     computed exactly once.
     """
+    was_training = model.training
     model.eval()
     metrics, preds = {}, {}
     for task, d in data.items():
         batches = length_bucketed_batches(d.lengths, batch_size, shuffle=False)
         mine = []
         for rows in batches[world.rank::world.size]:
-            with autocast(device):
-                mine.append((rows, model(task, d.batch(rows).to(device)).float().cpu()))
+            with compute_context(device):
+                batch = d.batch(rows, pad_multiple(device)).to(device)
+                mine.append((rows, model(task, batch).float().cpu()))
         parts = [part for rank_parts in world.all_gather(mine) for part in rank_parts]
         output = torch.empty(len(d), *parts[0][1].shape[1:])
         seen = np.zeros(len(d), dtype=int)
@@ -270,11 +318,11 @@ def evaluate(model: MultitaskBert, data: dict[str, TaskData], batch_size: int,
         preds[task] = predictions(task, output)
         if d.table.labels is not None:
             labels = d.labels(np.arange(len(d)))
-            metrics[f"dev_loss_{task}"] = task_loss(task, output, labels).item()
-            score = pearson if task == "sts" else accuracy
-            metrics[METRIC[task]] = score(labels.numpy(), preds[task])
+            metrics[f"loss_{task}"] = task_loss(task, output, labels).item()
+            metrics[METRIC[task]] = score(task, labels.numpy(), preds[task])
     if all(METRIC[t] in metrics for t in TASKS):
-        metrics["average"] = float(np.mean([metrics[METRIC[t]] for t in TASKS]))
+        metrics[AVERAGE] = float(np.mean([metrics[METRIC[t]] for t in TASKS]))
+    model.train(was_training)
     return metrics, preds
 
 
@@ -291,11 +339,11 @@ class LossWatch:
     def __init__(self, world: World, train: dict[str, TaskData]):
         self.world, self.train = world, train
         self.pending = None  # (host copy, event or None, epoch, step, rows by task)
-        self.last: torch.Tensor | None = None  # the newest losses read (global means per task)
+        self.last: torch.Tensor | None = None  # newest losses read: (task, LOSS_PARTS) global means
 
     def push(self, step_losses: torch.Tensor, local_losses: torch.Tensor, epoch: int, step: int,
              rows: dict[str, np.ndarray]) -> None:
-        both = torch.cat([step_losses, local_losses]).detach()
+        both = torch.stack([step_losses, local_losses]).detach()
         event = None
         if both.is_cuda:
             both = both.to("cpu", non_blocking=True)
@@ -314,42 +362,46 @@ class LossWatch:
         self.pending = None
         if event is not None:
             event.synchronize()
-        n = len(TASKS)
-        if not bool(torch.isfinite(both[:n]).all()):
-            _raise_non_finite(self.world, epoch, step, both[n:], rows, self.train)
-        self.last = both[:n]
+        if not bool(torch.isfinite(both[0]).all()):
+            _raise_non_finite(self.world, epoch, step, both[1], rows, self.train)
+        self.last = both[0]
 
 
 class MultitaskStep:
-    """One training step, as ``train_multitask`` runs it: each task's objective on
-    this rank's share of its global batch (SMART's terms included when on), the
-    summed backward pass or PCGrad's, gradient clipping, the optimizer step and
-    SMART's teacher update. The benchmarks in ``bench/`` time this same object.
+    """One training step, as ``train_multitask`` runs it: the objective of each task
+    the step trains on (its loss, plus SMART's terms when on) over this rank's share
+    of the task's global batch, the backward pass (PCGrad's with ``pcgrad``), gradient
+    clipping, the optimizer step and SMART's teacher update. The benchmarks in
+    ``bench/`` time this same object.
     """
 
     def __init__(self, settings: MultitaskSettings, model: MultitaskBert,
                  train: dict[str, TaskData], device: torch.device, world: World = World()):
         self.settings, self.model, self.train, self.device, self.world = (
             settings, model, train, device, world)
-        # Round-robin: DDP averages the gradients during the backward pass. PCGrad
+        # Summed losses: DDP averages the gradients during the backward pass. PCGrad
         # takes per-task gradients with autograd.grad, which DDP does not see, so it
         # runs without DDP's synchronisation and averages each task's gradient itself.
+        # Round-robin steps leave the other tasks' heads without a gradient, which DDP
+        # must be told to expect.
         self.net = model
         if world.distributed:
             self.net = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                model, device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=settings.gradient == "round-robin")
         self.no_sync = (self.net.no_sync if world.distributed and settings.gradient == "pcgrad"
                         else contextlib.nullcontext)
         # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
         self.shared = [p for p in model.encoder.parameters() if p.requires_grad]
         self.heads = [list(model.heads[t].parameters()) for t in TASKS]
-        self.optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
+        self.optimizer = build_optimizer(settings.optimizer, model, lr=settings.lr,
                                          weight_decay=settings.weight_decay)
         self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
         self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
         # SMART's random starts, drawn for whole global batches: alike on every rank.
         self.smart_generator = torch.Generator(device).manual_seed(settings.seed)
         self.watch = LossWatch(world, train)
+        self.pad_multiple = pad_multiple(device)
 
     @property
     def generators(self) -> tuple[torch.Generator, torch.Generator]:
@@ -357,16 +409,21 @@ class MultitaskStep:
 
     def __call__(self, rows_by_task: dict[str, np.ndarray], epoch: int = 0,
                  step: int = 0) -> tuple[torch.Tensor, dict | None]:
-        """Train on one global batch of every task (row indices into ``train``).
+        """Train on one global batch of each task in ``rows_by_task`` (row indices into
+        ``train``; one task per round-robin step, all three otherwise).
 
-        Returns each task's mean loss over its global batch (on the device) and, with
-        PCGrad, the conflict statistics of the task gradients. A non-finite loss
+        Returns a (task, LOSS_PARTS) tensor on the device: each trained task's mean
+        loss and SMART terms over its global batch (zeros for the other tasks) and,
+        with PCGrad, the conflict statistics of the task gradients. A non-finite loss
         raises :class:`NonFiniteLoss` (on a GPU, during the next call or :meth:`flush`).
         """
         world, smart, stats = self.world, self.settings.smart, None
-        losses, rows_used = [], {}
+        objectives, rows_used = [], {}
+        local = torch.zeros(len(TASKS), len(LOSS_PARTS), device=self.device)
         with self.no_sync():
-            for task in TASKS:
+            for k, task in enumerate(TASKS):
+                if task not in rows_by_task:
+                    continue
                 rows = rows_by_task[task]
                 positions = world.shard(len(rows))
                 weight = world.loss_weight(len(positions), len(rows))
@@ -375,28 +432,29 @@ class MultitaskStep:
                 if not len(positions):
                     positions = np.zeros(1, dtype=int)
                 data = self.train[task]
-                batch = data.batch(rows[positions]).to(self.device)
-                labels = data.labels(batch.rows).to(self.device)
+                batch = data.batch(rows[positions], self.pad_multiple).to(self.device)
+                labels = to_device(data.labels(batch.rows), self.device)
                 start = None if smart is None else _smart_start(
                     data, rows, positions, batch, self.model.encoder.config.hidden_size,
-                    smart.noise_std, self.smart_generator)
-                losses.append(weight * _task_objective(self.model, self.net, self.teacher, smart,
-                                                       task, batch, labels, self.device, start))
+                    smart.noise_std, self.smart_generator, self.pad_multiple)
+                objective, parts = _task_objective(self.model, self.net, self.teacher, smart,
+                                                   task, batch, labels, self.device, start)
+                objectives.append(weight * objective)
+                local[k] = weight * parts
                 rows_used[task] = batch.rows
-            local_losses = torch.stack([loss.detach() for loss in losses])
-            step_losses = local_losses.clone()
+            step_losses = local.clone()
             if world.distributed:
-                # The global batch's mean loss of each task, for the log and the check.
+                # The global batch's mean of each task's losses, for the log and the check.
                 dist.all_reduce(step_losses)
                 step_losses /= world.size
-            self.watch.push(step_losses, local_losses, epoch, step, rows_used)
+            self.watch.push(step_losses, local, epoch, step, rows_used)
             self.optimizer.zero_grad(set_to_none=True)
             if self.settings.gradient == "pcgrad":
-                stats = pcgrad_backward(losses, self.shared, self.heads,
+                stats = pcgrad_backward(objectives, self.shared, self.heads,
                                         generator=self.pcgrad_generator,
                                         reduce=world.all_reduce_mean_)
             else:
-                torch.stack(losses).sum().backward()
+                torch.stack(objectives).sum().backward()
         if self.settings.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
@@ -409,6 +467,16 @@ class MultitaskStep:
         self.watch.read()
 
 
+def history_row(epoch: int, lr: float | None, train_losses: dict[str, float],
+                dev: dict, train: dict) -> dict:
+    """One line of the history file: the epoch's mean training losses (none at epoch
+    0), then the dev slice's and the training slice's losses and metrics."""
+    row = {"epoch": epoch, "lr": lr, **train_losses}
+    row.update({f"dev_{k}": fixed(v) for k, v in dev.items()})
+    row.update({f"train_{k}": fixed(v) for k, v in train.items() if not k.startswith("loss_")})
+    return row
+
+
 def train_multitask(
     settings: MultitaskSettings,
     encoder: BertModel,
@@ -418,8 +486,10 @@ def train_multitask(
     resume: ResumePoint | None = None,
     world: World = World(),
 ) -> MultitaskResult:
-    """Train on ``tables[(task, "train")]``, select the best epoch on ``(task, "dev")``
-    by the average of the three dev metrics, and predict dev and (where given) test.
+    """Train on ``tables[(task, "train")]``; score fixed slices of the dev and training
+    sets before training and after every epoch; select the best epoch (1 or later)
+    by the dev slice's average and score it on the full ``(task, "dev")`` tables;
+    predict ``(task, "test")`` where given.
 
     With several ranks (``world``), each step's global batch of a task holds
     ``world.size * batch_size`` rows, split across the ranks.
@@ -427,28 +497,38 @@ def train_multitask(
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
-                          settings.dropout, settings.pooling).to(device)
+                          settings.dropout, settings.pooling, settings.sts_output).to(device)
     # Built alike on every rank; from here on each rank draws its own dropout masks.
     torch.manual_seed(settings.seed + world.rank)
     if settings.compile:
         model.encoder.compile_layers(**(compile_options or {}))
 
-    def data_for(split, limit):
-        return {t: TaskData(t, subsample(tables[t, split], limit[t] if limit else 0, settings.seed),
-                            model.is_siamese(t)) for t in TASKS if (t, split) in tables}
+    def data(task: str, table: TokenizedTable, limit: int = 0, seed: int = settings.seed) -> TaskData:
+        return TaskData(task, subsample(table, limit, seed), model.is_siamese(task))
 
-    train = data_for("train", settings.train_examples)
-    dev = data_for("dev", settings.dev_examples)
-    test = data_for("test", None)
+    train = {t: data(t, tables[t, "train"], settings.train_examples[t]) for t in TASKS}
+    dev = {t: data(t, tables[t, "dev"]) for t in TASKS}
+    test = {t: data(t, tables[t, "test"]) for t in TASKS
+            if settings.test_predictions and (t, "test") in tables}
+    # The history's fixed slices: of the dev sets, and of the training examples in use.
+    sizes = settings.history_examples
+    slices = {"dev": {t: data(t, dev[t].table, sizes["dev"]) for t in TASKS},
+              "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in TASKS}}
+
+    def score_slices() -> tuple[dict, dict]:
+        return tuple(evaluate(model, slices[s], settings.eval_batch_size, device, world)[0]
+                     for s in ("dev", "train"))
+
     train_step = MultitaskStep(settings, model, train, device, world)
     optimizer, teacher = train_step.optimizer, train_step.teacher
     scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
 
     result = MultitaskResult()
-    best_state = None
+    best_state, best_average = None, None
     lengths = {t: d.lengths for t, d in train.items()}
     global_batch = {t: settings.batch_size[t] * world.size for t in TASKS}
-    steps_per_epoch = max(math.ceil(len(d) / global_batch[t]) for t, d in train.items())
+    batches_per_task = max(-(-len(d) // global_batch[t]) for t, d in train.items())
+    steps_per_epoch = batches_per_task * (len(TASKS) if settings.gradient == "round-robin" else 1)
     global_step = 0
     first_epoch = 1
     # Rank 0 reads the saved state and hands it to the others: on several machines
@@ -462,10 +542,12 @@ def train_multitask(
             teacher.module.load_state_dict(saved["teacher"])
         restore_generators(saved["generators"][world.rank], rng, *train_step.generators)
         result.history, result.conflicts = saved["history"], saved["conflicts"]
-        result.best_epoch, result.best = saved["best_epoch"], saved["best"]
-        result.dev_predictions = {t: v.numpy() for t, v in saved["dev_predictions"].items()}
+        result.best_epoch, best_average = saved["best_epoch"], saved["best_average"]
         best_state, global_step = saved["best_state"], saved["global_step"]
         first_epoch = saved["epoch"] + 1
+    else:
+        # Epoch 0: the checkpoint with freshly initialised heads, before any update.
+        result.history.append(history_row(0, None, {}, *score_slices()))
     with progress(quiet=not world.is_main) as bar:
         job = bar.add_task("multitask", total=settings.epochs * steps_per_epoch, status="",
                            completed=(first_epoch - 1) * steps_per_epoch)
@@ -475,30 +557,31 @@ def train_multitask(
             model.train()
             lr = optimizer.param_groups[0]["lr"]
             # Loss sums stay on the device (no host synchronisation for the log).
-            sums = torch.zeros(len(TASKS), device=device)
-            steps = round_robin_epoch(lengths, global_batch, rng)
+            sums = torch.zeros(len(TASKS), len(LOSS_PARTS), device=device)
+            counts = np.zeros(len(TASKS))
+            steps = epoch_steps(settings.gradient, lengths, global_batch, rng)
             for step, rows_by_task in enumerate(steps):
                 step_losses, stats = train_step(rows_by_task, epoch, step)
                 sums += step_losses
+                counts += [t in rows_by_task for t in TASKS]
                 if stats is not None:
                     result.conflicts.append(_conflict_row(epoch, global_step, stats))
                 global_step += 1
                 last = train_step.watch.last
-                bar.update(job, advance=1,
-                           status=f"epoch {epoch} loss {'…' if last is None else f'{last.sum():.3f}'}")
+                bar.update(job, advance=1, status=f"epoch {epoch} loss "
+                           f"{'…' if last is None else f'{last[:, 0].sum():.3f}'}")
             train_step.flush()
             scheduler.step()
-            dev_metrics, dev_predictions = evaluate(model, dev, settings.eval_batch_size, device, world)
-            row = {"epoch": epoch, "lr": lr}
-            row.update({f"train_loss_{t}": v / len(steps) for t, v in zip(TASKS, sums.tolist())})
-            row.update(dev_metrics)
-            result.history.append(row)
-            bar.console.log(f"epoch {epoch}: " + ", ".join(
-                f"{k} {dev_metrics[k]:.3f}" for k in ("sst_accuracy", "quora_accuracy", "sts_pearson",
-                                                       "average")))
-            if best_state is None or dev_metrics["average"] > result.best["average"]:
-                result.best_epoch, result.best = epoch, dev_metrics
-                result.dev_predictions = dev_predictions
+            means = (sums.cpu().numpy() / counts[:, None]).tolist()
+            losses = {f"train_{part}_{t}": fixed(means[k][j]) for k, t in enumerate(TASKS)
+                      for j, part in enumerate(LOSS_PARTS) if settings.smart or part == "loss"}
+            dev_scores, train_scores = score_slices()
+            result.history.append(history_row(epoch, lr, losses, dev_scores, train_scores))
+            bar.console.log(f"epoch {epoch}: dev slice " + ", ".join(
+                f"{k} {dev_scores[k]:.3f}" for k in (*(METRIC[t] for t in TASKS), AVERAGE)))
+            # Strictly better only: ties keep the earlier (cheaper, less fitted) epoch.
+            if best_state is None or dev_scores[AVERAGE] > best_average:
+                result.best_epoch, best_average = epoch, dev_scores[AVERAGE]
                 best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             # Collective: every rank's generators, each rank resumes from its own.
             generators = world.all_gather(generator_states(rng, *train_step.generators))
@@ -510,14 +593,15 @@ def train_multitask(
                     "teacher": teacher.module.state_dict() if teacher is not None else None,
                     "generators": generators,
                     "history": result.history, "conflicts": result.conflicts,
-                    "best_epoch": result.best_epoch, "best": result.best, "best_state": best_state,
-                    # As tensors: the state is read back with weights_only=True.
-                    "dev_predictions": {t: torch.from_numpy(v) for t, v in result.dev_predictions.items()},
+                    "best_epoch": result.best_epoch, "best_average": best_average,
+                    "best_state": best_state,
                 })
     model.load_state_dict(best_state)
+    result.dev, result.dev_predictions = evaluate(model, dev, settings.eval_batch_size, device, world)
     if test:
         _, result.test_predictions = evaluate(model, test, settings.eval_batch_size, device, world)
     result.train_examples = {t: len(d) for t, d in train.items()}
+    result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in slices.items()}
     result.dev_ids = {t: d.table.ids for t, d in dev.items()}
     result.test_ids = {t: d.table.ids for t, d in test.items()}
     return result
@@ -528,14 +612,15 @@ def _raise_non_finite(world: World, epoch: int, step: int, local_losses: torch.T
     """Stop every rank with the step, the task and the example ids of the bad batch."""
     local = [f"task {task}; batch example ids: "
              f"{', '.join(train[task].table.ids[i] for i in rows[task])}"
-             for task, loss in zip(TASKS, local_losses) if not torch.isfinite(loss)]
+             for task, parts in zip(TASKS, local_losses)
+             if task in rows and not bool(torch.isfinite(parts).all())]
     found = [f"rank {rank}, {what}" if world.distributed else what
              for rank, found in enumerate(world.all_gather(local)) for what in found]
     raise NonFiniteLoss(f"non-finite loss at epoch {epoch}, step {step}, " + " | ".join(found))
 
 
 def _smart_start(data: TaskData, rows: np.ndarray, positions: np.ndarray, batch: Batch,
-                 hidden: int, std: float, generator: torch.Generator) -> torch.Tensor:
+                 hidden: int, std: float, generator: torch.Generator, multiple: int = 1) -> torch.Tensor:
     """SMART's random start for this rank's ``positions`` of a global batch of ``rows``.
 
     N(0, std^2) noise is drawn for the whole global batch (its rows, by its padded
@@ -543,31 +628,36 @@ def _smart_start(data: TaskData, rows: np.ndarray, positions: np.ndarray, batch:
     from the same noise however the batch is split across processes.
     """
     stacked = np.concatenate([positions, positions + len(rows)]) if data.siamese else positions
-    shape = (len(rows) * (2 if data.siamese else 1), int(data.lengths[rows].max()), hidden)
+    width = -(-int(data.lengths[rows].max()) // multiple) * multiple
+    shape = (len(rows) * (2 if data.siamese else 1), width, hidden)
     noise = torch.randn(shape, generator=generator, device=generator.device) * std
     return noise[torch.from_numpy(stacked).to(noise.device), : batch.ids.shape[1]]
 
 
 def _task_objective(model, net, teacher, smart: SmartSettings | None, task, batch, labels, device,
-                    start: torch.Tensor | None = None):
-    """The task loss, plus SMART's two regularisers when SMART is on.
+                    start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The task's training objective and its LOSS_PARTS (detached, for the log): the
+    task loss, plus SMART's weighted smoothness and Bregman terms when SMART is on.
 
     ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
     that builds the graph goes through it. ``start`` is SMART's random start.
     """
-    with autocast(device):
+    with compute_context(device):
         embedded = model.embed(batch)
         output = net(task, batch, embedded)
     loss = task_loss(task, output, labels)
     if smart is None:
-        return loss
+        zero = torch.zeros((), device=loss.device)
+        return loss, torch.stack([loss.detach(), zero, zero])
     kind = DIVERGENCE[task]
-    with autocast(device):
+    with compute_context(device):
         adversarial = smoothness_loss(lambda e: net(task, batch, e).float(),
                                       embedded, output.float(), kind, smart, start=start)
         with torch.no_grad():
             target = teacher.module(task, batch).float()
-    return loss + smart.lambda_s * adversarial + smart.mu * bregman_loss(output.float(), target, kind)
+    bregman = bregman_loss(output.float(), target, kind)
+    objective = loss + smart.lambda_s * adversarial + smart.mu * bregman
+    return objective, torch.stack([loss, adversarial, bregman]).detach()
 
 
 def _conflict_row(epoch: int, step: int, stats: dict) -> dict:
@@ -575,7 +665,7 @@ def _conflict_row(epoch: int, step: int, stats: dict) -> dict:
     row = {"epoch": epoch, "step": step, "conflicts": stats["conflicts"], "pairs": stats["pairs"]}
     for i in range(len(TASKS)):
         for j in range(i + 1, len(TASKS)):
-            row[f"cos_{TASKS[i]}_{TASKS[j]}"] = float(cos[i, j])
+            row[f"cos_{TASKS[i]}_{TASKS[j]}"] = fixed(cos[i, j])
     return row
 
 
@@ -626,19 +716,23 @@ def _run_stage(params, config, settings, world, device, tokenized_dir, manifest_
 
     metrics = {
         "config": config,
-        **{METRIC[t]: result.best[METRIC[t]] for t in TASKS},
-        "average": result.best["average"],
+        # The best epoch on the full dev sets.
+        **{METRIC[t]: fixed(result.dev[METRIC[t]]) for t in TASKS},
+        AVERAGE: fixed(result.dev[AVERAGE]),
         "best_epoch": result.best_epoch,
         "epochs": settings.epochs,
+        "selection": "the epoch (1 or later) with the best average on the dev slice",
         "train_examples": result.train_examples,
         "dev_examples": {t: len(ids) for t, ids in result.dev_ids.items()},
+        # The fixed slices the history (and the choice of epoch) scores every epoch.
+        "history_examples": result.history_examples,
         "data_split": {
             "sst": "course train / dev",
             "sts": "course train / dev",
             "quora": manifest["quora_split"],
         },
         "settings": {k: v for k, v in asdict(settings).items()
-                     if k not in ("batch_size", "train_examples", "dev_examples", "seed")},
+                     if k not in ("batch_size", "train_examples", "history_examples", "seed")},
         "batch_size": settings.batch_size,
         # Data-parallel processes; each step's batch of a task is processes x batch_size.
         "processes": world.size,
@@ -653,15 +747,14 @@ def _run_stage(params, config, settings, world, device, tokenized_dir, manifest_
         return metrics
     if result.conflicts:
         conflicts = pd.DataFrame(result.conflicts)
-        metrics["pcgrad_conflict_fraction"] = float(conflicts.conflicts.sum() / conflicts.pairs.sum())
+        metrics["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
     for task in TASKS:
         write_predictions(predictions_dir / name / f"{task}-dev-out.csv", task,
-                          result.dev_ids[task], _format(task, result.dev_predictions[task]))
+                          result.dev_ids[task], result.dev_predictions[task])
         if task in result.test_predictions:
             write_predictions(predictions_dir / name / f"{task}-test-out.csv", task,
-                              result.test_ids[task], _format(task, result.test_predictions[task]))
-    atomic_write_text(metrics_dir / f"{name}-history.csv",
-                      pd.DataFrame(result.history).to_csv(index=False))
+                              result.test_ids[task], result.test_predictions[task])
+    atomic_write_text(metrics_dir / f"{name}-history.csv", history_csv(result.history))
     # Written for every configuration (empty without PCGrad) so DVC has a fixed output.
     atomic_write_text(metrics_dir / f"{name}-conflicts.csv",
                       pd.DataFrame(result.conflicts, columns=_conflict_columns()).to_csv(index=False))
@@ -674,6 +767,3 @@ def _conflict_columns() -> list[str]:
     pairs = [f"cos_{TASKS[i]}_{TASKS[j]}" for i in range(3) for j in range(i + 1, 3)]
     return ["epoch", "step", "conflicts", "pairs", *pairs]
 
-
-def _format(task: str, values: np.ndarray) -> list:
-    return [f"{v:.4f}" for v in values] if task == "sts" else [int(v) for v in values]

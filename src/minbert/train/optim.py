@@ -110,8 +110,27 @@ def _choose(registry: dict, kind: str, name: str):
         raise ValueError(f"{kind} {name!r} is not one of {sorted(registry)}") from None
 
 
-def build_optimizer(name: str, params, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return _choose(OPTIMIZERS, "optimizer", name)(params, lr=lr, weight_decay=weight_decay)
+def parameter_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+                     weight_decay: float) -> list[dict]:
+    """Two groups, as BERT (Devlin et al., 2019) and Hugging Face train: weight
+    matrices and embeddings decay, while biases and LayerNorm gains and shifts (every
+    one-dimensional parameter) do not; decaying a LayerNorm gain towards zero would
+    shrink the normalised activations rather than regularise a mapping.
+    Frozen parameters are left out."""
+    decay, no_decay = [], []
+    for _, p in named_parameters:
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(name: str, model: torch.nn.Module, *, lr: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """Optimizer ``name`` over ``model``'s trainable parameters (see ``parameter_groups``)."""
+    groups = parameter_groups(model.named_parameters(), weight_decay)
+    return _choose(OPTIMIZERS, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
 
 
 def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float):

@@ -9,8 +9,9 @@ Two modes, as in the course project and the paper's Table 1:
   fraction of the cost of re-encoding every sentence every epoch.
 * ``full``: every encoder weight is fine-tuned along with the head.
 
-After each epoch the dev set is evaluated; the epoch with the best dev accuracy is
-kept, and its weights produce the dev and test predictions.
+The dev set is evaluated before the first update (epoch 0: the head as initialised)
+and after each epoch; the epoch (1 or later) with the best dev accuracy is kept,
+and its weights produce the dev and test predictions.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -34,11 +34,12 @@ from minbert.data.batches import (
     split_by_tokens,
 )
 from minbert.data.tasks import TASKS
-from minbert.evaluate import accuracy, write_predictions
+from minbert.evaluate import write_predictions
+from minbert.metrics import accuracy, fixed, history_csv
 from minbert.model.bert import BertModel
 from minbert.model.heads import POOLINGS, ClassificationHead, SentimentClassifier, pool
 from minbert.progress import progress
-from minbert.train.device import autocast
+from minbert.train.device import compute_context
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 from minbert.train.resume import (
@@ -117,12 +118,13 @@ def _check_finite(loss: torch.Tensor, epoch: int, step: int, task: str, ids: lis
 @torch.inference_mode()
 def encode_pooled(
     encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device,
-    max_tokens: int = 0, pooling: str = "pooler",
+    max_tokens: int = 0, pooling: str = "pooler", column: str = "input_ids",
 ) -> torch.Tensor:
-    """The pooled vector of every row, in row order (encoder in eval mode)."""
+    """The pooled vector of every row's ``column`` sequence, in row order (encoder in
+    eval mode)."""
     was_training = encoder.training
     encoder.eval()
-    seqs = table.sequences["input_ids"]
+    seqs = table.sequences[column]
     out = torch.empty(len(table), encoder.config.hidden_size)
     batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
     with progress() as bar:
@@ -130,7 +132,7 @@ def encode_pooled(
         for batch in batches:
             for rows in split_by_tokens(batch, seqs.lengths(), max_tokens):
                 ids, mask = pad(seqs, rows)
-                with autocast(device):
+                with compute_context(device):
                     mask = mask.to(device)
                     pooled = pool(encoder(ids.to(device), mask), mask, pooling)
                 out[torch.from_numpy(rows)] = pooled.float().cpu()
@@ -150,7 +152,7 @@ def predict_logits(
     batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
     for rows in (piece for b in batches for piece in split_by_tokens(b, seqs.lengths(), max_tokens)):
         ids, mask = pad(seqs, rows)
-        with autocast(device):
+        with compute_context(device):
             logits = model(ids.to(device), mask.to(device))
         out[torch.from_numpy(rows)] = logits.float().cpu()
     return out
@@ -208,6 +210,10 @@ def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, lo
         )
         if saved is not None:
             bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
+        else:
+            dev_loss, dev_acc = evaluate()
+            result.history.append(dict(epoch=0, lr=None, train_loss=None, train_accuracy=None,
+                                       dev_loss=fixed(dev_loss), dev_accuracy=fixed(dev_acc)))
         for epoch in range(first_epoch, settings.epochs + 1):
             lr = optimizer.param_groups[0]["lr"]
             train_loss, train_acc = run_epoch(epoch, lambda loss: bar.update(
@@ -215,8 +221,8 @@ def _epoch_loop(settings, n_batches_per_epoch, run_epoch, evaluate, state_of, lo
             dev_loss, dev_acc = evaluate()
             scheduler.step()
             result.history.append(dict(
-                epoch=epoch, lr=lr, train_loss=train_loss, train_accuracy=train_acc,
-                dev_loss=dev_loss, dev_accuracy=dev_acc,
+                epoch=epoch, lr=lr, train_loss=fixed(train_loss), train_accuracy=fixed(train_acc),
+                dev_loss=fixed(dev_loss), dev_accuracy=fixed(dev_acc),
             ))
             bar.console.log(f"epoch {epoch}: train loss {train_loss:.4f} acc {train_acc:.3f} | "
                             f"dev loss {dev_loss:.4f} acc {dev_acc:.3f}")
@@ -242,10 +248,10 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
                                  settings.pooling)
              for name, t in (("train", train), ("dev", dev), ("test", test)) if t is not None}
     head = ClassificationHead(encoder.config.hidden_size, num_classes, settings.dropout).to(device)
-    optimizer = build_optimizer(settings.optimizer, head.parameters(), lr=settings.lr,
+    optimizer = build_optimizer(settings.optimizer, head, lr=settings.lr,
                                 weight_decay=settings.weight_decay)
-    y_train = torch.as_tensor(train.labels, dtype=torch.long)
-    y_dev = torch.as_tensor(dev.labels, dtype=torch.long)
+    y_train = torch.tensor(train.labels, dtype=torch.long)
+    y_dev = torch.tensor(dev.labels, dtype=torch.long)
     n_batches = math.ceil(len(train) / settings.batch_size)
 
     def run_epoch(epoch, tick):
@@ -287,7 +293,7 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
 def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     model = SentimentClassifier(encoder, num_classes, settings.dropout, settings.pooling).to(device)
-    optimizer = build_optimizer(settings.optimizer, model.parameters(), lr=settings.lr,
+    optimizer = build_optimizer(settings.optimizer, model, lr=settings.lr,
                                 weight_decay=settings.weight_decay)
     seqs = train.sequences["input_ids"]
     lengths = seqs.lengths()
@@ -305,7 +311,7 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> Sent
             for rows in split_by_tokens(batch, lengths, settings.max_tokens):
                 ids, mask = pad(seqs, rows)
                 y = torch.as_tensor(train.labels[rows], dtype=torch.long, device=device)
-                with autocast(device):
+                with compute_context(device):
                     logits = model(ids.to(device), mask.to(device))
                 loss = F.cross_entropy(logits.float(), y, reduction="sum") / len(batch)
                 _check_finite(loss, epoch, step, settings.task, [train.ids[i] for i in batch])
@@ -321,7 +327,7 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> Sent
 
     def evaluate():
         logits = predict_logits(model, dev, settings.eval_batch_size, device, settings.max_tokens)
-        y = torch.as_tensor(dev.labels, dtype=torch.long)
+        y = torch.tensor(dev.labels, dtype=torch.long)
         return F.cross_entropy(logits, y).item(), accuracy(dev.labels, logits.argmax(-1).numpy())
 
     def state_of():
@@ -373,7 +379,7 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
         "run": run,
         "task": settings.task,
         "mode": settings.mode,
-        "dev_accuracy": result.dev_accuracy,
+        "dev_accuracy": fixed(result.dev_accuracy),
         "best_epoch": result.best_epoch,
         "epochs": settings.epochs,
         "lr": settings.lr,
@@ -388,13 +394,12 @@ def run_stage(params: dict, run: str, tokenized_dir: Path, metrics_dir: Path,
         "seed": settings.seed,
         "device": describe(device),
     }
-    history = pd.DataFrame(result.history)
     write_predictions(predictions_dir / run / "dev-out.csv", settings.task, tables["dev"].ids,
                       result.dev_predictions.tolist())
     if "test" in tables:
         write_predictions(predictions_dir / run / "test-out.csv", settings.task,
                           tables["test"].ids, result.test_predictions.tolist())
-    atomic_write_text(metrics_dir / f"{run}-history.csv", history.to_csv(index=False))
+    atomic_write_text(metrics_dir / f"{run}-history.csv", history_csv(result.history))
     atomic_write_text(metrics_dir / f"{run}.json", json.dumps(metrics, indent=2) + "\n")
     resume.clear()
     return metrics

@@ -1,0 +1,92 @@
+"""The evidence behind every number of the report: each run's dev predictions joined
+with the dev labels, and the bootstrap intervals computed from them.
+
+A metrics file says what a stage scored; the prediction files say what it predicted.
+Each number is recomputed here from the predictions and must equal the metrics
+file's (at the written precision), so an interval always belongs to the number
+printed beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from minbert.evaluate import read_predictions
+from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
+
+
+@dataclass
+class Scored:
+    """One run's dev labels and predictions per task, in the same example order."""
+
+    name: str
+    labels: dict[str, np.ndarray]
+    predictions: dict[str, np.ndarray]
+
+
+class Evidence:
+    """Reads labels and predictions once and computes each interval once."""
+
+    def __init__(self, predictions_dir: Path, prepared_dir: Path):
+        self.predictions_dir, self.prepared_dir = Path(predictions_dir), Path(prepared_dir)
+        self._labels: dict[str, pd.Series] = {}
+        self._intervals: dict[tuple, Interval] = {}
+
+    def labels(self, task: str) -> pd.Series:
+        """The dev labels of ``task``, indexed by example id."""
+        if task not in self._labels:
+            path = self.prepared_dir / f"{task}-dev.parquet"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: no prepared dev table (run `dvc repro prepare`)")
+            frame = pd.read_parquet(path, columns=["id", "label"])
+            self._labels[task] = pd.Series(frame["label"].to_numpy(float), index=frame["id"].astype(str))
+        return self._labels[task]
+
+    def scored(self, name: str, files: dict[str, Path], metrics: dict[str, float]) -> Scored:
+        """The predictions in ``files`` (task -> file under the predictions folder) joined
+        with the labels; ``metrics`` (task -> the metrics file's number) must be what
+        the predictions score."""
+        labels, predictions = {}, {}
+        for task, file in files.items():
+            path = self.predictions_dir / file
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: the dev predictions of {name} are missing "
+                                        "(rerun its stage: dvc repro)")
+            predicted = read_predictions(path)
+            truth = self.labels(task)
+            if set(predicted) != set(truth.index):
+                raise ValueError(f"{path}: predicts {len(predicted)} examples, the dev set has "
+                                 f"{len(truth)}; they are not the same examples")
+            labels[task] = truth.to_numpy()
+            predictions[task] = np.array([float(predicted[i]) for i in truth.index])
+            recomputed = fixed(score(task, labels[task], predictions[task]))
+            if recomputed != metrics[task]:
+                raise ValueError(f"{path}: these predictions score {recomputed}, but the metrics "
+                                 f"file of {name} says {metrics[task]}: they come from different runs")
+        return Scored(name, labels, predictions)
+
+    def _cached(self, key: tuple, compute) -> Interval:
+        if key not in self._intervals:
+            self._intervals[key] = compute()
+        return self._intervals[key]
+
+    def cell(self, run: Scored, task: str) -> Interval:
+        return self._cached((run.name, task), lambda: interval(
+            task, run.labels[task], run.predictions[task]))
+
+    def average(self, run: Scored) -> Interval:
+        return self._cached((run.name, "average"), lambda: average_interval(
+            [(t, run.labels[t], run.predictions[t]) for t in run.labels]))
+
+    def difference(self, run: Scored, parent: Scored, task: str) -> Interval:
+        """``run`` minus ``parent`` on ``task``'s examples (paired)."""
+        return self._cached((run.name, parent.name, task), lambda: paired(
+            task, run.labels[task], run.predictions[task], parent.predictions[task]))
+
+    def average_difference(self, run: Scored, parent: Scored) -> Interval:
+        return self._cached((run.name, parent.name, "average"), lambda: paired_average(
+            [(t, run.labels[t], run.predictions[t], parent.predictions[t]) for t in run.labels]))

@@ -1,0 +1,80 @@
+"""Task metrics, the written precision and the bootstrap intervals."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from minbert.metrics import (
+    as_written,
+    average_interval,
+    fixed,
+    history_csv,
+    interval,
+    paired,
+    paired_average,
+    pearson,
+    score,
+)
+
+
+def test_fixed_precision():
+    assert fixed(0.123456) == 0.1235 and fixed(None) is None and math.isnan(fixed(float("nan")))
+    assert str(fixed(-0.00001)) == "0.0"  # no "-0.0" in a file
+    # Two machines that differ in the 7th decimal write the same number.
+    assert fixed(0.17660817720573238) == fixed(0.17660812287271183)
+
+
+def test_scores_and_written_predictions():
+    assert score("sst", np.array([1, 2, 3]), np.array([1, 2, 0])) == pytest.approx(2 / 3)
+    labels, preds = np.array([0.0, 1.0, 4.5, 3.0]), np.array([0.2, 1.5, 4.0, 2.5])
+    assert score("sts", labels, preds) == pytest.approx(stats.pearsonr(labels, preds)[0])
+    assert pearson(labels, np.ones(4)) == 0.0  # constant: no correlation
+    assert as_written("sts", np.array([1.23456])).tolist() == [1.235]
+    assert as_written("quora", np.array([1.0, 0.0])).dtype.kind == "i"
+
+
+def test_interval_width_matches_the_binomial_standard_error():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 400)
+    predictions = np.where(rng.random(400) < 0.5, labels, 1 - labels)
+    iv = interval("quora", labels, predictions)
+    assert iv.low < iv.value < iv.high
+    se = math.sqrt(iv.value * (1 - iv.value) / 400)
+    assert iv.high - iv.low == pytest.approx(2 * 1.96 * se, rel=0.15)
+    assert interval("quora", labels, predictions) == iv  # seeded: the same every time
+
+
+def test_pearson_interval_and_the_average():
+    rng = np.random.default_rng(2)
+    y = rng.uniform(0, 5, 300)
+    p = y + rng.normal(0, 1.5, 300)
+    iv = interval("sts", y, p)
+    assert iv.low < iv.value < iv.high and iv.value == pytest.approx(stats.pearsonr(y, p)[0])
+    c = rng.integers(0, 5, 200)
+    both = average_interval([("sts", y, p), ("sst", c, c)])  # SST perfect: 1.0 in every resample
+    assert both.value == pytest.approx((iv.value + 1.0) / 2)
+    assert both.low == pytest.approx((iv.low + 1.0) / 2, abs=0.01)
+
+
+def test_paired_difference():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, 500)
+    a = np.where(rng.random(500) < 0.6, labels, (labels + 1) % 5)
+    same = paired("sst", labels, a, a)
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0) and not same.excludes_zero
+    better = np.where(rng.random(500) < 0.5, labels, a)  # strictly more correct answers
+    gain = paired("sst", labels, better, a)
+    assert gain.value > 0 and gain.excludes_zero
+    y = rng.uniform(0, 5, 100)
+    avg = paired_average([("sst", labels, better, a), ("sts", y, y + 1, y + 1)])
+    assert avg.value == pytest.approx(gain.value / 2)
+    with pytest.raises(ValueError, match="sst: 500 labels but 3 predictions"):
+        paired("sst", labels, a[:3], a)
+
+
+def test_history_csv_orders_columns_by_the_fullest_row():
+    text = history_csv([{"epoch": 0, "dev_average": 0.25},
+                        {"epoch": 1, "lr": 0.1, "train_loss_sst": 1.5, "dev_average": 0.5}])
+    assert text.splitlines() == ["epoch,lr,train_loss_sst,dev_average", "0,,,0.25", "1,0.1,1.5,0.5"]
