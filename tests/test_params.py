@@ -125,3 +125,12 @@ def test_mlm_settings_per_start(committed):
     assert cont.max_length == committed["scales"]["cpu"]["mlm"]["max_length"]
     with pytest.raises(params.ParamsError, match="MLM start 'warm'"):
         params.mlm_settings(committed, "warm")
+
+
+def test_numbers_in_scientific_notation_are_numbers(tmp_path):
+    """`dvc exp run -S lr=3e-5` writes `3e-05`, a float in YAML 1.2 (PyYAML's 1.1 reads a string)."""
+    text = (REPO / "params.yaml").read_text().replace(
+        "adamw: {lr: 1.0e-4,", "adamw: {lr: 3e-05,", 1)
+    (tmp_path / "params.yaml").write_text(text)
+    loaded = params.load(tmp_path / "params.yaml")
+    assert loaded["scales"]["cpu"]["multitask"]["optimizers"]["adamw"]["lr"] == 3e-05

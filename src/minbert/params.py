@@ -9,6 +9,7 @@ fail loudly, not silently run the default.
 from __future__ import annotations
 
 from pathlib import Path
+import re
 from typing import Any
 
 import yaml
@@ -28,6 +29,17 @@ from minbert.train.smart import SmartSettings
 
 class ParamsError(ValueError):
     pass
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2's floats: ``3e-05`` (what ``dvc exp run -S lr=3e-5`` writes)
+    is a number, where PyYAML's YAML 1.1 rules read a string without a dot."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."))
 
 
 class Partial(dict):
@@ -206,7 +218,7 @@ def load(path: str | Path = "params.yaml") -> dict:
     except FileNotFoundError:
         raise ParamsError(f"{path}: no such parameters file (run from the repository root)") from None
     try:
-        params = yaml.safe_load(text)
+        params = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from None
     return validate(params or {}, str(path))

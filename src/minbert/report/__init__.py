@@ -86,6 +86,9 @@ def write_report(metrics_dir: Path, predictions_dir: Path, prepared_dir: Path, p
         if name in paper:
             sections += [f"## Table {number}: {paper[name]['title']}", "",
                          multitask_table(paper[name], multitask, evidence, zero_shot), ""]
+    if paper.get("choices"):
+        sections += ["## Where the paper is silent, and what this pipeline chose", "",
+                     *(f"- {choice.strip()}" for choice in paper["choices"]), ""]
     pretraining = {m["start"]: m for m in load_metrics(metrics_dir / "mlm")}
     sections += ["## MLM pretraining before fine-tuning", "",
                  mlm_section(pretraining, load_metrics(metrics_dir / "multitask-mlm"), multitask, evidence),
