@@ -143,8 +143,9 @@ def test_fused_qkv_computes_the_same_and_keeps_the_checkpoint_names(tiny_checkpo
     ids = torch.randint(5, 1000, (3, 9))
     mask = torch.ones_like(ids)
     mask[0, 6:] = 0
-    torch.testing.assert_close(fused(ids, mask).last_hidden_state, plain(ids, mask).last_hidden_state,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        fused(ids, mask).last_hidden_state, plain(ids, mask).last_hidden_state, atol=1e-5, rtol=1e-5
+    )
     assert list(fused.state_dict()) == list(plain.state_dict())
     for name, value in plain.state_dict().items():
         assert torch.equal(fused.state_dict()[name], value), name

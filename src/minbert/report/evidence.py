@@ -16,7 +16,16 @@ import numpy as np
 import pandas as pd
 
 from minbert.data.predictions import read_predictions
-from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
+from minbert.metrics import (
+    AVERAGE,
+    Interval,
+    average_interval,
+    fixed,
+    interval,
+    paired,
+    paired_average,
+    score,
+)
 
 
 @dataclass
@@ -102,3 +111,13 @@ class Evidence:
                 [(t, run.labels[t], run.predictions[t], parent.predictions[t]) for t in run.labels]
             ),
         )
+
+    def column(self, run: Scored, column: str) -> Interval:
+        """A table column's cell: a task's metric, or ``AVERAGE``."""
+        return self.average(run) if column == AVERAGE else self.cell(run, column)
+
+    def column_difference(self, run: Scored, parent: Scored, column: str) -> Interval:
+        """``run`` minus ``parent`` in a table column (paired)."""
+        if column == AVERAGE:
+            return self.average_difference(run, parent)
+        return self.difference(run, parent, column)

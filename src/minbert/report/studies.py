@@ -85,9 +85,7 @@ def mlm_section(
             if run is None:
                 continue
             cells = [f"`{m['config']}`", f"`{run['checkpoint']['name']}`"]
-            cells += [
-                fmt_interval(evidence.average(s) if c == AVERAGE else evidence.cell(s, c)) for c in COLUMNS
-            ]
+            cells += [fmt_interval(evidence.column(s, c)) for c in COLUMNS]
             delta = (
                 "(parent)"
                 if origin == "original"
@@ -97,14 +95,7 @@ def mlm_section(
             )
             lines.append(md_row(cells + [delta]))
         if base_scored:
-            ivs = {
-                c: (
-                    evidence.average_difference(scored, base_scored)
-                    if c == AVERAGE
-                    else evidence.difference(scored, base_scored, c)
-                )
-                for c in COLUMNS
-            }
+            ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
             notes.append(conclusion(f"{name}", m["config"], ivs))
         notes.append(provenance(m, name))
     return "\n".join(

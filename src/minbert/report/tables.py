@@ -9,7 +9,6 @@ each table say no more than that.
 
 from __future__ import annotations
 
-from minbert.metrics import AVERAGE
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -116,7 +115,7 @@ def multitask_table(
             )
         ]
         for c in COLUMNS:
-            iv = evidence.average(scored) if c == AVERAGE else evidence.cell(scored, c)
+            iv = evidence.column(scored, c)
             cells += [fmt_interval(iv), NO_NUMBER]
         delta = fmt_difference(evidence.average_difference(scored, parent)) if parent else NO_NUMBER
         lines.append(md_row(cells + [delta]))
@@ -131,7 +130,7 @@ def multitask_table(
             continue
         scored = multitask_scored(evidence, "multitask", config, m)
         for c, paper in zip(COLUMNS, _paper_cells(row.get("paper"))):
-            iv = evidence.average(scored) if c == AVERAGE else evidence.cell(scored, c)
+            iv = evidence.column(scored, c)
             cells += [fmt_interval(iv), paper]
         if config == parent_name:
             delta = "(parent)"
@@ -164,14 +163,7 @@ def multitask_table(
         notes += md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)])
         said = []
         for name, scored in differences:
-            ivs = {
-                c: (
-                    evidence.average_difference(scored, parent)
-                    if c == AVERAGE
-                    else evidence.difference(scored, parent, c)
-                )
-                for c in COLUMNS
-            }
+            ivs = {c: evidence.column_difference(scored, parent, c) for c in COLUMNS}
             notes.append(md_row([f"`{name}`", *(fmt_difference(ivs[c]) for c in COLUMNS)]))
             said.append(conclusion(name, parent_name, ivs))
         notes += ["", "What these dev sets can and cannot tell apart:", ""] + said
