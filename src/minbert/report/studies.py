@@ -43,6 +43,7 @@ def mlm_section(
             "after",
             "training sequences",
             "held-out sequences",
+            "MLM head",
         ]
     )
     for start, m in pretraining.items():
@@ -57,6 +58,7 @@ def mlm_section(
                     f"{a['perplexity']:.1f}",
                     str(c["train_sequences"]),
                     str(c["heldout_sequences"]),
+                    m["head"],
                 ]
             )
         )
@@ -64,7 +66,9 @@ def mlm_section(
         "",
         "Masked-token accuracy and perplexity are measured on held-out sequences of the "
         "training text (masks drawn once, the same positions before and after); "
-        "no dev or test text is in the pretraining corpus.",
+        "no dev or test text is in the pretraining corpus. A checkpoint without an MLM "
+        "head (a sentence-embedding model drops it) starts from a fresh one: its "
+        "'before' is a random head's, and the pretraining mostly trains that head.",
         "",
     ]
     lines += md_header(
