@@ -49,23 +49,43 @@ _started: dict = {}
 
 def parser(description: str) -> argparse.ArgumentParser:
     """Options every script shares; each script adds its own sizes."""
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes and few repeats: a smoke run, not a measurement")
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny sizes and few repeats: a smoke run, not a measurement"
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (median is kept)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls before timing")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads (default: torch's own choice)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own choice)"
+    )
     p.add_argument("--seed", type=int, default=11711)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
     return p
 
 
-def setup(args: argparse.Namespace, *, repeats: int, warmup: int,
-          quick_repeats: int = 2, quick_warmup: int = 1) -> None:
+def synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """``fn`` followed by waiting for the device: a GPU call is timed to its end."""
+    if device.type != "cuda":
+        return fn
+
+    def run():
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
+def setup(
+    args: argparse.Namespace, *, repeats: int, warmup: int, quick_repeats: int = 2, quick_warmup: int = 1
+) -> None:
     """Fill in default repeats, set the thread count and every seed; note the start."""
-    _started.update(started=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    load_average_at_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+    _started.update(
+        started=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        load_average_at_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    )
     if args.repeats is None:
         args.repeats = quick_repeats if args.quick else repeats
     if args.warmup is None:
@@ -89,8 +109,12 @@ class Timing:
         return statistics.median(self.samples)
 
     def as_dict(self) -> dict:
-        return {"median_s": self.median, "min_s": min(self.samples),
-                "max_s": max(self.samples), "samples_s": self.samples}
+        return {
+            "median_s": self.median,
+            "min_s": min(self.samples),
+            "max_s": max(self.samples),
+            "samples_s": self.samples,
+        }
 
 
 def measure(fns: dict[str, Callable[[], object]], *, warmup: int, repeats: int) -> dict[str, Timing]:
@@ -152,8 +176,14 @@ def target(name: str, measured: float, op: str, threshold: float) -> dict:
     if op not in (">=", "<="):
         raise ValueError(op)
     slack = measured - threshold if op == ">=" else threshold - measured
-    return {"target": name, "measured": measured, "op": op, "threshold": threshold,
-            "met": slack >= 0, "slack": slack}
+    return {
+        "target": name,
+        "measured": measured,
+        "op": op,
+        "threshold": threshold,
+        "met": slack >= 0,
+        "slack": slack,
+    }
 
 
 def table(title: str, header: list[str], rows: list[list]) -> None:
@@ -167,9 +197,20 @@ def table(title: str, header: list[str], rows: list[list]) -> None:
 
 def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dict]) -> Path:
     """Print the targets, write ``bench/results/<name>.json``; returns its path."""
-    table("targets", ["target", "measured", "required", "met", "slack"],
-          [[t["target"], f"{t['measured']:.3f}", f"{t['op']} {t['threshold']}",
-            "[green]yes[/]" if t["met"] else "[red]NO[/]", f"{t['slack']:+.3f}"] for t in targets])
+    table(
+        "targets",
+        ["target", "measured", "required", "met", "slack"],
+        [
+            [
+                t["target"],
+                f"{t['measured']:.3f}",
+                f"{t['op']} {t['threshold']}",
+                "[green]yes[/]" if t["met"] else "[red]NO[/]",
+                f"{t['slack']:+.3f}",
+            ]
+            for t in targets
+        ],
+    )
     if args.quick:
         console.print("[yellow]--quick: tiny sizes, a smoke run; the numbers mean nothing[/]")
     record = {
@@ -197,46 +238,47 @@ def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dic
 
 def multitask_settings(config: str, scale: str):
     """The pipeline's settings of ``config`` at ``scale``, from params.yaml."""
-    from minbert import params as params_module
+    from minbert.pipeline import settings as params_module
 
     params = params_module.load(REPO / "params.yaml")
     params["scale"] = scale
     return params, params_module.multitask_settings(params, config)
 
 
-def training_tables(tasks) -> dict:
-    """The pipeline's tokenised training splits (``data/tokenized/<task>-train.parquet``)."""
-    from minbert.data.batches import TokenizedTable
+def training_tables() -> dict:
+    """The pipeline's tokenised tables (``data/tokenized``), as the stages load them."""
+    from minbert.pipeline.multitask import load_tables
 
-    paths = {t: TOKENIZED / f"{t}-train.parquet" for t in tasks}
-    missing = [str(p.relative_to(REPO)) for p in paths.values() if not p.is_file()]
+    missing = [
+        f"data/tokenized/{t}-train.parquet"
+        for t in ("sst", "quora", "sts")
+        if not (TOKENIZED / f"{t}-train.parquet").is_file()
+    ]
     if missing:
         sys.exit(f"missing {', '.join(missing)}: run `dvc repro tokenize` first")
-    return {t: TokenizedTable.read(p) for t, p in paths.items()}
+    return load_tables(TOKENIZED)
 
 
 class MultitaskRunner:
-    """A model and the pipeline's training subsets of a configuration, and the
-    pipeline's own training step over them (``minbert.train.multitask.MultitaskStep``:
-    batch padding, each task's objective with SMART's terms when on, the summed
-    backward or PCGrad's, clipping, the optimizer step, the teacher update).
+    """The model and the training subsets of a configuration, built by the functions
+    the multitask stage uses (``minbert.train.multitask.build_model`` and
+    ``run_data``), and the pipeline's own training step over them
+    (``MultitaskStep``: batch padding, each task's objective with SMART's terms when
+    on, the backward pass (summed or PCGrad's), clipping, the optimizer step, the
+    teacher update).
 
-    Left out: the progress bar and the per-epoch dev evaluation.
+    Left out: the progress bar and the per-epoch evaluation.
     """
 
-    def __init__(self, settings, checkpoint: str):
+    def __init__(self, settings, checkpoint: str, device: torch.device = CPU):
         from minbert.model.bert import BertModel
         from minbert.model.checkpoint import resolve_checkpoint
-        from minbert.train.multitask import TASKS, MultitaskBert, TaskData
-        from minbert.train.sentiment import subsample
+        from minbert.train.multitask import build_model, run_data
 
-        tables = training_tables(TASKS)
-        torch.manual_seed(settings.seed)
         encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
-        self.model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head,
-                                   settings.dropout, settings.pooling, settings.sts_output).train()
-        self.data = {t: TaskData(t, subsample(tables[t], settings.train_examples[t], settings.seed),
-                                 self.model.is_siamese(t)) for t in TASKS}
+        self.device = device
+        self.model = build_model(settings, encoder, device).train()
+        self.data = run_data(settings, self.model, training_tables()).train
 
     @property
     def lengths(self) -> dict[str, np.ndarray]:
@@ -247,7 +289,7 @@ class MultitaskRunner:
         this model; each call gives a step with its own optimizer state."""
         from minbert.train.multitask import MultitaskStep
 
-        return MultitaskStep(settings, self.model, self.data, CPU)
+        return MultitaskStep(settings, self.model, self.data, self.device)
 
     def batches(self, rows_by_task: dict[str, np.ndarray]) -> list[tuple]:
         """(task, padded batch) of one step, as the step pads them."""

@@ -24,20 +24,22 @@ from __future__ import annotations
 
 from unittest import mock
 
-import numpy as np
-
 import common
+import numpy as np
+import torch
 
 TARGET = 3.0  # random-batch epoch seconds / bucketed epoch seconds >= this
 
 
-def epoch_steps(gradient: str, lengths: dict, batch_size: dict, rng: np.random.Generator,
-                order: str) -> list[dict]:
+def epoch_steps(
+    gradient: str, lengths: dict, batch_size: dict, rng: np.random.Generator, order: str
+) -> list[dict]:
+    from minbert.data import multitask
     from minbert.data.batches import random_batches
-    from minbert.train import multitask
 
+    cyclic = gradient == "round-robin"
     if order == "bucketed":
-        return multitask.epoch_steps(gradient, lengths, batch_size, rng)
+        return multitask.epoch_steps(lengths, batch_size, rng, one_task_per_step=cyclic)
 
     # epoch_steps draws each pass from multitask.length_bucketed_batches; swapping in
     # random batches keeps the package's own scheduling logic for both variants.
@@ -45,7 +47,7 @@ def epoch_steps(gradient: str, lengths: dict, batch_size: dict, rng: np.random.G
         return random_batches(len(task_lengths), size, generator)
 
     with mock.patch.object(multitask, "length_bucketed_batches", shuffled):
-        return multitask.epoch_steps(gradient, lengths, batch_size, rng)
+        return multitask.epoch_steps(lengths, batch_size, rng, one_task_per_step=cyclic)
 
 
 def padding(runner: common.MultitaskRunner, steps: list[dict]) -> dict:
@@ -62,8 +64,9 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--config", default="baseline", help="a configuration of params.yaml")
     p.add_argument("--scale", default="cpu", help="a scale of params.yaml (sizes)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="time only the first N steps of each variant's epoch (same N)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="time only the first N steps of each variant's epoch (same N)"
+    )
     args = p.parse_args()
     if args.quick:
         args.steps = args.steps or 2
@@ -71,11 +74,13 @@ def main() -> None:
 
     params, settings = common.multitask_settings(args.config, args.scale)
     orders = ("bucketed", "random")
-    runners = {o: common.MultitaskRunner(settings, params["checkpoint"]) for o in orders}
+    device = torch.device(args.device)
+    runners = {o: common.MultitaskRunner(settings, params["checkpoint"], device) for o in orders}
     steps = {o: runner.step(settings) for o, runner in runners.items()}
     lengths = runners["bucketed"].lengths
-    epoch_length = len(epoch_steps(settings.gradient, lengths, settings.batch_size,
-                                   np.random.default_rng(0), "bucketed"))
+    epoch_length = len(
+        epoch_steps(settings.gradient, lengths, settings.batch_size, np.random.default_rng(0), "bucketed")
+    )
     n_steps = min(args.steps or epoch_length, epoch_length)
 
     def draw(order: str, repeat: int) -> list[dict]:
@@ -84,7 +89,7 @@ def main() -> None:
         return epoch_steps(settings.gradient, lengths, settings.batch_size, rng, order)[:n_steps]
 
     for order, step in steps.items():  # warm-up: allocator, optimizer state, kernels
-        for rows_by_task in draw(order, args.repeats)[:args.warmup]:
+        for rows_by_task in draw(order, args.repeats)[: args.warmup]:
             step(rows_by_task)
 
     # Each repeat's batch order is drawn beforehand, so only the steps are timed.
@@ -92,7 +97,7 @@ def main() -> None:
 
     def epoch(order: str):
         step, pending = steps[order], iter(plans[order])
-        return lambda: [step(rows_by_task) for rows_by_task in next(pending)]
+        return common.synced(lambda: [step(rows_by_task) for rows_by_task in next(pending)], device)
 
     timings = common.measure({o: epoch(o) for o in orders}, warmup=0, repeats=args.repeats)
 
@@ -100,24 +105,46 @@ def main() -> None:
     for order in orders:
         pad = padding(runners[order], plans[order][0])
         t = timings[order]
-        variants[order] = {**t.as_dict(), **pad, "padding_of": "the first repeat's batches",
-                           "steps": n_steps,
-                           "seconds_per_step": t.median / n_steps,
-                           "real_tokens_per_s": pad["real_tokens"] / t.median}
+        variants[order] = {
+            **t.as_dict(),
+            **pad,
+            "padding_of": "the first repeat's batches",
+            "steps": n_steps,
+            "seconds_per_step": t.median / n_steps,
+            "real_tokens_per_s": pad["real_tokens"] / t.median,
+        }
     speedup = timings["random"].median / timings["bucketed"].median
-    common.table(f"multitask epoch: {args.config} at scale {args.scale}, {n_steps} of "
-                 f"{epoch_length} steps, batch sizes {settings.batch_size}",
-                 ["batches", "median s", "s/step", "positions", "padding", "real tokens/s"],
-                 [[o, f"{v['median_s']:.2f}", f"{v['seconds_per_step']:.3f}", f"{v['positions']:,}",
-                   f"{v['padding_fraction']:.0%}", f"{v['real_tokens_per_s']:,.0f}"]
-                  for o, v in variants.items()])
+    common.table(
+        f"multitask epoch: {args.config} at scale {args.scale}, {n_steps} of "
+        f"{epoch_length} steps, batch sizes {settings.batch_size}",
+        ["batches", "median s", "s/step", "positions", "padding", "real tokens/s"],
+        [
+            [
+                o,
+                f"{v['median_s']:.2f}",
+                f"{v['seconds_per_step']:.3f}",
+                f"{v['positions']:,}",
+                f"{v['padding_fraction']:.0%}",
+                f"{v['real_tokens_per_s']:,.0f}",
+            ]
+            for o, v in variants.items()
+        ],
+    )
     common.console.print(f"bucketing speed-up: {speedup:.2f}x")
     name = "epoch" if n_steps == epoch_length else f"first {n_steps} steps of the epoch"
-    results = {"config": args.config, "scale": args.scale, "batch_size": settings.batch_size,
-               "train_examples": {t: len(d) for t, d in runners["bucketed"].data.items()},
-               "gradient": settings.gradient, "smart": settings.smart is not None,
-               "epoch_steps": epoch_length, "timed_steps": n_steps, "full_epoch": n_steps == epoch_length,
-               "variants": variants, "speedup_bucketed_over_random": speedup}
+    results = {
+        "config": args.config,
+        "scale": args.scale,
+        "batch_size": settings.batch_size,
+        "train_examples": {t: len(d) for t, d in runners["bucketed"].data.items()},
+        "gradient": settings.gradient,
+        "smart": settings.smart is not None,
+        "epoch_steps": epoch_length,
+        "timed_steps": n_steps,
+        "full_epoch": n_steps == epoch_length,
+        "variants": variants,
+        "speedup_bucketed_over_random": speedup,
+    }
     targets = [common.target(f"bucketed {name} speed-up over random batches", speedup, ">=", TARGET)]
     common.finish("multitask_epoch", args, results, targets)
 

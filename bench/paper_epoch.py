@@ -31,10 +31,9 @@ import dataclasses
 import math
 import time
 
+import common
 import numpy as np
 import torch
-
-import common
 
 TARGET_SECONDS = 60.0  # per paper-scale epoch on one H100
 TARGET_MFU = 0.35
@@ -55,8 +54,9 @@ def synthetic_tables(sizes: dict, vocab: int, rng: np.random.Generator) -> dict:
         return np.clip(rng.lognormal(3.2, 0.5, size=n), 5, 128).astype(int)
 
     def seqs(lengths):
-        return Sequences.from_list([np.concatenate([[101], rng.integers(1000, vocab, n - 2), [102]])
-                                    for n in lengths])
+        return Sequences.from_list(
+            [np.concatenate([[101], rng.integers(1000, vocab, n - 2), [102]]) for n in lengths]
+        )
 
     tables = {}
     for task, n in sizes.items():
@@ -68,27 +68,38 @@ def synthetic_tables(sizes: dict, vocab: int, rng: np.random.Generator) -> dict:
         labels = rng.integers(0, 2, n) if task == "quora" else rng.uniform(0, 5, n)
         lengths = lengths_of(task, "pair_input_ids", n)
         types = Sequences.from_list([np.repeat([0, 1], [m // 2, m - m // 2]) for m in lengths])
-        tables[task] = TokenizedTable(ids, labels, {"pair_input_ids": seqs(lengths),
-                                                    "pair_token_type_ids": types})
+        tables[task] = TokenizedTable(
+            ids, labels, {"pair_input_ids": seqs(lengths), "pair_token_type_ids": types}
+        )
     return tables
 
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", default=None, help="a bert-base-sized checkpoint directory "
-                   "(default: random bert-base weights)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a bert-base-sized checkpoint directory (default: random bert-base weights)",
+    )
     p.add_argument("--steps", type=int, default=400, help="timed steps (0: the whole epoch)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder layers")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's dense bf16 peak (default: from its name)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the device's dense bf16 peak (default: from its name)",
+    )
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=20, quick_warmup=1)
     if not torch.cuda.is_available() and not args.quick:
-        raise SystemExit("paper_epoch.py measures a GPU: no CUDA device here (--quick runs a "
-                         "tiny smoke test on the CPU)")
+        raise SystemExit(
+            "paper_epoch.py measures a GPU: no CUDA device here (--quick runs a tiny smoke test on the CPU)"
+        )
 
+    from minbert.data.multitask import TaskData, epoch_steps
+    from minbert.metrics import MULTITASK_TASKS as TASKS
     from minbert.model.bert import BertConfig, BertModel
-    from minbert.train.multitask import TASKS, MultitaskBert, MultitaskStep, TaskData, epoch_steps
+    from minbert.train.multitask import MultitaskStep, build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _, settings = common.multitask_settings("concatenation", "paper")
@@ -96,20 +107,27 @@ def main() -> None:
     sizes = {t: 64 for t in TASKS} if args.quick else SIZES
     if args.quick:
         args.steps = 3
-    config = (BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-              if args.quick else BertConfig())
+    config = (
+        BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+        if args.quick
+        else BertConfig()
+    )
     torch.manual_seed(args.seed)
-    encoder = (BertModel.from_pretrained(args.checkpoint) if args.checkpoint else BertModel(config))
+    encoder = BertModel.from_pretrained(args.checkpoint) if args.checkpoint else BertModel(config)
     config = encoder.config
-    model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head, settings.dropout,
-                          settings.pooling, settings.sts_output).to(device).train()
-    if args.compile:
-        model.encoder.compile_layers()
+    model = build_model(dataclasses.replace(settings, compile=args.compile), encoder, device).train()
     rng = np.random.default_rng(args.seed)
-    data = {t: TaskData(t, table, model.is_siamese(t))
-            for t, table in synthetic_tables(sizes, config.vocab_size, rng).items()}
+    data = {
+        t: TaskData(t, table, model.is_siamese(t))
+        for t, table in synthetic_tables(sizes, config.vocab_size, rng).items()
+    }
     step = MultitaskStep(settings, model, data, device)
-    plan = epoch_steps(settings.gradient, {t: d.lengths for t, d in data.items()}, BATCH, rng)
+    plan = epoch_steps(
+        {t: d.lengths for t, d in data.items()},
+        BATCH,
+        rng,
+        one_task_per_step=settings.gradient == "round-robin",
+    )
     epoch_steps = len(plan)
     timed = epoch_steps if args.steps == 0 else min(args.steps, epoch_steps - args.warmup)
 
@@ -117,11 +135,11 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for rows in plan[:args.warmup]:
+    for rows in plan[: args.warmup]:
         step(rows)
     sync()
     start = time.perf_counter()
-    for rows in plan[args.warmup:args.warmup + timed]:
+    for rows in plan[args.warmup : args.warmup + timed]:
         step(rows)
     sync()
     seconds = time.perf_counter() - start
@@ -130,27 +148,95 @@ def main() -> None:
         total = 0.0
         for task, rows in rows_by_task.items():
             for t in data[task].lengths[rows].tolist():
-                total += (6 * config.num_parameters_non_embedding
-                          + 12 * config.num_hidden_layers * t * config.hidden_size) * t
+                total += (
+                    6 * config.num_parameters_non_embedding
+                    + 12 * config.num_hidden_layers * t * config.hidden_size
+                ) * t
         return total
 
-    timed_flop = sum(flop(r) for r in plan[args.warmup:args.warmup + timed])
+    timed_flop = sum(flop(r) for r in plan[args.warmup : args.warmup + timed])
+    profile = profile_steps(step, plan[args.warmup : args.warmup + PROFILED_STEPS], device)
     epoch_seconds = seconds / timed * epoch_steps
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), math.nan)
     mfu = timed_flop / seconds / (peak * 1e12)
-    common.table(f"paper-scale epoch: concatenation, batch {BATCH}, {epoch_steps} steps, on {name}",
-                 ["timed steps", "s/step", "epoch s", "TFLOP/s", "MFU"],
-                 [[timed, f"{seconds / timed * 1e3:.1f} ms", f"{epoch_seconds:.1f}",
-                   f"{timed_flop / seconds / 1e12:.1f}", f"{mfu:.1%}"]])
-    results = {"device": name, "config": dataclasses.asdict(config), "batch_size": BATCH,
-               "sizes": sizes, "epoch_steps": epoch_steps, "timed_steps": timed,
-               "timed_seconds": seconds, "epoch_seconds": epoch_seconds,
-               "timed_model_flop": timed_flop, "peak_tflops": peak, "mfu": mfu,
-               "compile": args.compile, "bf16_autocast": device.type == "cuda"}
-    common.finish("paper_epoch", args, results, [
-        common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS),
-        common.target("model FLOP utilisation (bf16)", mfu, ">=", TARGET_MFU)])
+    common.table(
+        f"paper-scale epoch: concatenation, batch {BATCH}, {epoch_steps} steps, on {name}",
+        ["timed steps", "s/step", "epoch s", "TFLOP/s", "MFU"],
+        [
+            [
+                timed,
+                f"{seconds / timed * 1e3:.1f} ms",
+                f"{epoch_seconds:.1f}",
+                f"{timed_flop / seconds / 1e12:.1f}",
+                f"{mfu:.1%}",
+            ]
+        ],
+    )
+    results = {
+        "device": name,
+        "config": dataclasses.asdict(config),
+        "batch_size": BATCH,
+        "sizes": sizes,
+        "epoch_steps": epoch_steps,
+        "timed_steps": timed,
+        "timed_seconds": seconds,
+        "epoch_seconds": epoch_seconds,
+        "timed_model_flop": timed_flop,
+        "peak_tflops": peak,
+        "mfu": mfu,
+        "compile": args.compile,
+        "bf16_autocast": device.type == "cuda",
+        # Where the last steps' time went: the host's view and the device's.
+        "profile": profile,
+    }
+    common.finish(
+        "paper_epoch",
+        args,
+        results,
+        [
+            common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS),
+            common.target("model FLOP utilisation (bf16)", mfu, ">=", TARGET_MFU),
+        ],
+    )
+
+
+PROFILED_STEPS = 6
+
+
+def profile_steps(step, plan: list[dict], device) -> dict:
+    """torch.profiler over a few steps: the operators that take the most host time and
+    the most device time, and how many kernels a step launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for rows in plan:
+            step(rows)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    steps = max(1, len(plan))
+
+    def top(key: str, n: int = 12) -> list[dict]:
+        ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:n]
+        return [
+            {"name": e.key, "calls_per_step": e.count / steps, "ms_per_step": getattr(e, key) / 1e3 / steps}
+            for e in ranked
+        ]
+
+    device_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return {
+        "steps": steps,
+        "host_ms_per_step": sum(e.self_cpu_time_total for e in events) / 1e3 / steps,
+        "device_ms_per_step": (
+            sum(getattr(e, device_key) for e in events) / 1e3 / steps if device.type == "cuda" else None
+        ),
+        "kernel_launches_per_step": sum(e.count for e in events if e.key.startswith("cudaLaunchKernel"))
+        / steps,
+        "top_host": top("self_cpu_time_total"),
+        "top_device": top(device_key) if device.type == "cuda" else [],
+    }
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _stage_name(pid: int) -> str | None:
         return None
     for i, arg in enumerate(argv):
         if arg.startswith("stages/") and arg.endswith(".py"):
-            return " ".join([Path(arg).stem, *[a for a in argv[i + 1:] if a]])
+            return " ".join([Path(arg).stem, *[a for a in argv[i + 1 :] if a]])
     return None
 
 
@@ -95,14 +95,18 @@ def main() -> None:
     results = {
         "command": args.command,
         "wall_s": wall,
-        "stages": [{"stage": e["stage"], "peak_rss_gb": e["peak_kb"] / 2**20,
-                    "seconds": e["last"] - e["first"]} for e in rows],
+        "stages": [
+            {"stage": e["stage"], "peak_rss_gb": e["peak_kb"] / 2**20, "seconds": e["last"] - e["first"]}
+            for e in rows
+        ],
     }
     peak = max((e["peak_kb"] for e in rows), default=0) / 2**20
     results["peak_rss_gb"] = peak
-    common.table(f"{' '.join(args.command)}: {wall / 60:.1f} min", ["stage", "peak RSS (GB)", "seconds"],
-                 [[s["stage"], f"{s['peak_rss_gb']:.2f}", f"{s['seconds']:.0f}"]
-                  for s in results["stages"]])
+    common.table(
+        f"{' '.join(args.command)}: {wall / 60:.1f} min",
+        ["stage", "peak RSS (GB)", "seconds"],
+        [[s["stage"], f"{s['peak_rss_gb']:.2f}", f"{s['seconds']:.0f}"] for s in results["stages"]],
+    )
     targets = [common.target("peak resident memory of any stage (GB)", peak, "<=", LIMIT_GB)]
     common.finish("stage_memory", args, results, targets)
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-import numpy as np
-
 import common
+import numpy as np
+import torch
 
 TARGETS = {"pcgrad": 1.3, "smart": 2.5}  # step time / plain step time <= this
 
@@ -38,41 +38,65 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=20, warmup=3)
 
-    from minbert.train.multitask import epoch_steps
+    from minbert.data.multitask import epoch_steps
     from minbert.train.smart import SmartSettings
 
     params, settings = common.multitask_settings(args.config, args.scale)
-    smart = dataclasses.replace(settings.smart or SmartSettings(**{
-        k: v for k, v in params["smart"].items() if k != "enabled"}), steps=args.smart_steps)
-    runner = common.MultitaskRunner(settings, params["checkpoint"])
-    pool = epoch_steps("summed", runner.lengths, settings.batch_size,
-                       np.random.default_rng(args.seed))[:args.pool]
+    smart = dataclasses.replace(
+        settings.smart or SmartSettings(**{k: v for k, v in params["smart"].items() if k != "enabled"}),
+        steps=args.smart_steps,
+    )
+    device = torch.device(args.device)
+    runner = common.MultitaskRunner(settings, params["checkpoint"], device)
+    pool = epoch_steps(
+        runner.lengths, settings.batch_size, np.random.default_rng(args.seed), one_task_per_step=False
+    )[: args.pool]
 
-    variants = {"plain": ("summed", None), "pcgrad": ("pcgrad", None),
-                "smart": ("summed", smart), "pcgrad+smart": ("pcgrad", smart)}
+    variants = {
+        "plain": ("summed", None),
+        "pcgrad": ("pcgrad", None),
+        "smart": ("summed", smart),
+        "pcgrad+smart": ("pcgrad", smart),
+    }
 
     def cycle(gradient: str, smart_settings):  # every variant walks the same batches
         step = runner.step(dataclasses.replace(settings, gradient=gradient, smart=smart_settings))
         batches = itertools.cycle(pool)
-        return lambda: step(next(batches))
+        return common.synced(lambda: step(next(batches)), device)
 
-    timings = common.measure({n: cycle(*v) for n, v in variants.items()},
-                             warmup=args.warmup, repeats=args.repeats)
+    timings = common.measure(
+        {n: cycle(*v) for n, v in variants.items()}, warmup=args.warmup, repeats=args.repeats
+    )
     plain = timings["plain"].median
     results = {n: {**t.as_dict(), "ratio_to_plain": t.median / plain} for n, t in timings.items()}
-    common.table(f"multitask step: {args.config} at scale {args.scale}, batch sizes "
-                 f"{settings.batch_size}, SMART {args.smart_steps} ascent step(s)",
-                 ["step", "median ms", "min ms", "x plain"],
-                 [[n, f"{r['median_s'] * 1e3:.1f}", f"{r['min_s'] * 1e3:.1f}",
-                   f"{r['ratio_to_plain']:.2f}x"] for n, r in results.items()])
-    targets = [common.target(f"{n} step / plain step", results[n]["ratio_to_plain"], "<=", limit)
-               for n, limit in TARGETS.items()]
-    common.finish("step_overhead", args, {
-        "config": args.config, "scale": args.scale, "batch_size": settings.batch_size,
-        "heads": {"paraphrase": settings.paraphrase_head, "sts": settings.sts_head},
-        "smart_settings": dataclasses.asdict(smart), "pool": len(pool),
-        "pool_shapes": [{t: list(b.ids.shape) for t, b in runner.batches(step)} for step in pool],
-        "variants": results}, targets)
+    common.table(
+        f"multitask step: {args.config} at scale {args.scale}, batch sizes "
+        f"{settings.batch_size}, SMART {args.smart_steps} ascent step(s)",
+        ["step", "median ms", "min ms", "x plain"],
+        [
+            [n, f"{r['median_s'] * 1e3:.1f}", f"{r['min_s'] * 1e3:.1f}", f"{r['ratio_to_plain']:.2f}x"]
+            for n, r in results.items()
+        ],
+    )
+    targets = [
+        common.target(f"{n} step / plain step", results[n]["ratio_to_plain"], "<=", limit)
+        for n, limit in TARGETS.items()
+    ]
+    common.finish(
+        "step_overhead",
+        args,
+        {
+            "config": args.config,
+            "scale": args.scale,
+            "batch_size": settings.batch_size,
+            "heads": {"paraphrase": settings.paraphrase_head, "sts": settings.sts_head},
+            "smart_settings": dataclasses.asdict(smart),
+            "pool": len(pool),
+            "pool_shapes": [{t: list(b.ids.shape) for t, b in runner.batches(step)} for step in pool],
+            "variants": results,
+        },
+        targets,
+    )
 
 
 if __name__ == "__main__":

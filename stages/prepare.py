@@ -2,16 +2,6 @@
 
 from pathlib import Path
 
-from minbert import params
-from minbert.data.prepare import prepare
+from minbert.pipeline import prepare
 
-p = params.load()["data"]
-prepare(
-    p["source"],
-    Path("data/prepared"),
-    quora_holdout_fraction=p["quora_holdout_fraction"],
-    split_seed=p["split_seed"],
-    skip_ids=p["skip_ids"],
-    allow_unverified=p["allow_unverified"],
-    verify_checksums=p["verify_checksums"],
-)
+prepare.main(params_file=Path("params.yaml"), out_dir=Path("data/prepared"))

@@ -2,8 +2,12 @@
 
 from pathlib import Path
 
-from minbert.report import write_report
+from minbert.pipeline import report
 
-write_report(metrics_dir=Path("metrics"), predictions_dir=Path("predictions"),
-             prepared_dir=Path("data/prepared"), paper_file=Path("reference/paper.yaml"),
-             out_dir=Path("report"))
+report.main(
+    metrics_dir=Path("metrics"),
+    predictions_dir=Path("predictions"),
+    prepared_dir=Path("data/prepared"),
+    paper_file=Path("reference/paper.yaml"),
+    out_dir=Path("report"),
+)

@@ -3,15 +3,11 @@
 import sys
 from pathlib import Path
 
-from minbert import params
-from minbert.train.device import pin_cpu_kernels
-from minbert.train.sentiment import run_stage
+from minbert.pipeline import sentiment
 
-pin_cpu_kernels()  # before any tensor operation: the same numbers on every CPU
-
-run_stage(
-    params.load(),
-    sys.argv[1],
+sentiment.main(
+    sys.argv[1:],
+    settings_dir=Path("data/settings/sentiment"),
     tokenized_dir=Path("data/tokenized"),
     metrics_dir=Path("metrics/sentiment"),
     predictions_dir=Path("predictions/sentiment"),

@@ -2,14 +2,10 @@
 
 from pathlib import Path
 
-from minbert import params
-from minbert.data.tokenize import tokenize_prepared
-from minbert.model.checkpoint import resolve_checkpoint
+from minbert.pipeline import tokenize
 
-p = params.load()
-tokenize_prepared(
-    Path("data/prepared"),
-    Path("data/tokenized"),
-    resolve_checkpoint(p["checkpoint"]) / "vocab.txt",
-    params.scale(p)["max_length"],
+tokenize.main(
+    settings_file=Path("data/settings/tokenize.json"),
+    prepared_dir=Path("data/prepared"),
+    out_dir=Path("data/tokenized"),
 )

@@ -2,14 +2,10 @@
 
 from pathlib import Path
 
-from minbert import params
-from minbert.train.device import pin_cpu_kernels
-from minbert.zero_shot import run_stage
+from minbert.pipeline import zero_shot
 
-pin_cpu_kernels()  # before any tensor operation: the same numbers on every CPU
-
-run_stage(
-    params.load(),
+zero_shot.main(
+    settings_file=Path("data/settings/zero-shot.json"),
     tokenized_dir=Path("data/tokenized"),
     manifest_file=Path("data/prepared/manifest.json"),
     metrics_file=Path("metrics/zero-shot.json"),

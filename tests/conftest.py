@@ -26,8 +26,13 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-TINY = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=512)
+TINY = BertConfig(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=512,
+)
 
 
 @pytest.fixture(scope="session")
@@ -39,23 +44,37 @@ def tiny_checkpoint(tmp_path_factory, minilm_dir) -> Path:
     return directory
 
 
-def tiny_multitask_scale(params: dict, *, epochs: int, batch_size: dict, lr: float = 1e-3,
-                         history: dict | None = None, test_predictions: bool = True) -> dict:
+def tiny_multitask_scale(
+    params: dict,
+    *,
+    epochs: int,
+    batch_size: dict,
+    lr: float = 1e-3,
+    history: dict | None = None,
+    test_predictions: bool = True,
+) -> dict:
     """The committed cpu scale's multitask sizes cut down for a tiny model: whole
     (tiny) splits, every example in the history, ``lr`` for both optimizers."""
     scale = params["scales"]["cpu"]["multitask"]
-    scale.update(epochs=epochs, batch_size=dict(batch_size),
-                 train_examples={t: 0 for t in ("sst", "quora", "sts")},
-                 history_examples=history or {"dev": 0, "train": 0},
-                 test_predictions=test_predictions)
+    scale.update(
+        epochs=epochs,
+        batch_size=dict(batch_size),
+        train_examples={t: 0 for t in ("sst", "quora", "sts")},
+        history_examples=history or {"dev": 0, "train": 0},
+        test_predictions=test_predictions,
+    )
     for optimizer in scale["optimizers"].values():
         optimizer["lr"] = lr
     return params
 
 
-def tiny_sentiment_scale(params: dict, *, batch_size: int, epochs: dict, train_examples: dict,
-                         max_tokens: int = 0) -> dict:
+def tiny_sentiment_scale(
+    params: dict, *, batch_size: int, epochs: dict, train_examples: dict, max_tokens: int = 0
+) -> dict:
     params["scales"]["cpu"]["sentiment"].update(
-        batch_size={"sst": batch_size, "cfimdb": batch_size}, max_tokens=max_tokens,
-        epochs=dict(epochs), train_examples=dict(train_examples))
+        batch_size={"sst": batch_size, "cfimdb": batch_size},
+        max_tokens=max_tokens,
+        epochs=dict(epochs),
+        train_examples=dict(train_examples),
+    )
     return params

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import torch
 import yaml
-
-from minbert import params as params_module
-from minbert.data.batches import TokenizedTable
-from minbert.model import BertModel
-from minbert.train import distributed
-from minbert.train import multitask as multitask_module
-from minbert.train.multitask import TASKS, train_multitask
 from conftest import tiny_multitask_scale
+
+from minbert import distributed
+from minbert.data.batches import TokenizedTable
+from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.model.bert import BertModel
+from minbert.pipeline import settings as params_module
+from minbert.train.multitask import train_multitask
+from minbert.train.smart import EmaTeacher
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = {"sst": 4, "quora": 3, "sts": 2}  # per process, times BATCH_SCALE
@@ -42,11 +43,17 @@ def settings_for(config: str, checkpoint: Path, batch_scale: int):
     return dataclasses.replace(settings, dropout=0.0)
 
 
-def run(tokenized: Path, checkpoint: Path, batch_scale: int, config: str,
-        world: distributed.World = distributed.World()) -> dict:
+def run(
+    tokenized: Path,
+    checkpoint: Path,
+    batch_scale: int,
+    config: str,
+    world: distributed.World = distributed.World(),
+) -> dict:
     """Train ``config`` and return what the test compares."""
-    tables = {(t, s): TokenizedTable.read(tokenized / f"{t}-{s}.parquet")
-              for t in TASKS for s in ("train", "dev")}
+    tables = {
+        (t, s): TokenizedTable.read(tokenized / f"{t}-{s}.parquet") for t in TASKS for s in ("train", "dev")
+    }
     encoder = BertModel.from_pretrained(checkpoint)
     for module in encoder.modules():  # dropout off: the same maths at any batch split
         if isinstance(module, torch.nn.Dropout):
@@ -54,21 +61,26 @@ def run(tokenized: Path, checkpoint: Path, batch_scale: int, config: str,
         if hasattr(module, "dropout_p"):
             module.dropout_p = 0.0
     teacher_sums = []
-    original = multitask_module.EmaTeacher.update
+    original = EmaTeacher.update
 
     def update(self, model):  # record the teacher after every step
         original(self, model)
         teacher_sums.append(float(sum(p.double().sum() for p in self.module.parameters())))
 
-    multitask_module.EmaTeacher.update = update
+    EmaTeacher.update = update
     try:
-        result = train_multitask(settings_for(config, checkpoint, batch_scale), encoder, tables,
-                                 torch.device("cpu"), world=world)
+        result = train_multitask(
+            settings_for(config, checkpoint, batch_scale), encoder, tables, torch.device("cpu"), world=world
+        )
     finally:
-        multitask_module.EmaTeacher.update = original
-    return {"history": result.history, "conflicts": result.conflicts,
-            "encoder": encoder.state_dict(), "teacher_sums": teacher_sums,
-            "dev_predictions": {t: torch.from_numpy(v) for t, v in result.dev_predictions.items()}}
+        EmaTeacher.update = original
+    return {
+        "history": result.history,
+        "conflicts": result.conflicts,
+        "encoder": encoder.state_dict(),
+        "teacher_sums": teacher_sums,
+        "dev_predictions": {t: torch.from_numpy(v) for t, v in result.dev_predictions.items()},
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -1,8 +1,20 @@
 """The minbert command line."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
+from minbert.data.predictions import read_predictions
+from minbert.model.bert import BertModel
+from minbert.model.multitask import MultitaskBert, save_multitask
 
 runner = CliRunner()
 
@@ -24,8 +36,10 @@ def test_validate_good_and_bad_files(tmp_path):
     result = runner.invoke(app, ["validate", str(good), "--task", "sst"])
     assert result.exit_code == 0, result.output
 
-    bad = _write(tmp_path / "bad.csv",
-                 "\tid\tsentence\tsentiment\n0\ta1\t A fine film .\t7\n1\ta2\t \t2\n2\ta1\tAgain .\t1\n")
+    bad = _write(
+        tmp_path / "bad.csv",
+        "\tid\tsentence\tsentiment\n0\ta1\t A fine film .\t7\n1\ta2\t \t2\n2\ta1\tAgain .\t1\n",
+    )
     result = runner.invoke(app, ["validate", str(bad), "--task", "sst"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
@@ -43,3 +57,196 @@ def test_check_params(tmp_path):
     bad = _write(tmp_path / "params.yaml", "seed: 1\noptimiser: adamaxw\n")
     result = runner.invoke(app, ["check-params", str(bad)])
     assert result.exit_code == 1 and "unknown key 'optimiser'" in result.output
+
+
+# ----------------------------------------------------------------------------- a model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny_checkpoint):
+    """A multitask model directory as the stages write it (untrained heads: the commands'
+    plumbing is what is tested here)."""
+    torch.manual_seed(0)
+    model = MultitaskBert(
+        BertModel.from_pretrained(tiny_checkpoint), "siamese-concat", "cross-encoder", 0.3, "mean", "sigmoid"
+    )
+    directory = tmp_path_factory.mktemp("model") / "best"
+    directory.mkdir()
+    info = {
+        "config": "best",
+        "max_length": {"sst": 32, "quora": 32, "sts": 32},
+        "eval_batch_size": 4,
+        "best_epoch": 1,
+        "dev": {},
+        "dev_examples": {},
+        "checkpoint": {"name": "tiny"},
+        "scale": "cpu",
+        "seed": 0,
+    }
+    save_multitask(model, directory, tiny_checkpoint / "vocab.txt", info)
+    return directory
+
+
+def _sst_file(path, rows=6, labelled=True):
+    header = "\tid\tsentence" + ("\tsentiment" if labelled else "")
+    lines = [header] + [
+        f"{i}\ts{i}\tA {'good' if i % 2 else 'bad'} film .{chr(9) + str(i % 5) if labelled else ''}"
+        for i in range(rows)
+    ]
+    return _write(path, "\n".join(lines) + "\n")
+
+
+def test_help_lists_predict_and_evaluate():
+    result = runner.invoke(app, ["--help"])
+    for command in ("predict", "evaluate", "seed-study"):
+        assert command in result.output
+
+
+def test_predict_sentences_and_a_file(model_dir, tmp_path):
+    result = runner.invoke(
+        app,
+        [
+            "predict",
+            str(model_dir),
+            "--task",
+            "sts",
+            "--pair",
+            "A man is playing a guitar.",
+            "Someone plays an instrument.",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    score = float(result.output.split()[0])
+    assert 0 <= score <= 5 and "A man is playing a guitar." in result.output
+    result = runner.invoke(
+        app, ["predict", str(model_dir), "--task", "sst", "--text", "A fine film .", "--text", "Dreadful ."]
+    )
+    assert result.exit_code == 0 and len(result.output.strip().splitlines()) == 2
+    out = tmp_path / "pred.csv"
+    result = runner.invoke(
+        app,
+        [
+            "predict",
+            str(model_dir),
+            "--task",
+            "sst",
+            str(_sst_file(tmp_path / "in.csv", labelled=False)),
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    written = read_predictions(out)
+    assert list(written) == [f"s{i}" for i in range(6)] and set(written.values()) <= set("01234")
+    # A plain CSV with named columns (no index, no ids): ids come from the lines.
+    plain = _write(tmp_path / "pairs.csv", 'sentence1,sentence2\n"A man, here .",A man .\nDogs .,Cats .\n')
+    result = runner.invoke(app, ["predict", str(model_dir), "--task", "quora", str(plain)])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.output.splitlines() if line.startswith("line-")]
+    assert [r[0] for r in rows] == ["line-2", "line-3"] and all("paraphrase" in r[1] for r in rows)
+
+
+def test_evaluate_scores_a_labelled_file_with_an_interval(model_dir, tmp_path):
+    labelled = _sst_file(tmp_path / "dev.csv", rows=40)
+    result = runner.invoke(
+        app, ["evaluate", str(model_dir), "--task", "sst", str(labelled), "-o", str(tmp_path / "score.json")]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "score.json").read_text())
+    assert summary["examples"] == 40 and summary["metric"] == "SST acc"
+    low, high = summary["interval_95"]
+    assert low <= summary["value"] <= high
+    # The same number as the predictions scored by hand.
+    out = tmp_path / "p.csv"
+    runner.invoke(app, ["predict", str(model_dir), "--task", "sst", str(labelled), "-o", str(out)])
+    predicted = read_predictions(out)
+    truth = {f"s{i}": i % 5 for i in range(40)}
+    assert summary["value"] == pytest.approx(sum(int(predicted[k]) == v for k, v in truth.items()) / 40)
+    unlabelled = runner.invoke(
+        app,
+        ["evaluate", str(model_dir), "--task", "sst", str(_sst_file(tmp_path / "test.csv", labelled=False))],
+    )
+    assert unlabelled.exit_code == 1 and "no label column 'sentiment'" in unlabelled.output
+
+
+def _assert_one_line_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "error: " in result.output
+    for fragment in fragments:
+        assert fragment in result.output, (fragment, result.output)
+
+
+def test_bad_models_and_inputs_end_in_one_line(model_dir, tmp_path):
+    missing = tmp_path / "nowhere"
+    _assert_one_line_error(
+        runner.invoke(app, ["predict", str(missing), "--task", "sst", "--text", "x"]),
+        str(missing),
+        "not a fine-tuned multitask model",
+    )
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "minbert.json").write_text("{not json")
+    _assert_one_line_error(
+        runner.invoke(app, ["predict", str(broken), "--task", "sst", "--text", "x"]),
+        "minbert.json",
+        "not valid JSON",
+    )
+    shutil.copy(model_dir / "minbert.json", broken / "minbert.json")
+    (broken / "heads.safetensors").write_bytes(b"\x00" * 10)
+    _assert_one_line_error(
+        runner.invoke(app, ["predict", str(broken), "--task", "sst", "--text", "x"]), "heads.safetensors"
+    )
+    (broken / "model.safetensors").write_bytes(b"garbage")
+    _assert_one_line_error(runner.invoke(app, ["predict", str(broken), "--task", "sst", "--text", "x"]))
+    bad_row = _write(tmp_path / "bad.csv", "\tid\tsentence\tsentiment\n0\ta\tFine .\t9\n")
+    _assert_one_line_error(
+        runner.invoke(app, ["evaluate", str(model_dir), "--task", "sst", str(bad_row)]),
+        f"{bad_row}:2: sentiment '9' is outside the classes 0..4",
+    )
+    _assert_one_line_error(
+        runner.invoke(app, ["check-params", str(_write(tmp_path / "p.yaml", "a: [1"))]), "not valid YAML"
+    )
+    _assert_one_line_error(
+        runner.invoke(app, ["checkpoint", str(tmp_path / "no-checkpoint")]), "does not exist"
+    )
+    # --debug keeps the traceback.
+    debug = runner.invoke(app, ["--debug", "predict", str(missing), "--task", "sst", "--text", "x"])
+    assert debug.exit_code == 1 and isinstance(debug.exception, FileNotFoundError)
+
+
+def test_validate_requires_labels_unless_told_the_file_is_unlabelled(tmp_path):
+    stripped = _sst_file(tmp_path / "ids-sst-train.csv", labelled=False)
+    result = runner.invoke(app, ["validate", str(stripped), "--task", "sst"])
+    assert result.exit_code == 1
+    assert f"{stripped}:1: no label column 'sentiment'" in result.output
+    assert runner.invoke(app, ["validate", str(stripped), "--task", "sst", "--unlabelled"]).exit_code == 0
+    # The course's own test files are unlabelled by name.
+    test_file = _sst_file(tmp_path / "ids-sst-test-student.csv", labelled=False)
+    assert runner.invoke(app, ["validate", str(test_file), "--task", "sst"]).exit_code == 0
+    labelled_as_test = _sst_file(tmp_path / "x.csv")
+    result = runner.invoke(app, ["validate", str(labelled_as_test), "--task", "sst", "--unlabelled"])
+    assert result.exit_code == 1 and "has a label column" in result.output
+    named = _write(tmp_path / "named.tsv", "sentence\tsentiment\nA film .\t2\n")
+    assert runner.invoke(app, ["validate", str(named), "--task", "sst", "--named"]).exit_code == 0
+
+
+def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
+    (tmp_path / "params.yaml").write_text("seed: 1\noptimiser: adamaxw\n")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "stages" / "resolve.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "error: params.yaml: unknown key 'optimiser'" in done.stderr
+    debug = subprocess.run(
+        [sys.executable, str(REPO / "stages" / "resolve.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MINBERT_DEBUG": "1"},
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

@@ -7,14 +7,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA as SHARED
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minbert.data.csvfile import DataError, Problem, read_task_csv, validate_task_csv
+from minbert.data.csvfile import read_task_csv, validate_task_csv
+from minbert.data.problems import DataError, Problem
 from minbert.data.tasks import TASKS
 
 SST, QUORA, STS = TASKS["sst"], TASKS["quora"], TASKS["sts"]
-from conftest import SHARED_DATA as SHARED
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared course data not found at {SHARED}")
 
@@ -38,7 +39,7 @@ def only_problem(path: Path, task=SST) -> Problem:
 
 
 def test_reads_labelled_file_with_types_lines_and_text_as_is(tmp_path):
-    path = write(tmp_path / "sst.csv", SST_HEADER, "0\taaa\t Nice film .\t4", "1\tbbb\t Bad \"\"x\"\" .\t0")
+    path = write(tmp_path / "sst.csv", SST_HEADER, "0\taaa\t Nice film .\t4", '1\tbbb\t Bad ""x"" .\t0')
     df = read_task_csv(path, SST)
     assert list(df.columns) == ["id", "sentence", "label", "line"]
     assert df["id"].tolist() == ["aaa", "bbb"]
@@ -63,7 +64,9 @@ def test_reads_quoted_fields_with_doubled_quotes(tmp_path):
 
 
 def test_reads_score_labels_as_float(tmp_path):
-    path = write(tmp_path / "sts.csv", "\tid\tsentence1\tsentence2\tsimilarity", "5\ts1\tA\tB\t0.0", "6\ts2\tC\tD\t5.0")
+    path = write(
+        tmp_path / "sts.csv", "\tid\tsentence1\tsentence2\tsimilarity", "5\ts1\tA\tB\t0.0", "6\ts2\tC\tD\t5.0"
+    )
     df = read_task_csv(path, STS)
     assert df["label"].dtype == "float64" and df["label"].tolist() == [0.0, 5.0]
 
@@ -83,7 +86,7 @@ def test_test_file_has_no_label_column(tmp_path, header, row):
 
 def test_byte_order_mark_and_crlf_are_accepted(tmp_path):
     path = tmp_path / "bom.csv"
-    path.write_bytes(b"\xef\xbb\xbf" + f"{SST_HEADER}\r\n0\ta\t x\t1\r\n1\tb\t\"y\r\nz\"\t2\r\n".encode())
+    path.write_bytes(b"\xef\xbb\xbf" + f'{SST_HEADER}\r\n0\ta\t x\t1\r\n1\tb\t"y\r\nz"\t2\r\n'.encode())
     df = read_task_csv(path, SST)
     assert df["sentence"].tolist() == [" x", "y\r\nz"]  # an embedded CRLF inside quotes is text
     assert df["line"].tolist() == [2, 3]
@@ -116,7 +119,11 @@ def test_missing_file_says_where_and_how(tmp_path):
     path = tmp_path / "nope.csv"
     problem = only_problem(path)
     assert problem.path == str(path) and problem.line == 0
-    assert str(path) in problem.reason and "data.source" in problem.reason and "MINBERT_DATA_DIR" in problem.reason
+    assert (
+        str(path) in problem.reason
+        and "data.source" in problem.reason
+        and "MINBERT_DATA_DIR" in problem.reason
+    )
     with pytest.raises(DataError) as err:
         read_task_csv(path, SST)
     assert err.value.problems == [problem]
@@ -149,14 +156,18 @@ def test_wrong_number_of_fields(tmp_path):
 
 
 def test_unterminated_quote_names_the_line_it_opened_on(tmp_path):
-    path = write(tmp_path / "q.csv", SST_HEADER, "0\ta\tx\t1", '1\tb\t"never closed\t2', "2\tc\tz\t3", "3\td\tw\t4")
+    path = write(
+        tmp_path / "q.csv", SST_HEADER, "0\ta\tx\t1", '1\tb\t"never closed\t2', "2\tc\tz\t3", "3\td\tw\t4"
+    )
     problem = only_problem(path)
     assert problem.line == 3
     assert "unterminated" in problem.reason and "line 3" in problem.reason
 
 
 def test_stray_quote_that_swallows_lines_is_reported_at_the_record_start(tmp_path):
-    path = write(tmp_path / "q.csv", SST_HEADER, '0\ta\t"oops\t1', "1\tb\tfine\t2", '2\tc\t"quoted"\t3', "3\td\tok\t4")
+    path = write(
+        tmp_path / "q.csv", SST_HEADER, '0\ta\t"oops\t1', "1\tb\tfine\t2", '2\tc\t"quoted"\t3', "3\td\tok\t4"
+    )
     problems = validate_task_csv(path, SST)
     assert [p.line for p in problems] == [2]
     assert "lines 2-4" in problems[0].reason and "opened on line 2" in problems[0].reason
@@ -197,10 +208,15 @@ def test_bad_labels(tmp_path, task, header, label, expected):
     assert problem.line == 3 and expected in problem.reason and task.label_column in problem.reason
 
 
-@pytest.mark.parametrize("text, word", [("", "empty"), ("   ", "whitespace-only"), ("\u00a0", "whitespace-only")])
+@pytest.mark.parametrize(
+    "text, word", [("", "empty"), ("   ", "whitespace-only"), ("\u00a0", "whitespace-only")]
+)
 def test_empty_or_blank_sentence(tmp_path, text, word):
     path = write(
-        tmp_path / "s.csv", "\tid\tsentence1\tsentence2\tsimilarity", "0\ta\tfine\tfine\t1.0", f"1\tb\tfine\t{text}\t2.0"
+        tmp_path / "s.csv",
+        "\tid\tsentence1\tsentence2\tsimilarity",
+        "0\ta\tfine\tfine\t1.0",
+        f"1\tb\tfine\t{text}\t2.0",
     )
     problem = only_problem(path, STS)
     assert problem.line == 3 and problem.reason == f"sentence2 is {word}"
@@ -268,7 +284,9 @@ def test_problem_and_data_error_formatting():
 
 # --- property: whatever csv.writer writes, read_task_csv reads back exactly -------
 
-_awkward = st.sampled_from(["\t", '"', '""', "\n", "\r", "\r\n", " ", "\ufeff", "é", "日本", "\U0001f600", "\x00"])
+_awkward = st.sampled_from(
+    ["\t", '"', '""', "\n", "\r", "\r\n", " ", "\ufeff", "é", "日本", "\U0001f600", "\x00"]
+)
 _sentence = (
     st.lists(st.one_of(st.characters(exclude_categories=("Cs",)), _awkward), min_size=1, max_size=30)
     .map("".join)
@@ -295,9 +313,14 @@ def test_csv_writer_output_round_trips(rows):
 
 _GOOD_SST = (SST_HEADER + "\n0\tid-a\tA fine film .\t3\n1\tid-b\tDull .\t1\n").encode()
 _damage = st.lists(
-    st.tuples(st.integers(0, len(_GOOD_SST)), st.integers(0, 3),
-              st.binary(max_size=4) | st.sampled_from([b"\t", b'"', b"\n", b"\r\n", b"\xff", b"\x00"])),
-    min_size=1, max_size=4)
+    st.tuples(
+        st.integers(0, len(_GOOD_SST)),
+        st.integers(0, 3),
+        st.binary(max_size=4) | st.sampled_from([b"\t", b'"', b"\n", b"\r\n", b"\xff", b"\x00"]),
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 # Derandomised: CI must see the same examples on every run (and any failure again).
@@ -309,7 +332,7 @@ def test_any_damage_is_read_or_reported_with_file_and_line(edits):
     data = bytearray(_GOOD_SST)
     for at, cut, insert in edits:  # replace data[at:at+cut] by insert
         at = min(at, len(data))
-        data[at:at + cut] = insert
+        data[at : at + cut] = insert
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sst.csv"
         path.write_bytes(bytes(data))
@@ -356,4 +379,3 @@ def test_every_other_real_file_is_clean(task, name):
     if not path.exists():
         pytest.skip(f"{name} is not in the shared data")
     assert validate_task_csv(path, task) == []
-

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import distributed_worker
 import numpy as np
 import pytest
 import torch
@@ -21,23 +22,39 @@ import yaml
 from conftest import REPO, tiny_multitask_scale
 from test_multitask import _prepared
 
-import distributed_worker
-from minbert import params as params_module
+from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
-from minbert.evaluate import read_predictions
-from minbert.train.distributed import World
-from minbert.train.multitask import TASKS
+from minbert.distributed import World
+from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.pipeline import resolve
+from minbert.pipeline import settings as params_module
 
 CONFIGS = ["baseline", "summed", "best"]  # round-robin, summed losses, PCGrad + SMART
 
 
 def _torchrun(script: Path, *args, cwd: Path | None = None) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script), *map(str, args)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            *map(str, args),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
 
@@ -45,23 +62,25 @@ def _torchrun(script: Path, *args, cwd: Path | None = None) -> None:
 def tokenized(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("ddp")
     _prepared(root / "prepared", n=25)
-    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
-                      {"sst": 32, "quora": 32, "sts": 32})
+    tokenize_prepared(
+        root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32, "quora": 32, "sts": 32}
+    )
     return root
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, tokenized, tiny_checkpoint):
     out = tmp_path_factory.mktemp("ranks")
-    _torchrun(REPO / "tests" / "distributed_worker.py", tokenized / "tok", tiny_checkpoint, out, 1,
-              *CONFIGS)
-    return {(config, rank): torch.load(out / f"{config}-rank{rank}.pt", weights_only=True)
-            for config in CONFIGS for rank in (0, 1)}
+    _torchrun(REPO / "tests" / "distributed_worker.py", tokenized / "tok", tiny_checkpoint, out, 1, *CONFIGS)
+    return {
+        (config, rank): torch.load(out / f"{config}-rank{rank}.pt", weights_only=True)
+        for config in CONFIGS
+        for rank in (0, 1)
+    }
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized, tiny_checkpoint,
-                                                             config):
+def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized, tiny_checkpoint, config):
     single = distributed_worker.run(tokenized / "tok", tiny_checkpoint, 2, config, World())
     rank0, rank1 = two_ranks[config, 0], two_ranks[config, 1]
     # The ranks hold the very same model, and the same EMA teacher after every step.
@@ -83,8 +102,14 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
         torch.testing.assert_close(rank0["encoder"][name], value, rtol=1e-4, atol=2e-5, msg=name)
     for task in TASKS:
         # STS predictions are written at 3 decimals: equal up to a rounding step.
-        torch.testing.assert_close(rank0["dev_predictions"][task], single["dev_predictions"][task],
-                                   rtol=1e-4, atol=1.1e-3, msg=task, check_dtype=False)
+        torch.testing.assert_close(
+            rank0["dev_predictions"][task],
+            single["dev_predictions"][task],
+            rtol=1e-4,
+            atol=1.1e-3,
+            msg=task,
+            check_dtype=False,
+        )
     if config != "best":
         assert not rank0["conflicts"]
     else:
@@ -105,7 +130,7 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     tiny_multitask_scale(params, epochs=1, batch_size={"sst": 4, "quora": 3, "sts": 2})
     params_module.validate(params)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    (tmp_path / "data").mkdir()
+    resolve.run(tmp_path / "params.yaml", tmp_path / "data" / "settings")  # what `resolve` writes
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
     _torchrun(REPO / "stages" / "multitask.py", "best-no-smart", cwd=tmp_path)
@@ -120,7 +145,7 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
 
 
 def test_sentiment_and_mlm_stages_refuse_several_processes(monkeypatch):
-    from minbert.train.distributed import require_single_process
+    from minbert.distributed import require_single_process
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit, match="stage sentiment runs in one process"):

@@ -10,13 +10,13 @@ from minbert.metrics import (
     as_written,
     average_interval,
     fixed,
-    history_csv,
     interval,
     paired,
     paired_average,
     pearson,
     score,
 )
+from minbert.pipeline.outputs import history_csv
 
 
 def test_fixed_precision():
@@ -75,6 +75,10 @@ def test_paired_difference():
 
 
 def test_history_csv_orders_columns_by_the_fullest_row():
-    text = history_csv([{"epoch": 0, "dev_average": 0.25},
-                        {"epoch": 1, "lr": 0.1, "train_loss_sst": 1.5, "dev_average": 0.5}])
+    text = history_csv(
+        [
+            {"epoch": 0, "dev_average": 0.25},
+            {"epoch": 1, "lr": 0.1, "train_loss_sst": 1.5, "dev_average": 0.5},
+        ]
+    )
     assert text.splitlines() == ["epoch,lr,train_loss_sst,dev_average", "0,,,0.25", "1,0.1,1.5,0.5"]

@@ -12,13 +12,15 @@ import torch.nn.functional as F
 import yaml
 from conftest import REPO, TINY
 
-from minbert import params as params_module
 from minbert.data.corpus import build_corpus, pack_sentences
 from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
 from minbert.data.tokenize import tokenize_prepared
 from minbert.model.bert import BertModel
 from minbert.model.mlm import BertForMaskedLM
-from minbert.train.mlm import MaskedBatch, mlm_loss, run_stage
+from minbert.pipeline import mlm
+from minbert.pipeline import settings as params_module
+from minbert.pipeline.settings import resolve_mlm
+from minbert.train.mlm import MaskedBatch, mlm_loss
 
 MASK_PROB = 0.15
 
@@ -34,12 +36,13 @@ def _draw(vocab, n_rows=400, width=128, seed=0):
     ids = replacement[torch.randint(len(replacement), (n_rows, width), generator=g)]
     ids[:, 0] = vocab.cls_id
     ids[:, -1] = vocab.sep_id
-    ids[::3, width // 2:] = vocab.pad_id  # padded rows
+    ids[::3, width // 2 :] = vocab.pad_id  # padded rows
     mask = (ids != vocab.pad_id).long()
     mask[::3, width // 2 - 1] = 1  # a [SEP] before the padding would be special anyway
     maskable = maskable_positions(ids, mask, vocab)
-    inputs, labels = mask_tokens(ids, maskable, vocab=vocab, generator=g, mask_prob=MASK_PROB,
-                                 replacement_ids=replacement)
+    inputs, labels = mask_tokens(
+        ids, maskable, vocab=vocab, generator=g, mask_prob=MASK_PROB, replacement_ids=replacement
+    )
     return ids, maskable, inputs, labels
 
 
@@ -100,8 +103,7 @@ def test_loss_is_only_on_masked_positions(vocab):
     assert torch.allclose(loss, expected, atol=1e-6)
     # Gradient reaches the logits of chosen positions only.
     logits = full.detach().requires_grad_()
-    F.cross_entropy(logits.view(-1, logits.shape[-1]), batch.labels.view(-1),
-                    ignore_index=IGNORE).backward()
+    F.cross_entropy(logits.view(-1, logits.shape[-1]), batch.labels.view(-1), ignore_index=IGNORE).backward()
     assert (logits.grad.abs().sum(-1)[~chosen] == 0).all()
 
 
@@ -113,9 +115,12 @@ def _assert_tied(model: BertForMaskedLM):
 def test_head_is_tied_after_loading_and_after_an_optimizer_step(tmp_path, vocab, minilm_dir):
     transformers = pytest.importorskip("transformers")
     hf_config = transformers.BertConfig(
-        vocab_size=TINY.vocab_size, hidden_size=TINY.hidden_size,
-        num_hidden_layers=TINY.num_hidden_layers, num_attention_heads=TINY.num_attention_heads,
-        intermediate_size=TINY.intermediate_size)
+        vocab_size=TINY.vocab_size,
+        hidden_size=TINY.hidden_size,
+        num_hidden_layers=TINY.num_hidden_layers,
+        num_attention_heads=TINY.num_attention_heads,
+        intermediate_size=TINY.intermediate_size,
+    )
     torch.manual_seed(3)
     reference = transformers.BertForMaskedLM(hf_config).eval()
     with torch.no_grad():  # make the head's weights distinguishable from a fresh init
@@ -203,8 +208,12 @@ def _prepared(directory, n=30):
         for task in ("quora", "sts"):
             if task == "quora" and split == "test":
                 continue
-            frame = {"id": ids, "sentence1": sentences(split, n), "sentence2": sentences(split, n),
-                     "line": lines}
+            frame = {
+                "id": ids,
+                "sentence1": sentences(split, n),
+                "sentence2": sentences(split, n),
+                "line": lines,
+            }
             if split != "test":
                 frame["label"] = rng.integers(0, 2, n) if task == "quora" else rng.uniform(0, 5, n)
             pd.DataFrame(frame).to_parquet(directory / f"{task}-{split}.parquet")
@@ -215,8 +224,12 @@ def _prepared(directory, n=30):
 def tokenized(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("mlm")
     _prepared(root / "prepared")
-    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
-                      {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64})
+    tokenize_prepared(
+        root / "prepared",
+        root / "tok",
+        tiny_checkpoint / "vocab.txt",
+        {"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
+    )
     return root / "tok"
 
 
@@ -226,8 +239,9 @@ def test_corpus_has_training_text_only(tokenized, vocab, minilm_dir):
     tok = BertWordPieceTokenizer(str(minilm_dir / "vocab.txt"), lowercase=True)
     held_out = {i for w in HELD_OUT_WORDS for i in tok.encode(w, add_special_tokens=False).ids}
     trained = {i for w in TRAIN_WORDS for i in tok.encode(w, add_special_tokens=False).ids}
-    corpus = build_corpus(tokenized, ["sst", "cfimdb", "quora", "sts"], 48,
-                          cls_id=vocab.cls_id, sep_id=vocab.sep_id)
+    corpus = build_corpus(
+        tokenized, ["sst", "cfimdb", "quora", "sts"], 48, cls_id=vocab.cls_id, sep_id=vocab.sep_id
+    )
     tokens = set(corpus.input_ids.flat.tolist())
     assert not tokens & held_out
     assert trained <= tokens
@@ -238,14 +252,26 @@ def test_corpus_has_training_text_only(tokenized, vocab, minilm_dir):
     assert any(corpus.token_type_ids[i].max() == 1 for i in pair_rows)
 
 
+def run_stage(params: dict, start: str, *args):
+    """The stage with the settings the resolve stage would write."""
+    return mlm.run(resolve_mlm(params, start), *args)
+
+
 @pytest.fixture
 def mlm_params(tiny_checkpoint):
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
     p["scales"]["cpu"]["mlm"] = {"max_length": 48, "epochs": 2, "batch_size": 8, "sequences": 0}
-    p["mlm"]["starts"] = {"continue": {"lr": 1e-3},
-                          "scratch": {"lr": 1e-3, "hidden_size": 16, "num_hidden_layers": 1,
-                                      "num_attention_heads": 2, "intermediate_size": 32}}
+    p["mlm"]["starts"] = {
+        "continue": {"lr": 1e-3},
+        "scratch": {
+            "lr": 1e-3,
+            "hidden_size": 16,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 32,
+        },
+    }
     return params_module.validate(p)
 
 

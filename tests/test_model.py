@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import BertWordPieceTokenizer
 
-from minbert.model import BertModel
+from minbert.model.bert import BertModel
 from minbert.model.checkpoint import CheckpointError, read_state_dict
 
 PAIRS = [
@@ -43,14 +43,14 @@ def test_outputs_match_transformers(minilm_dir):
     ours = BertModel.from_pretrained(minilm_dir).eval()
     for implementation in ("sdpa", "eager"):
         theirs = transformers.BertModel.from_pretrained(
-            str(minilm_dir), attn_implementation=implementation).eval()
+            str(minilm_dir), attn_implementation=implementation
+        ).eval()
         with torch.no_grad():
             a = ours(ids, attention_mask=mask, token_type_ids=types)
             b = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types)
         real = mask.bool()
         # Padding positions carry no meaning in either model: compare real tokens.
-        torch.testing.assert_close(a.last_hidden_state[real], b.last_hidden_state[real],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(a.last_hidden_state[real], b.last_hidden_state[real], atol=1e-5, rtol=0)
         torch.testing.assert_close(a.pooler_output, b.pooler_output, atol=1e-5, rtol=0)
 
 
@@ -128,3 +128,35 @@ def test_unsupported_variant_is_refused(minilm_dir, tmp_path):
     _copy_checkpoint(minilm_dir, tmp_path / "ck", config_update={"hidden_act": "relu"})
     with pytest.raises(ValueError, match="hidden_act 'relu' is not supported"):
         BertModel.from_pretrained(tmp_path / "ck")
+
+
+def test_fused_qkv_computes_the_same_and_keeps_the_checkpoint_names(tiny_checkpoint, tmp_path):
+    """On a GPU the three attention projections become one matrix; outputs, parameter
+    names in state_dict, loading and saving stay those of the checkpoint."""
+    from minbert.model.checkpoint import save_pretrained
+
+    plain = BertModel.from_pretrained(tiny_checkpoint).eval()
+    fused = BertModel.from_pretrained(tiny_checkpoint).eval()
+    fused.fuse_qkv()
+    assert fused.encoder.layer[0].attention.self.qkv.weight.shape == (3 * 32, 32)
+    assert not hasattr(fused.encoder.layer[0].attention.self, "query")
+    ids = torch.randint(5, 1000, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    torch.testing.assert_close(
+        fused(ids, mask).last_hidden_state, plain(ids, mask).last_hidden_state, atol=1e-5, rtol=1e-5
+    )
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    for name, value in plain.state_dict().items():
+        assert torch.equal(fused.state_dict()[name], value), name
+    # Saved and loaded as any checkpoint; a fused model loads a plain state dict too.
+    save_pretrained(fused, tmp_path / "saved", tiny_checkpoint / "vocab.txt")
+    again = BertModel.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), plain.state_dict().values()))
+    other = BertModel.from_pretrained(tiny_checkpoint)
+    other.fuse_qkv()
+    other.load_state_dict(plain.state_dict())
+    # Training sees one parameter per fused matrix, and gradients reach it.
+    fused.train()
+    fused(ids, mask).last_hidden_state.sum().backward()
+    assert fused.encoder.layer[1].attention.self.qkv.weight.grad.abs().sum() > 0

@@ -9,22 +9,24 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
-from minbert import params as params_module
-from minbert.data.batches import TokenizedTable
-from minbert.data.tokenize import tokenize_prepared
-from minbert.model import BertModel
-from minbert.model.heads import PAIR_HEADS, build_pair_head
-from minbert.train.multitask import (
-    TASKS,
-    MultitaskBert,
-    TaskData,
-    epoch_steps,
-    run_stage,
-    task_batches,
-    task_loss,
-)
 from conftest import REPO, TINY, tiny_multitask_scale
+
+from minbert.data.batches import TokenizedTable
+from minbert.data.multitask import TaskData, epoch_steps, task_batches
+from minbert.data.tokenize import tokenize_prepared
+from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.model.bert import BertModel
+from minbert.model.heads import PAIR_HEADS, build_pair_head
+from minbert.model.multitask import MultitaskBert, task_loss
+from minbert.pipeline import multitask
+from minbert.pipeline import settings as params_module
+from minbert.pipeline.settings import resolve_multitask
+
+
+def run_stage(params: dict, config: str, *args, **kwargs) -> dict:
+    """The stage with the settings the resolve stage would write."""
+    return multitask.run(resolve_multitask(params, config), *args, **kwargs)
+
 
 WORDS = ["good", "bad", "film", "what", "is", "how", "a", "the", "man", "dog", "runs", "plays"]
 
@@ -58,8 +60,9 @@ def _prepared(directory, n=24):
 def tokenized(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("mt")
     _prepared(root / "prepared")
-    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
-                      {"sst": 32, "quora": 32, "sts": 32})
+    tokenize_prepared(
+        root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32, "quora": 32, "sts": 32}
+    )
     return root
 
 
@@ -67,8 +70,9 @@ def tokenized(tmp_path_factory, tiny_checkpoint):
 def tiny_params(tiny_checkpoint):
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
-    tiny_multitask_scale(p, epochs=2, batch_size={"sst": 8, "quora": 6, "sts": 4},
-                         history={"dev": 10, "train": 6})
+    tiny_multitask_scale(
+        p, epochs=2, batch_size={"sst": 8, "quora": 6, "sts": 4}, history={"dev": 10, "train": 6}
+    )
     p["multitask"]["eval_batch_size"] = 7
     return params_module.validate(p)
 
@@ -92,7 +96,8 @@ def test_pair_heads_shapes_and_registry():
 def test_losses_on_logits():
     logits = torch.tensor([[2.0, 0.0, 0.0, 0.0, 0.0]])
     assert task_loss("sst", logits, torch.tensor([0])).item() == pytest.approx(
-        -torch.log_softmax(logits, -1)[0, 0].item())
+        -torch.log_softmax(logits, -1)[0, 0].item()
+    )
     assert task_loss("quora", torch.tensor([0.0]), torch.tensor([1])).item() == pytest.approx(np.log(2))
     assert task_loss("sts", torch.tensor([3.0, 1.0]), torch.tensor([5.0, 1.0])).item() == pytest.approx(2.0)
 
@@ -102,8 +107,14 @@ def test_siamese_batch_encodes_both_sentences_in_one_pass(tokenized):
     data = TaskData("sts", table, siamese=True)
     batch = data.batch(np.array([3, 1]))
     assert batch.ids.shape[0] == 4
-    assert batch.ids[0, : len(table.sequences["input_ids_1"][3])].tolist() == table.sequences["input_ids_1"][3].tolist()
-    assert batch.ids[3, : len(table.sequences["input_ids_2"][1])].tolist() == table.sequences["input_ids_2"][1].tolist()
+    assert (
+        batch.ids[0, : len(table.sequences["input_ids_1"][3])].tolist()
+        == table.sequences["input_ids_1"][3].tolist()
+    )
+    assert (
+        batch.ids[3, : len(table.sequences["input_ids_2"][1])].tolist()
+        == table.sequences["input_ids_2"][1].tolist()
+    )
     cross = TaskData("sts", table, siamese=False).batch(np.array([2]))
     assert cross.token_types is not None and set(cross.token_types[0].tolist()) == {0, 1}
     model = MultitaskBert(BertModel(TINY), "siamese-concat", "siamese-concat", 0.0).eval()
@@ -133,22 +144,18 @@ def test_every_task_gets_the_same_number_of_batches_covering_every_example():
 def test_round_robin_steps_one_task_at_a_time_in_a_cycle():
     """The paper's round-robin: one task's batch per step, SST, Quora, STS, SST, ...,
     and every task the same number of batches per epoch."""
-    steps = epoch_steps("round-robin", LENGTHS, SIZES, np.random.default_rng(0))
+    steps = epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=True)
     assert len(steps) == 3 * 13
     assert all(len(step) == 1 for step in steps)
     assert [next(iter(step)) for step in steps] == ["sst", "quora", "sts"] * 13
     counts = {t: sum(t in step for step in steps) for t in TASKS}
     assert counts == {"sst": 13, "quora": 13, "sts": 13}
     # The same batches as the joint modes draw from the same generator, in cycle order.
-    joint = epoch_steps("pcgrad", LENGTHS, SIZES, np.random.default_rng(0))
+    joint = epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=False)
     assert len(joint) == 13 and all(set(step) == set(TASKS) for step in joint)
     for i, step in enumerate(steps):
         task = next(iter(step))
         assert step[task].tolist() == joint[i // 3][task].tolist()
-    assert epoch_steps("summed", LENGTHS, SIZES, np.random.default_rng(0))[5]["sts"].tolist() == \
-        joint[5]["sts"].tolist()
-    with pytest.raises(ValueError, match="gradient 'gradnorm' is not one of"):
-        epoch_steps("gradnorm", LENGTHS, SIZES, np.random.default_rng(0))
 
 
 def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_params):
@@ -157,10 +164,13 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
 
     settings = params_module.multitask_settings(tiny_params, "baseline")
     assert settings.gradient == "round-robin"
-    model = MultitaskBert(BertModel.from_pretrained(tiny_params["checkpoint"]), "siamese-concat",
-                          "siamese-concat", 0.0, "mean")
-    train = {t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"),
-                         model.is_siamese(t)) for t in TASKS}
+    model = MultitaskBert(
+        BertModel.from_pretrained(tiny_params["checkpoint"]), "siamese-concat", "siamese-concat", 0.0, "mean"
+    )
+    train = {
+        t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
+        for t in TASKS
+    }
     step = MultitaskStep(settings, model, train, torch.device("cpu"))
     before = {t: model.heads[t].linear.weight.detach().clone() for t in TASKS}
     losses, stats = step({"quora": np.arange(6)})
@@ -170,19 +180,30 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
     assert moved == {"sst": False, "quora": True, "sts": False}
 
 
-@pytest.mark.parametrize("config", ["baseline", "cosine-sts", "concatenation", "best-no-smart",
-                                    "best-round-robin", "best"])
+@pytest.mark.parametrize(
+    "config", ["baseline", "cosine-sts", "concatenation", "best-no-smart", "best-round-robin", "best"]
+)
 def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
-    metrics = run_stage(tiny_params, config, tokenized / "tok", tokenized / "prepared" / "manifest.json",
-                        tmp_path / "metrics", tmp_path / "pred", resume_dir=tmp_path / "resume")
+    metrics = run_stage(
+        tiny_params,
+        config,
+        tokenized / "tok",
+        tokenized / "prepared" / "manifest.json",
+        tmp_path / "metrics",
+        tmp_path / "pred",
+        resume_dir=tmp_path / "resume",
+    )
     for key in ("sst_accuracy", "quora_accuracy", "sts_pearson"):
         assert -1 <= metrics[key] <= 1
-    assert metrics["average"] == pytest.approx(np.mean([metrics["sst_accuracy"], metrics["quora_accuracy"],
-                                                        metrics["sts_pearson"]]), abs=2e-4)
+    assert metrics["average"] == pytest.approx(
+        np.mean([metrics["sst_accuracy"], metrics["quora_accuracy"], metrics["sts_pearson"]]), abs=2e-4
+    )
     # Reported numbers are on the full dev sets; the history scores fixed slices.
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
-    assert metrics["history_examples"] == {"dev": {"sst": 10, "quora": 10, "sts": 10},
-                                           "train": {"sst": 6, "quora": 6, "sts": 6}}
+    assert metrics["history_examples"] == {
+        "dev": {"sst": 10, "quora": 10, "sts": 10},
+        "train": {"sst": 6, "quora": 6, "sts": 6},
+    }
     history = pd.read_csv(tmp_path / "metrics" / f"{config}-history.csv")
     assert history.epoch.tolist() == [0, 1, 2]  # epoch 0: before the first update
     assert history.loc[0, ["train_loss_sst", "lr"]].isna().all()
@@ -206,7 +227,11 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     for task in TASKS:
         assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
     assert not (tmp_path / "pred" / config / "quora-test-out.csv").exists()
-    assert (tmp_path / "pred" / config / "sts-test-out.csv").read_text().startswith("id \t Predicted_Similiarity")
+    assert (
+        (tmp_path / "pred" / config / "sts-test-out.csv")
+        .read_text()
+        .startswith("id \t Predicted_Similiarity")
+    )
 
 
 def test_config_overrides_only_what_differs(tiny_params):
@@ -220,25 +245,34 @@ def test_config_overrides_only_what_differs(tiny_params):
     # The learning rate, schedule and weight decay come with the optimizer.
     adamaxw = tiny_params["scales"]["cpu"]["multitask"]["optimizers"]["adamaxw"]
     assert (switched.optimizer, switched.lr_schedule, switched.lr_gamma) == (
-        "adamaxw", "exponential", adamaxw["lr_gamma"])
+        "adamaxw",
+        "exponential",
+        adamaxw["lr_gamma"],
+    )
     tiny_params["configs"]["baseline"] = {"gradient": "gradnorm"}
-    with pytest.raises(params_module.ParamsError, match=r"configs.baseline.gradient = 'gradnorm' is not one of"):
+    with pytest.raises(
+        params_module.ParamsError, match=r"configs.baseline.gradient = 'gradnorm' is not one of"
+    ):
         params_module.validate(tiny_params)
 
 
 def test_non_finite_loss_names_step_task_and_examples(tokenized, tiny_params):
+    from minbert.train.loop import NonFiniteLoss
     from minbert.train.multitask import train_multitask
-    from minbert.train.sentiment import NonFiniteLoss
 
     settings = params_module.multitask_settings(tiny_params, "baseline")
-    tables = {(t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
-              for t in TASKS for s in ("train", "dev")}
+    tables = {
+        (t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
+        for t in TASKS
+        for s in ("train", "dev")
+    }
     # A NaN label in STS only: the error must name that task and its batch's ids
     # (round-robin: step 0 trains SST, step 1 Quora, step 2 STS).
     tables["sts", "train"].labels = np.full(len(tables["sts", "train"]), np.nan)
     with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 2, task sts; batch example ids: train"):
-        train_multitask(settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables,
-                        torch.device("cpu"))
+        train_multitask(
+            settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables, torch.device("cpu")
+        )
 
 
 def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params):
@@ -247,23 +281,94 @@ def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params
     from minbert.train.multitask import train_multitask
 
     settings = params_module.multitask_settings(tiny_params, "baseline")
-    tables = {(t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
-              for t in TASKS for s in ("train", "dev")}
-    plain = train_multitask(settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables,
-                            torch.device("cpu"))
+    tables = {
+        (t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
+        for t in TASKS
+        for s in ("train", "dev")
+    }
+    plain = train_multitask(
+        settings, BertModel.from_pretrained(tiny_params["checkpoint"]), tables, torch.device("cpu")
+    )
     encoder = BertModel.from_pretrained(tiny_params["checkpoint"])
     # The "eager" backend runs the captured graphs as they are: the plumbing is
     # tested here without a C++ compiler; the numbers must not change.
-    compiled = train_multitask(dataclasses.replace(settings, compile=True), encoder, tables,
-                               torch.device("cpu"), compile_options={"backend": "eager"})
+    compiled = train_multitask(
+        dataclasses.replace(settings, compile=True),
+        encoder,
+        tables,
+        torch.device("cpu"),
+        compile_options={"backend": "eager"},
+    )
     assert all(layer._compiled_call_impl is not None for layer in encoder.encoder.layer)
-    assert np.allclose(pd.DataFrame(compiled.history).astype(float).values,
-                       pd.DataFrame(plain.history).astype(float).values, atol=1e-3, equal_nan=True)
+    assert np.allclose(
+        pd.DataFrame(compiled.history).astype(float).values,
+        pd.DataFrame(plain.history).astype(float).values,
+        atol=1e-3,
+        equal_nan=True,
+    )
 
 
 def test_same_seed_gives_identical_metrics_files(tmp_path, tokenized, tiny_params):
     for run in ("a", "b"):
-        run_stage(tiny_params, "best", tokenized / "tok", tokenized / "prepared" / "manifest.json",
-                  tmp_path / run / "metrics", tmp_path / run / "pred", resume_dir=tmp_path / run / "r")
+        run_stage(
+            tiny_params,
+            "best",
+            tokenized / "tok",
+            tokenized / "prepared" / "manifest.json",
+            tmp_path / run / "metrics",
+            tmp_path / run / "pred",
+            resume_dir=tmp_path / run / "r",
+        )
     for name in ("best.json", "best-history.csv", "best-conflicts.csv"):
-        assert (tmp_path / "a" / "metrics" / name).read_bytes() == (tmp_path / "b" / "metrics" / name).read_bytes()
+        assert (tmp_path / "a" / "metrics" / name).read_bytes() == (
+            tmp_path / "b" / "metrics" / name
+        ).read_bytes()
+
+
+@pytest.mark.parametrize("config", ["baseline", "best"])  # siamese heads; cross-encoder + SMART
+def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_params, config):
+    """The fine-tuned model the stage writes, loaded back, predicts the dev sets exactly as
+    the stage's prediction files say; its encoder loads into transformers.BertModel."""
+    from transformers import BertModel as HFBertModel
+
+    from minbert.data.predictions import read_predictions
+    from minbert.evaluate.multitask import evaluate_multitask
+    from minbert.model.multitask import load_multitask
+
+    metrics = run_stage(
+        tiny_params,
+        config,
+        tokenized / "tok",
+        tokenized / "prepared" / "manifest.json",
+        tmp_path / "metrics",
+        tmp_path / "pred",
+        resume_dir=tmp_path / "resume",
+        models_dir=tmp_path / "models",
+    )
+    directory = tmp_path / "models" / config
+    assert {p.name for p in directory.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "heads.safetensors",
+        "minbert.json",
+    }
+    model, info = load_multitask(directory)
+    assert info["dev"]["average"] == metrics["average"] and info["best_epoch"] == metrics["best_epoch"]
+    assert info["max_length"]["sst"] == tiny_params["scales"]["cpu"]["max_length"]["sst"]
+    tables = {t: TokenizedTable.read(tokenized / "tok" / f"{t}-dev.parquet") for t in TASKS}
+    data = {t: TaskData(t, table, model.is_siamese(t)) for t, table in tables.items()}
+    scores, predictions = evaluate_multitask(model, data, 7, torch.device("cpu"))
+    for task in TASKS:
+        written = read_predictions(tmp_path / "pred" / config / f"{task}-dev-out.csv")
+        ours = dict(zip(tables[task].ids, predictions[task], strict=True))
+        if task == "sts":
+            assert {i: f"{v:.3f}" for i, v in ours.items()} == written
+        else:
+            assert {i: str(int(v)) for i, v in ours.items()} == written
+    hf, loading = HFBertModel.from_pretrained(directory, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+    # The same weights: the Hugging Face encoder's final states equal ours.
+    ids = torch.tensor([[2, 2023, 2003, 1037, 3231, 3]])
+    ours = model.encoder(ids).last_hidden_state
+    torch.testing.assert_close(hf(ids).last_hidden_state, ours, atol=1e-5, rtol=1e-5)

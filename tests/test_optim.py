@@ -77,5 +77,6 @@ def test_weight_decay_spares_biases_and_layer_norms():
         changed = not torch.equal(p.detach(), before[name])
         assert changed == (p.ndim >= 2 and bool(before[name].abs().sum() > 0)), name
     model[1].weight.requires_grad_(False)  # frozen: in no group at all
-    assert id(model[1].weight) not in {id(p) for g in parameter_groups(model.named_parameters(), 0.01)
-                                       for p in g["params"]}
+    assert id(model[1].weight) not in {
+        id(p) for g in parameter_groups(model.named_parameters(), 0.01) for p in g["params"]
+    }

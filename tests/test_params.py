@@ -6,7 +6,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from minbert import params
+from minbert.pipeline import settings as params
 
 
 @pytest.fixture
@@ -25,10 +25,14 @@ def test_committed_params_are_valid(committed):
     "path, value, message",
     [
         (["optimiser"], "adamaxw", "unknown key 'optimiser'"),
-        (["sentiment", "optimizer"], "sgd", r"sentiment.optimizer = 'sgd' is not one of \['adamw', 'adamaxw'\]"),
+        (
+            ["sentiment", "optimizer"],
+            "sgd",
+            r"sentiment.optimizer = 'sgd' is not one of \['adamw', 'adamaxw'\]",
+        ),
         (["sentiment", "runs", "sst-full", "mode"], "lora", "sentiment.runs.sst-full.mode = 'lora'"),
         (["device"], "tpu", "device = 'tpu' is not one of"),
-        (["scale"], "huge", r"scale = 'huge' is not one of \['cpu', 'paper'\]"),
+        (["scale"], "huge", r"scale = 'huge' is not one of \['cpu', 'gpu', 'paper'\]"),
         (["seed"], "11711", "seed must be int"),
         (["scales", "cpu", "sentiment", "batch_size", "sst"], True, "batch_size.sst must be int"),
         (["data", "quora_holdout_fraction"], 1.5, "strictly between 0 and 1"),
@@ -98,6 +102,7 @@ def test_paper_scale_is_section_4_3(committed):
 def test_the_papers_configurations(committed):
     """Table 4's columns are single-component ablations of the best model, and
     best-no-smart isolates SMART."""
+
     def resolved(config):
         s = params.multitask_settings(committed, config)
         return (s.paraphrase_head, s.sts_head, s.gradient, s.optimizer, s.smart is not None)
@@ -121,7 +126,10 @@ def test_scale_switch_changes_sizes(committed):
 def test_mlm_settings_per_start(committed):
     cont, scratch = params.mlm_settings(committed, "continue"), params.mlm_settings(committed, "scratch")
     assert cont.lr == committed["mlm"]["starts"]["continue"]["lr"] and cont.scratch_config == {}
-    assert scratch.scratch_config["num_hidden_layers"] == committed["mlm"]["starts"]["scratch"]["num_hidden_layers"]
+    assert (
+        scratch.scratch_config["num_hidden_layers"]
+        == committed["mlm"]["starts"]["scratch"]["num_hidden_layers"]
+    )
     assert cont.max_length == committed["scales"]["cpu"]["mlm"]["max_length"]
     with pytest.raises(params.ParamsError, match="MLM start 'warm'"):
         params.mlm_settings(committed, "warm")
@@ -129,8 +137,7 @@ def test_mlm_settings_per_start(committed):
 
 def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     """`dvc exp run -S lr=3e-5` writes `3e-05`, a float in YAML 1.2 (PyYAML's 1.1 reads a string)."""
-    text = (REPO / "params.yaml").read_text().replace(
-        "adamw: {lr: 1.0e-4,", "adamw: {lr: 3e-05,", 1)
+    text = (REPO / "params.yaml").read_text().replace("adamw: {lr: 1.0e-4,", "adamw: {lr: 3e-05,", 1)
     (tmp_path / "params.yaml").write_text(text)
     loaded = params.load(tmp_path / "params.yaml")
     assert loaded["scales"]["cpu"]["multitask"]["optimizers"]["adamw"]["lr"] == 3e-05

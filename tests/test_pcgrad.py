@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from minbert.pcgrad import conflict_stats, project_conflicting
 from minbert.train.pcgrad import (
+    conflict_stats,
     pcgrad_backward,
+    project_conflicting,
     shared_task_gradients,
     write_flat_gradient,
 )
@@ -130,13 +131,15 @@ def test_half_precision_keeps_dtype_and_matches_reference():
 def test_conflict_stats_cosines_and_count():
     grads = [t(1.0, 0.0), t(0.0, 2.0), t(-3.0, 3.0), t(0.0, 0.0)]
     cos, conflicts = conflict_stats(grads)
-    s = 2 ** -0.5
-    expected = torch.tensor([
-        [1.0, 0.0, -s, 0.0],
-        [0.0, 1.0, s, 0.0],
-        [-s, s, 1.0, 0.0],
-        [0.0, 0.0, 0.0, 1.0],
-    ])
+    s = 2**-0.5
+    expected = torch.tensor(
+        [
+            [1.0, 0.0, -s, 0.0],
+            [0.0, 1.0, s, 0.0],
+            [-s, s, 1.0, 0.0],
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
     assert cos.shape == (4, 4) and cos.dtype == torch.float32
     assert torch.allclose(cos, expected, atol=1e-6)
     assert conflicts == 1  # only (g0, g2); orthogonal and zero gradients do not count
@@ -226,8 +229,9 @@ def test_pcgrad_backward_writes_projected_shared_and_plain_head_grads():
     # A stale gradient must be overwritten, not added to.
     for p in model.parameters():
         p.grad = torch.full_like(p, 100.0)
-    stats = pcgrad_backward(model.losses(x, y_a, y_b), shared, heads,
-                            generator=torch.Generator().manual_seed(0))
+    stats = pcgrad_backward(
+        model.losses(x, y_a, y_b), shared, heads, generator=torch.Generator().manual_seed(0)
+    )
 
     expected_shared = project_conflicting(per_task, torch.Generator().manual_seed(0))
     assert torch.allclose(flat(p.grad for p in shared), expected_shared, atol=1e-6)

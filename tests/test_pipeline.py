@@ -40,8 +40,11 @@ def _slice(src: Path, dst: Path, rows: int) -> None:
 def tool_env() -> dict:
     """The environment for the project's tools (dvc, minbert): this Python's
     scripts first on PATH, whether or not the virtual environment is activated."""
-    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                DVC_NO_ANALYTICS="1")
+    return dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        DVC_NO_ANALYTICS="1",
+    )
 
 
 def _run(args: list[str], cwd: Path) -> str:
@@ -71,18 +74,29 @@ def make_project(root: Path, shared_data: Path, checkpoint: Path, rows: int, edi
 
 
 def _tiny_scale(params: dict) -> None:
-    params["scales"]["cpu"].update(max_length={"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
-                                   mlm={"max_length": 32, "epochs": 1, "batch_size": 8, "sequences": 200})
-    tiny_sentiment_scale(params, batch_size=8, epochs={"last-layer": 2, "full": 1},
-                         train_examples={"sst": 0, "cfimdb": 0}, max_tokens=256)
-    tiny_multitask_scale(params, epochs=2, batch_size={"sst": 8, "quora": 8, "sts": 8},
-                         history={"dev": 20, "train": 10}, test_predictions=False)
+    params["scales"]["cpu"].update(
+        max_length={"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
+        mlm={"max_length": 32, "epochs": 1, "batch_size": 8, "sequences": 200},
+    )
+    tiny_sentiment_scale(
+        params,
+        batch_size=8,
+        epochs={"last-layer": 2, "full": 1},
+        train_examples={"sst": 0, "cfimdb": 0},
+        max_tokens=256,
+    )
+    tiny_multitask_scale(
+        params,
+        epochs=2,
+        batch_size={"sst": 8, "quora": 8, "sts": 8},
+        history={"dev": 20, "train": 10},
+        test_predictions=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
-    root = make_project(tmp_path_factory.mktemp("pipeline"), shared_data, tiny_checkpoint, ROWS,
-                        _tiny_scale)
+    root = make_project(tmp_path_factory.mktemp("pipeline"), shared_data, tiny_checkpoint, ROWS, _tiny_scale)
     _run(["dvc", "repro"], root)
     _run(["git", "add", "-A"], root)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results"], root)
@@ -127,7 +141,7 @@ def test_mlm_pretraining_runs_by_default_and_feeds_fine_tuning(pipeline):
     assert "MLM continue" in tuned["checkpoint"]["name"]
     assert (pipeline / "models" / "mlm" / "continue" / "model.safetensors").is_file()
     report = (pipeline / "report" / "README.md").read_text()
-    section = report[report.index("## MLM pretraining"):report.index("## Seed study")]
+    section = report[report.index("## MLM pretraining") : report.index("## Seed study")]
     rows = [line for line in section.splitlines() if line.startswith("| `baseline` |")]
     assert len(rows) == 2 and "MLM continue" in rows[1] and "MLM" not in rows[0]
     assert rows[0].endswith("| (parent) |") and "[" in rows[1].split("|")[-2]
@@ -148,12 +162,20 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
     params["configs"]["best"]["smart"]["mu"] = 0.5
     (pipeline / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     state = pipeline / ".resume" / "multitask-best.pt"
-    outputs = [pipeline / "metrics" / "multitask" / name
-               for name in ("best.json", "best-history.csv", "best-conflicts.csv")]
+    outputs = [
+        pipeline / "metrics" / "multitask" / name
+        for name in ("best.json", "best-history.csv", "best-conflicts.csv")
+    ]
     env = tool_env()
-    proc = subprocess.Popen(["dvc", "repro", "--single-item", "multitask@best"],
-                            cwd=pipeline, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["dvc", "repro", "--single-item", "multitask@best"],
+        cwd=pipeline,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not state.exists():
         assert proc.poll() is None, f"the stage ended before saving a state: {proc.stderr.read()}"
@@ -163,8 +185,9 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
     proc.wait()
     assert not outputs[0].exists()
     try:
-        rerun = subprocess.run(["dvc", "repro"], cwd=pipeline, env=env, capture_output=True,
-                               text=True, timeout=600)
+        rerun = subprocess.run(
+            ["dvc", "repro"], cwd=pipeline, env=env, capture_output=True, text=True, timeout=600
+        )
         assert rerun.returncode == 0, rerun.stderr
         assert "Running stage 'multitask@best'" in rerun.stdout
         assert "resumed from .resume/multitask-best.pt after epoch 1" in rerun.stdout + rerun.stderr
@@ -187,7 +210,40 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
     assert baseline["average"]["diff"] != 0
     # A configuration that sets its own optimizer is untouched by the ablation.
     assert "metrics/multitask/best.json" not in diff or all(
-        v.get("diff", 0) == 0 for v in diff["metrics/multitask/best.json"].values()
-        if isinstance(v, dict))
+        v.get("diff", 0) == 0 for v in diff["metrics/multitask/best.json"].values() if isinstance(v, dict)
+    )
     text = _run(["dvc", "metrics", "diff"], pipeline)
     assert "metrics/multitask/baseline.json" in text and "average" in text
+
+
+def _stages_a_change_reaches(pipeline: Path, edit) -> set[str]:
+    """The stages `dvc status` finds changed once `resolve` has written the settings
+    that ``edit`` (a change to params.yaml) leads to; the project is restored after."""
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    edit(params)
+    (pipeline / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        _run(["dvc", "repro", "--single-item", "resolve"], pipeline)
+        return set(json.loads(_run(["dvc", "status", "--json"], pipeline)))
+    finally:
+        _run(["git", "checkout", "--", "."], pipeline)
+        _run(["dvc", "checkout", "--force"], pipeline)
+
+
+def test_a_parameter_change_reruns_only_the_stages_it_reaches(pipeline):
+    configs = yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]
+    # SMART's momentum: only the configurations with SMART.
+    smart = {c for c, o in configs.items() if (o.get("smart") or {}).get("enabled")}
+    assert smart == {"best", "best-round-robin", "best-adamw"}
+    changed = _stages_a_change_reaches(pipeline, lambda p: p["smart"].update(beta=0.95))
+    assert changed == {f"multitask@{c}" for c in smart}
+    # The default optimizer: only the configurations that keep the default, and the
+    # fine-tuning of `baseline` from the MLM checkpoint.
+    keep_default = {c for c, o in configs.items() if "optimizer" not in o}
+    changed = _stages_a_change_reaches(pipeline, lambda p: p.update(optimizer="adamaxw"))
+    assert changed == {f"multitask@{c}" for c in keep_default} | {"multitask-mlm@continue-baseline"}
+    # A single-task parameter reaches the sentiment runs alone.
+    changed = _stages_a_change_reaches(pipeline, lambda p: p["sentiment"].update(grad_clip=0.5))
+    assert changed == {
+        f"sentiment@{r}" for r in ("sst-last-layer", "sst-full", "cfimdb-last-layer", "cfimdb-full")
+    }

@@ -15,8 +15,9 @@ from conftest import SHARED_DATA as SHARED
 from coursefiles import UNVERIFIED, course_files
 
 from minbert.data import download
-from minbert.data.csvfile import DataError
-from minbert.data.prepare import holdout_mask, prepare, question_groups, resolve_source
+from minbert.data.prepare import prepare, resolve_source
+from minbert.data.problems import DataError
+from minbert.data.quora_split import holdout_mask, question_groups
 
 QUORA_ROWS = 200
 BROKEN_ID = "dev-broken"  # a quora-dev row with no label, like the two in the real file
@@ -110,8 +111,10 @@ def _chained_quora(directory: Path, monkeypatch) -> pd.DataFrame:
 
 
 def test_question_groups_follow_chains_after_normalisation():
-    frame = pd.DataFrame([("a", "Q1", "q2"), ("b", "q2 ", "Q3"), ("c", "x", "y"), ("d", "Y", "z"),
-                          ("e", "lone", "other")], columns=["id", "s1", "s2"])
+    frame = pd.DataFrame(
+        [("a", "Q1", "q2"), ("b", "q2 ", "Q3"), ("c", "x", "y"), ("d", "Y", "z"), ("e", "lone", "other")],
+        columns=["id", "s1", "s2"],
+    )
     assert question_groups(frame.s1, frame.s2).tolist() == [0, 0, 1, 1, 2]
 
 
@@ -119,8 +122,9 @@ def test_question_groups_follow_chains_after_normalisation():
 def test_no_question_crosses_the_carved_quora_split(tmp_path, source, monkeypatch, seed):
     """Chains of pairs that share questions stay on one side, whatever the seed."""
     pairs = _chained_quora(source, monkeypatch)
-    manifest = prepare(str(source), tmp_path / f"out{seed}", quora_holdout_fraction=0.3,
-                       split_seed=seed, skip_ids={})
+    manifest = prepare(
+        str(source), tmp_path / f"out{seed}", quora_holdout_fraction=0.3, split_seed=seed, skip_ids={}
+    )
     train = pd.read_parquet(tmp_path / f"out{seed}" / "quora-train.parquet")
     dev = pd.read_parquet(tmp_path / f"out{seed}" / "quora-dev.parquet")
 
@@ -166,7 +170,9 @@ def test_carved_quora_split_is_deterministic_disjoint_and_complete(tmp_path, sou
 def test_official_quora_split_when_the_train_file_is_present(tmp_path, monkeypatch):
     directory = tmp_path / "cs224n"
     directory.mkdir()
-    for name, body in course_files(unverified_too=True, quora_dev_rows=QUORA_ROWS, broken_quora_id=BROKEN_ID).items():
+    for name, body in course_files(
+        unverified_too=True, quora_dev_rows=QUORA_ROWS, broken_quora_id=BROKEN_ID
+    ).items():
         (directory / name).write_bytes(body)
         if name not in UNVERIFIED:
             monkeypatch.setitem(download.COURSE_SHA256, name, hashlib.sha256(body).hexdigest())
@@ -193,14 +199,19 @@ def test_manifest_and_tables(tmp_path, source):
     assert all(i["verified"] for i in manifest["inputs"])
     assert sorted(u["file"] for u in manifest["unavailable"]) == sorted(UNVERIFIED)
     assert manifest["skipped_rows"] == [
-        {"file": "quora-dev.csv", "line": QUORA_ROWS + 2, "id": BROKEN_ID, "reason": "no label in the course file"}
+        {
+            "file": "quora-dev.csv",
+            "line": QUORA_ROWS + 2,
+            "id": BROKEN_ID,
+            "reason": "no label in the course file",
+        }
     ]
 
     expected_tables = {f"{t}-{s}" for t in ("sst", "cfimdb", "sts") for s in ("train", "dev", "test")}
     expected_tables |= {"quora-train", "quora-dev"}
     assert set(manifest["tables"]) == expected_tables
     assert {p.name for p in out.iterdir()} == {f"{t}.parquet" for t in expected_tables} | {"manifest.json"}
-    for table, info in manifest["tables"].items():
+    for info in manifest["tables"].values():
         assert len(pd.read_parquet(out / info["file"])) == info["rows"]
 
     sst = pd.read_parquet(out / "sst-train.parquet")

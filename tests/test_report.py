@@ -14,24 +14,44 @@ import yaml
 from conftest import REPO
 
 from minbert import metrics
-from minbert.evaluate import write_predictions
+from minbert.data.predictions import write_predictions
 from minbert.metrics import METRIC, MULTITASK_TASKS, fixed, score
 from minbert.report import write_report
 
 PAPER = REPO / "reference" / "paper.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["figure2-loss.png", "figure3-average.png", "figure-conflicts.png"]
-CONFIGS = ["baseline", "siamese-diff", "siamese-diff-prod", "cosine-sts", "concatenation", "best",
-           "best-round-robin", "best-adamw", "best-no-smart"]
+CONFIGS = [
+    "baseline",
+    "siamese-diff",
+    "siamese-diff-prod",
+    "cosine-sts",
+    "concatenation",
+    "best",
+    "best-round-robin",
+    "best-adamw",
+    "best-no-smart",
+]
 SIZES = {"sst": 300, "quora": 400, "sts": 250, "cfimdb": 120}
-CHECKPOINT = {"name": "all-minilm-l6-v2", "weights": "model.safetensors",
-              "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
-              "training_data": {"file": "data_config.json", "datasets": 290, "examples": 1170060424,
-                                "course_overlap": [{"task": "quora", "dataset": "quora_duplicates.jsonl.gz",
-                                                    "examples": 103663}]}}
-CARVED = {"kind": "carved-from-dev", "holdout_fraction": 0.2, "seed": 0, "train_pairs": 16170,
-          "heldout_pairs": 4042,
-          "note": "Quora's official 141k train split was not available; both are carved from dev."}
+CHECKPOINT = {
+    "name": "all-minilm-l6-v2",
+    "weights": "model.safetensors",
+    "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    "training_data": {
+        "file": "data_config.json",
+        "datasets": 290,
+        "examples": 1170060424,
+        "course_overlap": [{"task": "quora", "dataset": "quora_duplicates.jsonl.gz", "examples": 103663}],
+    },
+}
+CARVED = {
+    "kind": "carved-from-dev",
+    "holdout_fraction": 0.2,
+    "seed": 0,
+    "train_pairs": 16170,
+    "heldout_pairs": 4042,
+    "note": "Quora's official 141k train split was not available; both are carved from dev.",
+}
 NUMBER_WITH_INTERVAL = re.compile(r"^-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]$")
 
 
@@ -74,8 +94,9 @@ def write_labels(root: Path) -> None:
     rng = np.random.default_rng(0)
     (root / "prepared").mkdir(parents=True, exist_ok=True)
     for task in SIZES:
-        pd.DataFrame({"id": [f"{task}-{i}" for i in range(SIZES[task])], "label": _labels(task, rng)}
-                     ).to_parquet(root / "prepared" / f"{task}-dev.parquet")
+        pd.DataFrame(
+            {"id": [f"{task}-{i}" for i in range(SIZES[task])], "label": _labels(task, rng)}
+        ).to_parquet(root / "prepared" / f"{task}-dev.parquet")
 
 
 def _labels_of(root: Path, task: str) -> tuple[list[str], np.ndarray]:
@@ -100,25 +121,45 @@ def _metrics(config: str, scores: dict, quora_split: dict, epochs: int) -> dict:
     pcgrad = config in ("best", "best-adamw", "best-no-smart")
     smart = config.startswith("best") and config != "best-no-smart"
     return {
-        "config": config, **scores, "best_epoch": epochs, "epochs": epochs,
+        "config": config,
+        **scores,
+        "best_epoch": epochs,
+        "epochs": epochs,
         "train_examples": {"sst": 480, "quora": 480, "sts": 480},
         "dev_examples": {t: SIZES[t] for t in MULTITASK_TASKS},
-        "history_examples": {"dev": {"sst": 100, "quora": 100, "sts": 100},
-                             "train": {"sst": 50, "quora": 50, "sts": 50}},
+        "history_examples": {
+            "dev": {"sst": 100, "quora": 100, "sts": 100},
+            "train": {"sst": 50, "quora": 50, "sts": 50},
+        },
         "data_split": {"sst": "course train / dev", "sts": "course train / dev", "quora": quora_split},
-        "settings": {"paraphrase_head": "siamese-concat", "sts_head": "siamese-concat",
-                     "sts_output": "sigmoid", "gradient": "pcgrad" if pcgrad else "round-robin",
-                     "optimizer": "adamw" if config in ("baseline", "best-adamw") else "adamaxw",
-                     "lr": 5e-05, "weight_decay": 0.01, "lr_schedule": "exponential", "lr_gamma": 0.9,
-                     "epochs": epochs, "eval_batch_size": 128, "dropout": 0.3, "grad_clip": 1.0,
-                     "pooling": "mean", "smart": {"lambda_s": 1.0} if smart else None},
+        "settings": {
+            "paraphrase_head": "siamese-concat",
+            "sts_head": "siamese-concat",
+            "sts_output": "sigmoid",
+            "gradient": "pcgrad" if pcgrad else "round-robin",
+            "optimizer": "adamw" if config in ("baseline", "best-adamw") else "adamaxw",
+            "lr": 5e-05,
+            "weight_decay": 0.01,
+            "lr_schedule": "exponential",
+            "lr_gamma": 0.9,
+            "epochs": epochs,
+            "eval_batch_size": 128,
+            "dropout": 0.3,
+            "grad_clip": 1.0,
+            "pooling": "mean",
+            "smart": {"lambda_s": 1.0} if smart else None,
+        },
         "batch_size": {"sst": 16, "quora": 16, "sts": 16},
-        "checkpoint": CHECKPOINT, "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)",
+        "checkpoint": CHECKPOINT,
+        "scale": "cpu",
+        "seed": 11711,
+        "device": "cpu (2 threads)",
     }
 
 
-def write_multitask(root: Path, configs: list[str], quora_split: dict = CARVED, epochs: int = 3,
-                    steps_per_epoch: int = 20) -> None:
+def write_multitask(
+    root: Path, configs: list[str], quora_split: dict = CARVED, epochs: int = 3, steps_per_epoch: int = 20
+) -> None:
     """Per configuration: the JSON, the per-epoch history, the per-step conflicts and the
     dev predictions. `best-no-smart` predicts exactly what `best` predicts."""
     directory = root / "metrics" / "multitask"
@@ -126,10 +167,12 @@ def write_multitask(root: Path, configs: list[str], quora_split: dict = CARVED, 
     for config in configs:
         i = CONFIGS.index(config)
         source = "best" if config == "best-no-smart" else config
-        scores = _write_run(root, f"multitask/{config}", 0.3 + 0.06 * CONFIGS.index(source), seed=CONFIGS.index(source))
+        scores = _write_run(
+            root, f"multitask/{config}", 0.3 + 0.06 * CONFIGS.index(source), seed=CONFIGS.index(source)
+        )
         metrics = _metrics(config, scores, quora_split, epochs)
         e = np.arange(epochs + 1)
-        history = {"epoch": e, "lr": [None, *(5e-5 * 0.9 ** k for k in range(epochs))]}
+        history = {"epoch": e, "lr": [None, *(5e-5 * 0.9**k for k in range(epochs))]}
         for t in MULTITASK_TASKS:
             history[f"train_loss_{t}"] = [None, *(1.5 - 0.3 * k - 0.01 * i for k in range(epochs))]
             history[f"dev_loss_{t}"] = 1.4 - 0.2 * e
@@ -151,9 +194,13 @@ def write_multitask(root: Path, configs: list[str], quora_split: dict = CARVED, 
 
 def write_zero_shot(root: Path) -> None:
     scores = _write_run(root, "zero-shot", 0.2, seed=99)
-    metrics = {"config": "zero-shot", **scores, "dev_examples": dict(SIZES),
-               "method": {"sst": "majority class", "quora": "cosine threshold", "sts": "cosine"},
-               "checkpoint": CHECKPOINT}
+    metrics = {
+        "config": "zero-shot",
+        **scores,
+        "dev_examples": dict(SIZES),
+        "method": {"sst": "majority class", "quora": "cosine threshold", "sts": "cosine"},
+        "checkpoint": CHECKPOINT,
+    }
     (root / "metrics" / "zero-shot.json").write_text(json.dumps(metrics) + "\n")
 
 
@@ -166,12 +213,25 @@ def write_sentiment(root: Path) -> None:
     for run, mode, quality in [("sst-full", "full", 0.6), ("sst-last-layer", "last-layer", 0.3)]:
         predictions = _predict("sst", labels, quality, rng)
         write_predictions(root / "predictions" / "sentiment" / run / "dev-out.csv", "sst", ids, predictions)
-        metrics = {"run": run, "task": "sst", "mode": mode,
-                   "dev_accuracy": fixed(score("sst", labels, predictions)), "best_epoch": 2,
-                   "epochs": 2, "lr": 1e-05, "batch_size": 32, "optimizer": "adamw",
-                   "pooling": "mean", "train_examples": 8544, "dev_examples": SIZES["sst"],
-                   "data_split": "course sst train / dev", "checkpoint": CHECKPOINT,
-                   "scale": "cpu", "seed": 11711, "device": "cpu (2 threads)"}
+        metrics = {
+            "run": run,
+            "task": "sst",
+            "mode": mode,
+            "dev_accuracy": fixed(score("sst", labels, predictions)),
+            "best_epoch": 2,
+            "epochs": 2,
+            "lr": 1e-05,
+            "batch_size": 32,
+            "optimizer": "adamw",
+            "pooling": "mean",
+            "train_examples": 8544,
+            "dev_examples": SIZES["sst"],
+            "data_split": "course sst train / dev",
+            "checkpoint": CHECKPOINT,
+            "scale": "cpu",
+            "seed": 11711,
+            "device": "cpu (2 threads)",
+        }
         (directory / f"{run}.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
@@ -254,10 +314,21 @@ def test_zero_shot_row_test_row_and_checkpoint_note(text):
     zero = _row(table2, "(`zero-shot`)")
     assert NUMBER_WITH_INTERVAL.match(zero[1]) and zero[2] == "—"
     test_row = _row(table2, "Best, test set")
-    assert test_row[1:9] == ["not scored", "0.524", "not scored", "0.878", "not scored", "0.886",
-                             "not scored", "0.762"]
+    assert test_row[1:9] == [
+        "not scored",
+        "0.524",
+        "not scored",
+        "0.878",
+        "not scored",
+        "0.886",
+        "not scored",
+        "0.762",
+    ]
     for name in ("Table 1", "Table 2", "Table 3", "Table 4"):
-        assert name == "Table 1" or "**Checkpoint:** `all-minilm-l6-v2` was trained further" in _sections(text)[name]
+        assert (
+            name == "Table 1"
+            or "**Checkpoint:** `all-minilm-l6-v2` was trained further" in _sections(text)[name]
+        )
     assert "`quora_duplicates.jsonl.gz` (103,663 examples) from the Quora question-pairs release" in table2
     assert "1,170,060,424 examples from 290 datasets" in table2
 
@@ -329,8 +400,11 @@ def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
     metrics = json.loads(path.read_text())
     metrics["sst_accuracy"] = fixed(metrics["sst_accuracy"] + 0.01)
     path.write_text(json.dumps(metrics))
-    with pytest.raises(ValueError, match=r"sst-dev-out.csv: these predictions score .* but the metrics "
-                                         r"file of multitask/baseline says"):
+    with pytest.raises(
+        ValueError,
+        match=r"sst-dev-out.csv: these predictions score .* but the metrics "
+        r"file of multitask/baseline says",
+    ):
         report(tmp_path, tmp_path / "report")
     (tmp_path / "predictions" / "multitask" / "baseline" / "sst-dev-out.csv").unlink()
     with pytest.raises(FileNotFoundError, match="the dev predictions of multitask/baseline are missing"):
@@ -338,17 +412,36 @@ def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
 
 
 def test_seed_study_section(outputs, tmp_path):
-    study = {"command": "minbert seed-study", "how": "queues experiments", "seeds": [1, 2, 11711],
-             "configs": {"best": [{"seed": s, "sst_accuracy": 0.4 + 0.01 * k, "quora_accuracy": 0.7,
-                                   "sts_pearson": 0.8, "average": 0.6} for k, s in enumerate((1, 2, 11711))]}}
+    study = {
+        "command": "minbert seed-study",
+        "how": "queues experiments",
+        "seeds": [1, 2, 11711],
+        "configs": {
+            "best": [
+                {
+                    "seed": s,
+                    "sst_accuracy": 0.4 + 0.01 * k,
+                    "quora_accuracy": 0.7,
+                    "sts_pearson": 0.8,
+                    "average": 0.6,
+                }
+                for k, s in enumerate((1, 2, 11711))
+            ]
+        },
+    }
     (outputs / "metrics" / "seed-study.json").write_text(json.dumps(study))
     try:
         text = report(outputs, tmp_path / "report")
     finally:
         (outputs / "metrics" / "seed-study.json").unlink()
     section = _sections(text)["Seed study"]
-    assert _row(section, "`best`")[1:] == ["0.410 ± 0.010", "0.700 ± 0.000", "0.800 ± 0.000",
-                                           "0.600 ± 0.000", "1, 2, 11711"]
+    assert _row(section, "`best`")[1:] == [
+        "0.410 ± 0.010",
+        "0.700 ± 0.000",
+        "0.800 ± 0.000",
+        "0.600 ± 0.000",
+        "1, 2, 11711",
+    ]
     assert "`minbert seed-study`" in section
     assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
 
@@ -356,9 +449,16 @@ def test_seed_study_section(outputs, tmp_path):
 def test_tables_are_data(outputs, tmp_path):
     """Rows come from paper.yaml: a one-row table shows that row only, no figures."""
     paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
-    custom = {"paper": "test", "table1": paper["table1"],
-              "table2": {"title": "Just one", "source": "test.", "parent": "baseline",
-                         "rows": [{"config": "cosine-sts", "label": "Cosine", "paper": {"sst": 0.5}}]}}
+    custom = {
+        "paper": "test",
+        "table1": paper["table1"],
+        "table2": {
+            "title": "Just one",
+            "source": "test.",
+            "parent": "baseline",
+            "rows": [{"config": "cosine-sts", "label": "Cosine", "paper": {"sst": 0.5}}],
+        },
+    }
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(custom), encoding="utf-8")
     text = report(outputs, tmp_path / "report", tmp_path / "paper.yaml")
     table = _sections(text)["Table 2"]

@@ -13,25 +13,27 @@ import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_multitask import _prepared
 
-from minbert import params as params_module
 from minbert.data.tokenize import tokenize_prepared
+from minbert.pipeline import settings as params_module
 from minbert.train.resume import ResumePoint, fingerprint
 
 # Runs one stage's function in a child process, so that the test can kill it.
 CHILD = """
 import sys, yaml
 from pathlib import Path
-from minbert import params
-from minbert.train import multitask, sentiment
+from minbert.pipeline import settings as params
+from minbert.pipeline import multitask, sentiment
 
 kind, name, params_file, tok, out, resume = sys.argv[1:]
 p = params.validate(yaml.safe_load(Path(params_file).read_text()))
 out = Path(out)
 if kind == "multitask":
-    multitask.run_stage(p, name, Path(tok), Path(tok).parent / "prepared" / "manifest.json",
-                        out / "metrics", out / "pred", resume_dir=Path(resume))
+    multitask.run(params.resolve_multitask(p, name), Path(tok),
+                  Path(tok).parent / "prepared" / "manifest.json", out / "metrics", out / "pred",
+                  resume_dir=Path(resume))
 else:
-    sentiment.run_stage(p, name, Path(tok), out / "metrics", out / "pred", resume_dir=Path(resume))
+    sentiment.run(params.resolve_sentiment(p, name), Path(tok), out / "metrics", out / "pred",
+                  resume_dir=Path(resume))
 """
 
 
@@ -39,13 +41,15 @@ else:
 def setup(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("resume")
     _prepared(root / "prepared")
-    tokenize_prepared(root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt",
-                      {"sst": 32, "quora": 32, "sts": 32})
+    tokenize_prepared(
+        root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32, "quora": 32, "sts": 32}
+    )
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
     tiny_multitask_scale(p, epochs=6, batch_size={"sst": 4, "quora": 4, "sts": 4})
-    tiny_sentiment_scale(p, batch_size=4, epochs={"last-layer": 6, "full": 6},
-                         train_examples={"sst": 0, "cfimdb": 0})
+    tiny_sentiment_scale(
+        p, batch_size=4, epochs={"last-layer": 6, "full": 6}, train_examples={"sst": 0, "cfimdb": 0}
+    )
     params_module.validate(p)
     (root / "params.yaml").write_text(yaml.safe_dump(p))
     return root
@@ -53,8 +57,21 @@ def setup(tmp_path_factory, tiny_checkpoint):
 
 def _start(setup, kind, name, out, resume):
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, kind, name, str(setup / "params.yaml"), str(setup / "tok"),
-         str(out), str(resume)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            kind,
+            name,
+            str(setup / "params.yaml"),
+            str(setup / "tok"),
+            str(out),
+            str(resume),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc) -> str:
@@ -63,8 +80,9 @@ def _finish(proc) -> str:
     return err
 
 
-@pytest.mark.parametrize("kind, name", [("multitask", "best"), ("sentiment", "sst-full"),
-                                        ("sentiment", "sst-last-layer")])
+@pytest.mark.parametrize(
+    "kind, name", [("multitask", "best"), ("sentiment", "sst-full"), ("sentiment", "sst-last-layer")]
+)
 def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
     whole = tmp_path / "whole"
     _finish(_start(setup, kind, name, whole, tmp_path / "resume-whole"))
@@ -86,8 +104,9 @@ def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
 
     assert "resumed from" in _finish(_start(setup, kind, name, cut, state.parent))
     for suffix in (".json", "-history.csv"):
-        assert (cut / "metrics" / f"{name}{suffix}").read_text() == \
-            (whole / "metrics" / f"{name}{suffix}").read_text()
+        assert (cut / "metrics" / f"{name}{suffix}").read_text() == (
+            whole / "metrics" / f"{name}{suffix}"
+        ).read_text()
     assert not state.exists()  # removed once the outputs are written
 
 

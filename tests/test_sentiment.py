@@ -10,20 +10,30 @@ import torch
 import yaml
 from conftest import REPO, tiny_sentiment_scale
 
-from minbert import params as params_module
 from minbert.data.batches import TokenizedTable
+from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
-from minbert.evaluate import read_predictions
-from minbert.model import BertModel
-from minbert.train.sentiment import NonFiniteLoss, run_stage, train_sentiment
+from minbert.model.bert import BertModel
+from minbert.pipeline import sentiment
+from minbert.pipeline import settings as params_module
+from minbert.pipeline.settings import resolve_sentiment
+from minbert.train.loop import NonFiniteLoss
+from minbert.train.sentiment import train_sentiment
 
 WORDS = ["good", "bad", "fine", "awful", "great", "dull", "film", "plot", "the", "a"]
 
 
+def run_stage(params: dict, run: str, *args, **kwargs) -> dict:
+    """The stage with the settings the resolve stage would write."""
+    return sentiment.run(resolve_sentiment(params, run), *args, **kwargs)
+
+
 def _table(n, seed, labelled=True):
     rng = np.random.default_rng(seed)
-    rows = {"id": [f"id{seed}-{i}" for i in range(n)],
-            "sentence": [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(n)]}
+    rows = {
+        "id": [f"id{seed}-{i}" for i in range(n)],
+        "sentence": [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(n)],
+    }
     if labelled:
         rows["label"] = rng.integers(0, 5, size=n)
     rows["line"] = np.arange(2, n + 2)
@@ -46,16 +56,18 @@ def tiny_params(tiny_checkpoint):
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["checkpoint"] = str(tiny_checkpoint)
     p["device"] = "cpu"
-    tiny_sentiment_scale(p, batch_size=8, epochs={"last-layer": 3, "full": 2},
-                         train_examples={"sst": 32, "cfimdb": 0})
+    tiny_sentiment_scale(
+        p, batch_size=8, epochs={"last-layer": 3, "full": 2}, train_examples={"sst": 32, "cfimdb": 0}
+    )
     p["sentiment"]["eval_batch_size"] = 5
     return params_module.validate(p)
 
 
 @pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])
 def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_params, run):
-    metrics = run_stage(tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred",
-                        resume_dir=tmp_path / "resume")
+    metrics = run_stage(
+        tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred", resume_dir=tmp_path / "resume"
+    )
     saved = json.loads((tmp_path / "metrics" / f"{run}.json").read_text())
     assert saved == metrics
     history = pd.read_csv(tmp_path / "metrics" / f"{run}-history.csv")
@@ -81,8 +93,9 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
 def test_same_seed_same_metrics(tmp_path, tokenized, tiny_params):
     a = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m1", tmp_path / "p1", tmp_path / "r1")
     b = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m2", tmp_path / "p2", tmp_path / "r2")
-    assert (tmp_path / "m1" / "sst-full-history.csv").read_text() == \
-        (tmp_path / "m2" / "sst-full-history.csv").read_text()
+    assert (tmp_path / "m1" / "sst-full-history.csv").read_text() == (
+        tmp_path / "m2" / "sst-full-history.csv"
+    ).read_text()
     assert a == b
 
 
@@ -109,8 +122,9 @@ def test_non_finite_loss_names_step_and_examples(tokenized, tiny_params, tiny_ch
 def test_token_budget_gives_the_same_training_in_pieces(tokenized, tiny_params, tiny_checkpoint):
     import dataclasses
 
-    settings = dataclasses.replace(params_module.sentiment_settings(tiny_params, "sst-full"),
-                                   dropout=0.0, lr=1e-3)
+    settings = dataclasses.replace(
+        params_module.sentiment_settings(tiny_params, "sst-full"), dropout=0.0, lr=1e-3
+    )
     tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev")}
 
     def run(max_tokens):
@@ -121,8 +135,14 @@ def test_token_budget_gives_the_same_training_in_pieces(tokenized, tiny_params, 
                 module.p = 0.0
         for layer in encoder.encoder.layer:
             layer.attention.self.dropout_p = 0.0
-        result = train_sentiment(dataclasses.replace(settings, max_tokens=max_tokens), encoder,
-                                 tables["train"], tables["dev"], None, torch.device("cpu"))
+        result = train_sentiment(
+            dataclasses.replace(settings, max_tokens=max_tokens),
+            encoder,
+            tables["train"],
+            tables["dev"],
+            None,
+            torch.device("cpu"),
+        )
         return pd.DataFrame(result.history).drop(columns="lr").astype(float).to_numpy()
 
     whole, pieces = run(0), run(40)  # 40 tokens: batches of 8 split into several pieces

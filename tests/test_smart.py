@@ -125,8 +125,11 @@ def test_binary_is_two_class_softmax():
 def test_binary_is_finite_for_extreme_logits():
     a, b = torch.tensor([80.0, -80.0]), torch.tensor([-80.0, 80.0])
     assert torch.isfinite(divergence(a, b, "binary"))
-    assert torch.isfinite(divergence(a[:, None] * torch.tensor([1.0, -1.0]),
-                                     b[:, None] * torch.tensor([1.0, -1.0]), "multiclass"))
+    assert torch.isfinite(
+        divergence(
+            a[:, None] * torch.tensor([1.0, -1.0]), b[:, None] * torch.tensor([1.0, -1.0]), "multiclass"
+        )
+    )
 
 
 def test_regression_is_mse():
@@ -225,9 +228,14 @@ def test_generator_makes_the_perturbation_reproducible():
 
 def test_smoothness_loss_trains_the_model_but_the_ascent_leaves_no_grad():
     torch.manual_seed(4)
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     bert = BertModel(config)
     head = nn.Linear(32, 3)
     input_ids = torch.randint(1, config.vocab_size, (3, 6))
@@ -248,8 +256,11 @@ def test_smoothness_loss_trains_the_model_but_the_ascent_leaves_no_grad():
     grads = dict(params)
     for name in ("weight", "bias"):  # the head
         assert grads[name].grad is not None and grads[name].grad.abs().sum() > 0
-    for name in ("encoder.layer.0.attention.self.query.weight", "pooler.dense.weight",
-                 "embeddings.word_embeddings.weight"):  # through `embedded` too
+    for name in (
+        "encoder.layer.0.attention.self.query.weight",
+        "pooler.dense.weight",
+        "embeddings.word_embeddings.weight",
+    ):  # through `embedded` too
         assert grads[name].grad is not None and grads[name].grad.abs().sum() > 0, name
     # The clean side is not detached: gradient flows through both predictions.
     assert clean.grad is not None and clean.grad.abs().sum() > 0

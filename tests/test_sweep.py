@@ -7,28 +7,44 @@ import statistics
 import subprocess
 
 import pytest
+from conftest import tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
-from minbert.sweep import Run, aggregate, seed_study
+from minbert.pipeline.sweep import Run, aggregate, seed_study
 
 
 def _run_of(name, seed, optimizer, average, acc):
-    return Run(name, {"seed": seed, "optimizer": optimizer, "smart": {"enabled": False}},
-               {"multitask/baseline": {"sst_accuracy": acc, "quora_accuracy": 0.7, "sts_pearson": 0.5,
-                                       "average": average},
-                "sentiment/sst-full": {"dev_accuracy": acc}})
+    return Run(
+        name,
+        {"seed": seed, "optimizer": optimizer, "smart": {"enabled": False}},
+        {
+            "multitask/baseline": {
+                "sst_accuracy": acc,
+                "quora_accuracy": 0.7,
+                "sts_pearson": 0.5,
+                "average": average,
+            },
+            "sentiment/sst-full": {"dev_accuracy": acc},
+        },
+    )
 
 
 def test_aggregate_groups_by_everything_but_the_seed():
-    runs = [_run_of("a", 1, "adamw", 0.50, 0.40), _run_of("b", 2, "adamw", 0.54, 0.44),
-            _run_of("c", 3, "adamw", 0.58, 0.42), _run_of("d", 1, "adamaxw", 0.60, 0.30)]
+    runs = [
+        _run_of("a", 1, "adamw", 0.50, 0.40),
+        _run_of("b", 2, "adamw", 0.54, 0.44),
+        _run_of("c", 3, "adamw", 0.58, 0.42),
+        _run_of("d", 1, "adamaxw", 0.60, 0.30),
+    ]
     text = aggregate(runs)
     assert "4 runs in 2 group(s)" in text
     sections = {part.split("\n", 1)[0]: part for part in text.split("## ")[1:]}
     adamw = sections["`optimizer=adamw`"]
     std = statistics.stdev([0.50, 0.54, 0.58])
-    assert f"| `multitask/baseline` | 0.420 ± {statistics.stdev([0.40, 0.44, 0.42]):.3f} | 0.700 ± 0.000 | " \
-           f"0.500 ± 0.000 | 0.540 ± {std:.3f} | 3 |" in adamw
+    assert (
+        f"| `multitask/baseline` | 0.420 ± {statistics.stdev([0.40, 0.44, 0.42]):.3f} | 0.700 ± 0.000 | "
+        f"0.500 ± 0.000 | 0.540 ± {std:.3f} | 3 |" in adamw
+    )
     assert "Seeds: 1, 2, 3 (runs: a, b, c)" in adamw
     adamaxw = sections["`optimizer=adamaxw`"]
     assert "| `sentiment/sst-full` | 0.300 | 1 |" in adamaxw  # one seed: no spread to show
@@ -45,18 +61,21 @@ def _one_config_one_run(params: dict) -> None:
     params["mlm"]["pretrain"] = []
     params["sentiment"]["runs"] = {"sst-last-layer": params["sentiment"]["runs"]["sst-last-layer"]}
     params["scales"]["cpu"]["max_length"] = {"sst": 32, "cfimdb": 32, "quora": 32, "sts": 32}
-    tiny_sentiment_scale(params, batch_size=8, epochs={"last-layer": 1, "full": 1},
-                         train_examples={"sst": 0, "cfimdb": 0})
-    tiny_multitask_scale(params, epochs=1, batch_size={"sst": 8, "quora": 8, "sts": 8},
-                         test_predictions=False)
+    tiny_sentiment_scale(
+        params, batch_size=8, epochs={"last-layer": 1, "full": 1}, train_examples={"sst": 0, "cfimdb": 0}
+    )
+    tiny_multitask_scale(
+        params, epochs=1, batch_size={"sst": 8, "quora": 8, "sts": 8}, test_predictions=False
+    )
 
 
 @pytest.fixture(scope="module")
 def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     """The project's pipeline with one sentiment run and one multitask configuration,
     committed without results: the sweep's experiments produce them."""
-    root = make_project(tmp_path_factory.mktemp("sweep"), shared_data, tiny_checkpoint, 24,
-                        _one_config_one_run)
+    root = make_project(
+        tmp_path_factory.mktemp("sweep"), shared_data, tiny_checkpoint, 24, _one_config_one_run
+    )
     _run(["git", "add", "-A"], root)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pipeline"], root)
     return root
@@ -70,8 +89,7 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     try:
         out = _run(["minbert", "seed-study"], root)
     finally:
-        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, env=tool_env(),
-                       capture_output=True)
+        subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=root, env=tool_env(), capture_output=True)
     assert "seeds [1, 2]" in out
     study = json.loads((root / "metrics" / "seed-study.json").read_text())
     assert study["command"] == "minbert seed-study" and study["seeds"] == [1, 2]
@@ -90,15 +108,24 @@ def test_seed_study_takes_only_runs_of_the_same_parameters_and_their_own_seed():
     params = {"seed": 11711, "optimizer": "adamw"}
 
     def run(name, seed, config_seeds, optimizer="adamw"):
-        metrics = {f"multitask/{c}": {"seed": s, "sst_accuracy": 0.4, "quora_accuracy": 0.7,
-                                      "sts_pearson": 0.5, "average": 0.5 + s / 1e5}
-                   for c, s in config_seeds.items()}
+        metrics = {
+            f"multitask/{c}": {
+                "seed": s,
+                "sst_accuracy": 0.4,
+                "quora_accuracy": 0.7,
+                "sts_pearson": 0.5,
+                "average": 0.5 + s / 1e5,
+            }
+            for c, s in config_seeds.items()
+        }
         return Run(name, {"seed": seed, "optimizer": optimizer}, metrics)
 
-    runs = [run("workspace", 11711, {"a": 11711, "b": 11711}),
-            run("exp-1", 1, {"a": 1, "b": 11711}),       # b was not retrained: its file is seed 11711's
-            run("exp-2", 2, {"a": 2, "b": 2}),
-            run("other", 3, {"a": 3, "b": 3}, optimizer="adamaxw")]  # another study altogether
+    runs = [
+        run("workspace", 11711, {"a": 11711, "b": 11711}),
+        run("exp-1", 1, {"a": 1, "b": 11711}),  # b was not retrained: its file is seed 11711's
+        run("exp-2", 2, {"a": 2, "b": 2}),
+        run("other", 3, {"a": 3, "b": 3}, optimizer="adamaxw"),
+    ]  # another study altogether
     study = seed_study(runs, params, ["a", "b"])
     assert [r["seed"] for r in study["a"]] == [1, 2, 11711]
     assert [r["seed"] for r in study["b"]] == [2, 11711]

@@ -12,16 +12,25 @@ from minbert.data.tokenize import tokenize_prepared
 def _prepare(tmp_path):
     prepared = tmp_path / "prepared"
     prepared.mkdir()
-    pd.DataFrame({"id": ["a", "b"], "sentence": ["A fine film .", "word " * 50], "label": [3, 0],
-                  "line": [2, 3]}).to_parquet(prepared / "sst-train.parquet")
-    pd.DataFrame({"id": ["p"], "sentence1": ["How old are you?"], "sentence2": ["What is your age?"],
-                  "label": [4.2], "line": [2]}).to_parquet(prepared / "sts-dev.parquet")
+    pd.DataFrame(
+        {"id": ["a", "b"], "sentence": ["A fine film .", "word " * 50], "label": [3, 0], "line": [2, 3]}
+    ).to_parquet(prepared / "sst-train.parquet")
+    pd.DataFrame(
+        {
+            "id": ["p"],
+            "sentence1": ["How old are you?"],
+            "sentence2": ["What is your age?"],
+            "label": [4.2],
+            "line": [2],
+        }
+    ).to_parquet(prepared / "sts-dev.parquet")
     return prepared
 
 
 def test_columns_and_pairs(tmp_path, minilm_dir):
-    stats = tokenize_prepared(_prepare(tmp_path), tmp_path / "tok", minilm_dir / "vocab.txt",
-                              {"sst": 16, "sts": 32})
+    stats = tokenize_prepared(
+        _prepare(tmp_path), tmp_path / "tok", minilm_dir / "vocab.txt", {"sst": 16, "sts": 32}
+    )
     sst = TokenizedTable.read(tmp_path / "tok" / "sst-train.parquet")
     assert sst.ids == ["a", "b"] and sst.labels.tolist() == [3, 0]
     first = sst.sequences["input_ids"][0].tolist()
@@ -45,12 +54,15 @@ def test_unknown_task_and_missing_length(tmp_path, minilm_dir):
         tokenize_prepared(prepared, tmp_path / "tok", minilm_dir / "vocab.txt", {"sst": 16})
     assert not (tmp_path / "tok").exists()  # nothing half-written
     with pytest.raises(ValueError, match="unknown task"):
-        tokenize_prepared(prepared, tmp_path / "tok", minilm_dir / "vocab.txt",
-                          {"sst": 16, "sts": 16, "imdb": 3})
+        tokenize_prepared(
+            prepared, tmp_path / "tok", minilm_dir / "vocab.txt", {"sst": 16, "sts": 16, "imdb": 3}
+        )
 
 
 def test_tokenized_table_errors_name_the_file_and_the_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"absent.parquet: no such tokenised table.*dvc repro tokenize"):
+    with pytest.raises(
+        FileNotFoundError, match=r"absent.parquet: no such tokenised table.*dvc repro tokenize"
+    ):
         TokenizedTable.read(tmp_path / "absent.parquet")
     (tmp_path / "garbage.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(ValueError, match=r"garbage.parquet: not a readable Parquet table"):

@@ -8,9 +8,11 @@ import yaml
 from conftest import REPO
 from test_multitask import tokenized  # noqa: F401  (the tiny tokenised tables)
 
-from minbert import params as params_module
-from minbert.evaluate import read_predictions
-from minbert.zero_shot import best_threshold, run_stage
+from minbert.data.predictions import read_predictions
+from minbert.evaluate.zero_shot import best_threshold
+from minbert.pipeline import settings as params_module
+from minbert.pipeline import zero_shot
+from minbert.pipeline.settings import resolve_zero_shot
 
 
 def test_best_threshold_is_the_most_accurate_cut():
@@ -25,8 +27,13 @@ def test_best_threshold_is_the_most_accurate_cut():
 def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
-    metrics = run_stage(params_module.validate(p), tokenized / "tok", tokenized / "prepared" / "manifest.json",
-                        tmp_path / "zero-shot.json", tmp_path / "pred")
+    metrics = zero_shot.run(
+        resolve_zero_shot(params_module.validate(p)),
+        tokenized / "tok",
+        tokenized / "prepared" / "manifest.json",
+        tmp_path / "zero-shot.json",
+        tmp_path / "pred",
+    )
     assert json.loads((tmp_path / "zero-shot.json").read_text()) == metrics
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
     assert -1 <= metrics["sts_pearson"] <= 1 and 0 <= metrics["quora_accuracy"] <= 1

@@ -1,82 +1,199 @@
 """The ``minbert`` command line.
 
 The pipeline itself runs through DVC (``dvc repro``); these commands are what a
-researcher uses around it: checking a data file or a parameters file before a
-long run, inspecting a checkpoint, and aggregating a sweep of experiments.
+researcher uses around it: checking a data file or a parameters file before a long
+run, inspecting a checkpoint, using a fine-tuned model on new text (``predict``,
+``evaluate``), and aggregating sweeps of experiments. Each calls the functions the
+stages use. Bad input of any kind ends in one line naming the file and the reason
+and a non-zero exit; ``minbert --debug COMMAND`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 
 import typer
 
 from minbert.data.tasks import TASKS
+from minbert.errors import report_errors
 from minbert.progress import console
 
 app = typer.Typer(
     help="minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
+MULTITASK = ("sst", "quora", "sts")
+_debug = {"on": False}
 
 
-@app.command()
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error.")) -> None:
+    """minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline."""
+    _debug["on"] = debug
+
+
+def command(name: str | None = None):
+    """A command whose errors end in one line (see ``minbert.errors``)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with report_errors(debug=_debug["on"]):
+                return fn(*args, **kwargs)
+
+        return app.command(name)(run)
+
+    return wrap
+
+
+def _task(task: str, allowed=tuple(TASKS)) -> str:
+    if task not in allowed:
+        console.print(f"--task {task!r} is not one of {', '.join(allowed)}")
+        raise typer.Exit(2)
+    return task
+
+
+@command()
 def validate(
-    file: Path = typer.Argument(..., help="A course-format CSV file (tab-separated)."),
+    file: Path = typer.Argument(..., help="A course-format CSV file, or a CSV/TSV with named columns."),
     task: str = typer.Option(..., "--task", help=f"Which task's format: {', '.join(TASKS)}."),
+    unlabelled: bool = typer.Option(
+        False, "--unlabelled", help="The file has no labels (a test file); without this, labels are required."
+    ),
+    named: bool = typer.Option(
+        False, "--named", help="A plain CSV (.csv) or TSV file whose header names its columns."
+    ),
 ) -> None:
     """Check a data file row by row; print `file:line: reason` for every problem.
 
-    Exit status 0 when the file is good, 1 when it has problems, 2 on bad usage.
+    A file without the task's label column is an error unless it is a course test
+    file or `--unlabelled` says so. Exit status 0 when the file is good, 1 when it
+    has problems, 2 on bad usage.
     """
     from minbert.data.csvfile import validate_task_csv
 
-    if task not in TASKS:
-        console.print(f"--task {task!r} is not one of {', '.join(TASKS)}")
-        raise typer.Exit(2)
-    problems = validate_task_csv(file, task)
+    task = _task(task)
+    course_test_file = file.name == TASKS[task].files["test"]
+    problems = validate_task_csv(file, task, named=named, labelled=not (unlabelled or course_test_file))
     for problem in problems:
         typer.echo(str(problem))
     if problems:
         raise typer.Exit(1)
-    console.print(f"{file}: ok ({task})")
+    console.print(f"{file}: ok ({task}, {'unlabelled' if unlabelled or course_test_file else 'labelled'})")
 
 
-@app.command("check-params")
+@command("check-params")
 def check_params(
     file: Path = typer.Argument(Path("params.yaml"), help="The parameters file to check."),
 ) -> None:
     """Check a parameters file against the schema (unknown keys and values are errors)."""
-    from minbert.params import ParamsError, load
+    from minbert.pipeline.settings import load
 
-    try:
-        load(file)
-    except ParamsError as exc:
-        typer.echo(str(exc))
-        raise typer.Exit(1) from None
+    load(file)
     console.print(f"{file}: ok")
 
 
-@app.command()
+@command()
 def checkpoint(
     name: str = typer.Argument("all-minilm-l6-v2", help="Packaged name, local directory or hub name."),
+    revision: str = typer.Option("main", "--revision", help="A hub name's branch, tag or commit."),
 ) -> None:
     """Resolve a checkpoint, load it into the encoder and report what was loaded."""
-    from minbert.model import BertModel
+    from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
 
-    directory = resolve_checkpoint(name)
+    directory = resolve_checkpoint(name, revision=revision)
     model = BertModel.from_pretrained(directory)
     cfg = model.config
     console.print(f"{name}: {directory}")
-    console.print(f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                  f"{cfg.num_attention_heads} heads, vocabulary {cfg.vocab_size}, "
-                  f"{sum(p.numel() for p in model.parameters()):,} parameters")
+    console.print(
+        f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"{cfg.num_attention_heads} heads, vocabulary {cfg.vocab_size}, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters"
+    )
     console.print(f"  {model.load_report}")
 
 
-@app.command("sweep-report")
+@command()
+def predict(
+    model: Path = typer.Argument(..., help="A fine-tuned model directory, e.g. models/multitask/best."),
+    file: Path = typer.Argument(None, help="A course-format file, or a CSV/TSV with named columns."),
+    task: str = typer.Option(..., "--task", help="sst, quora or sts."),
+    out: Path = typer.Option(None, "--out", "-o", help="Where to write the predictions (course format)."),
+    text: list[str] = typer.Option(None, "--text", help="A sentence to classify (sst); repeatable."),
+    pair: tuple[str, str] | None = typer.Option(
+        None, "--pair", help="Two sentences to compare (quora, sts)."
+    ),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Predict with a fine-tuned multitask model: a file (to --out, in the course's
+    submission format) or sentences given with --text / --pair (printed)."""
+    from minbert.pipeline import predict as predicting
+
+    task = _task(task, MULTITASK)
+    pairs = [pair] if pair else []
+    if (file is None) == (not text and not pairs):
+        console.print("give either a FILE or --text / --pair")
+        raise typer.Exit(2)
+    predictor = predicting.Predictor(model, device)
+    if file is None:
+        frame = predicting.texts_frame(task, text, pairs)
+        predicted = predictor.predict(frame, task, "command line")
+        for i, value in zip(predicted.ids, predicted.predictions):
+            row = frame.loc[frame.id == i].iloc[0]
+            shown = " | ".join(row[c] for c in TASKS[task].text_columns)
+            typer.echo(f"{predicting.describe(task, value)}\t{shown}")
+        return
+    predicted = predictor.predict(predicting.read_input(file, task), task, str(file), show_progress=True)
+    if out is None:
+        for i, value in zip(predicted.ids, predicted.predictions):
+            typer.echo(f"{i}\t{predicting.describe(task, value)}")
+    else:
+        predicting.write(predicted, out)
+        console.print(f"{out}: {len(predicted.ids)} predictions ({task})")
+
+
+@command()
+def evaluate(
+    model: Path = typer.Argument(..., help="A fine-tuned model directory, e.g. models/multitask/best."),
+    file: Path = typer.Argument(..., help="A labelled course-format file, or a CSV/TSV with named columns."),
+    task: str = typer.Option(..., "--task", help="sst, quora or sts."),
+    out: Path = typer.Option(None, "--out", "-o", help="Also write the result as JSON."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Score a fine-tuned multitask model on a labelled file: accuracy (SST, Quora) or
+    Pearson's r (STS) with a 95% bootstrap interval over the file's examples."""
+    from rich.table import Table
+
+    from minbert.atomic import atomic_write_text
+    from minbert.pipeline import predict as predicting
+
+    task = _task(task, MULTITASK)
+    predictor = predicting.Predictor(model, device)
+    predicted = predictor.predict(predicting.read_input(file, task), task, str(file), show_progress=True)
+    result, summary = predicting.score(predicted)
+    summary["model"] = str(model)
+    table = Table(title=f"{model} on {file}")
+    for column in ("task", "examples", "metric", "value", "95% interval"):
+        table.add_column(column)
+    table.add_row(
+        task,
+        str(summary["examples"]),
+        summary["metric"],
+        f"{result.value:.4f}",
+        f"[{result.low:.4f}, {result.high:.4f}]",
+    )
+    console.print(table)
+    typer.echo(json.dumps(summary, indent=2))
+    if out is not None:
+        atomic_write_text(out, json.dumps(summary, indent=2) + "\n")
+
+
+@command("sweep-report")
 def sweep_report(
     out: Path = typer.Option(None, "--out", help="Also write the Markdown to this file."),
     repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository of the sweep."),
@@ -88,29 +205,23 @@ def sweep_report(
     per group.
     """
     from minbert.atomic import atomic_write_text
-    from minbert.sweep import aggregate, collect_runs
+    from minbert.pipeline.sweep import aggregate, collect_runs
 
-    try:
-        text = aggregate(collect_runs(repo))
-    except ValueError as exc:
-        console.print(str(exc))
-        raise typer.Exit(1) from None
+    text = aggregate(collect_runs(repo))
     typer.echo(text)
     if out is not None:
         atomic_write_text(out, text + "\n")
 
 
-SEED_STUDY_COMMAND = "minbert seed-study"
-
-
-@app.command("seed-study")
+@command("seed-study")
 def seed_study(
-    out: Path = typer.Option(Path("metrics/seed-study.json"), "--out",
-                             help="Where to write the study (the report reads this file)."),
+    out: Path = typer.Option(
+        Path("metrics/seed-study.json"), "--out", help="Where to write the study (the report reads it)."
+    ),
     repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
-    queue: bool = typer.Option(True, "--queue/--no-queue",
-                               help="Queue and run the experiments first (--no-queue: only "
-                                    "aggregate experiments that already ran)."),
+    queue: bool = typer.Option(
+        True, "--queue/--no-queue", help="Queue and run the experiments first (--no-queue: aggregate only)."
+    ),
 ) -> None:
     """The seed study of params.yaml's `seed_study`: retrain its configurations with its
     seeds through DVC's experiment queue, then write each configuration's full-dev
@@ -118,46 +229,12 @@ def seed_study(
 
     Run `dvc repro` afterwards: the report's seed-study section reads --out.
     """
-    import json
-    import subprocess
+    from minbert.pipeline.sweep import run_seed_study
 
-    from minbert.atomic import atomic_write_text
-    from minbert.params import ParamsError, load
-    from minbert.sweep import DVC, collect_runs, wait_for_queue
-    from minbert.sweep import seed_study as aggregate
-
-    try:
-        params = load(repo / "params.yaml")
-    except ParamsError as exc:
-        typer.echo(str(exc))
-        raise typer.Exit(1) from None
-    study = params["seed_study"]
-    targets = [f"multitask@{c}" for c in study["configs"]]
-    if queue:
-        for seed in study["seeds"]:
-            subprocess.run([*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *targets],
-                           cwd=repo, check=True)
-        subprocess.run([*DVC, "queue", "start", "--jobs", str(study["jobs"])], cwd=repo, check=True)
-        states = wait_for_queue(repo)
-        failed = {name: state for name, state in states.items() if state != "Success"}
-        if failed:
-            console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
-    try:
-        configs = aggregate(collect_runs(repo), params, study["configs"])
-    except ValueError as exc:
-        console.print(str(exc))
-        raise typer.Exit(1) from None
-    seeds = sorted({r["seed"] for runs in configs.values() for r in runs})
-    text = json.dumps({
-        "command": SEED_STUDY_COMMAND,
-        "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
-               "`seed_study.seeds`, runs the queue and aggregates the finished experiments "
-               "with the committed results",
-        "seeds": seeds,
-        "configs": configs,
-    }, indent=2) + "\n"
-    atomic_write_text(repo / out, text)
-    console.print(f"{repo / out}: {len(configs)} configurations, seeds {seeds}; now run `dvc repro`")
+    result = run_seed_study(repo, out, queue)
+    console.print(
+        f"{repo / out}: {len(result['configs'])} configurations, seeds {result['seeds']}; now run `dvc repro`"
+    )
 
 
 if __name__ == "__main__":

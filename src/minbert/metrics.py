@@ -30,10 +30,8 @@ from sklearn.metrics import accuracy_score
 # The multitask tasks, in the order every table and history file uses.
 MULTITASK_TASKS = ("sst", "quora", "sts")
 # Key of each task's metric in metrics files and history columns.
-METRIC = {"sst": "sst_accuracy", "quora": "quora_accuracy", "sts": "sts_pearson",
-          "cfimdb": "cfimdb_accuracy"}
-METRIC_TITLE = {"sst": "SST acc", "quora": "Quora acc", "sts": "STS Pearson",
-                "cfimdb": "CFIMDB acc"}
+METRIC = {"sst": "sst_accuracy", "quora": "quora_accuracy", "sts": "sts_pearson", "cfimdb": "cfimdb_accuracy"}
+METRIC_TITLE = {"sst": "SST acc", "quora": "Quora acc", "sts": "STS Pearson", "cfimdb": "CFIMDB acc"}
 AVERAGE = "average"  # plain mean of the three multitask metrics
 
 # Decimals of every measured number written to a metrics or history file.
@@ -118,9 +116,15 @@ class Interval:
 
 def _bootstrap(samples: Sequence[np.ndarray], statistic, seed: int) -> tuple[float, float]:
     result = stats.bootstrap(
-        tuple(samples), statistic, n_resamples=BOOTSTRAP_RESAMPLES, vectorized=True,
-        confidence_level=CONFIDENCE, method="percentile", batch=500,
-        rng=np.random.default_rng(seed))
+        tuple(samples),
+        statistic,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        vectorized=True,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        batch=500,
+        rng=np.random.default_rng(seed),
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -132,8 +136,7 @@ def _check(task: str, labels: np.ndarray, *predictions: np.ndarray) -> None:
         raise ValueError(f"{task}: a bootstrap needs at least 2 examples, got {len(labels)}")
 
 
-def interval(task: str, labels: np.ndarray, predictions: np.ndarray,
-             seed: int = BOOTSTRAP_SEED) -> Interval:
+def interval(task: str, labels: np.ndarray, predictions: np.ndarray, seed: int = BOOTSTRAP_SEED) -> Interval:
     """The metric with a 95% percentile-bootstrap interval over the examples."""
     labels, predictions = np.asarray(labels, float), np.asarray(predictions, float)
     _check(task, labels, predictions)
@@ -142,8 +145,9 @@ def interval(task: str, labels: np.ndarray, predictions: np.ndarray,
     return Interval(score(task, labels, predictions), low, high)
 
 
-def paired(task: str, labels: np.ndarray, predictions: np.ndarray, reference: np.ndarray,
-           seed: int = BOOTSTRAP_SEED) -> Interval:
+def paired(
+    task: str, labels: np.ndarray, predictions: np.ndarray, reference: np.ndarray, seed: int = BOOTSTRAP_SEED
+) -> Interval:
     """``score(predictions) - score(reference)`` on the same examples, with a 95%
     interval from resampling the examples once for both (a paired bootstrap)."""
     labels = np.asarray(labels, float)
@@ -154,8 +158,9 @@ def paired(task: str, labels: np.ndarray, predictions: np.ndarray, reference: np
     return Interval(score(task, labels, predictions) - score(task, labels, reference), low, high)
 
 
-def average_interval(parts: Sequence[tuple[str, np.ndarray, np.ndarray]],
-                     seed: int = BOOTSTRAP_SEED) -> Interval:
+def average_interval(
+    parts: Sequence[tuple[str, np.ndarray, np.ndarray]], seed: int = BOOTSTRAP_SEED
+) -> Interval:
     """The plain mean of several tasks' metrics, each task's examples resampled on
     their own (they are different examples): ``parts`` holds (task, labels, predictions)."""
     parts = [(t, np.asarray(y, float), np.asarray(p, float)) for t, y, p in parts]
@@ -170,12 +175,12 @@ def average_interval(parts: Sequence[tuple[str, np.ndarray, np.ndarray]],
     return Interval(float(np.mean([score(t, y, p) for t, y, p in parts])), low, high)
 
 
-def paired_average(parts: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
-                   seed: int = BOOTSTRAP_SEED) -> Interval:
+def paired_average(
+    parts: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]], seed: int = BOOTSTRAP_SEED
+) -> Interval:
     """The difference of two models' averages, each task paired on its own examples:
     ``parts`` holds (task, labels, predictions, reference predictions)."""
-    parts = [(t, np.asarray(y, float), np.asarray(p, float), np.asarray(r, float))
-             for t, y, p, r in parts]
+    parts = [(t, np.asarray(y, float), np.asarray(p, float), np.asarray(r, float)) for t, y, p, r in parts]
     for t, y, p, r in parts:
         _check(t, y, p, r)
     metrics = [(_resampled(t, y, p), _resampled(t, y, r)) for t, y, p, r in parts]
@@ -186,16 +191,3 @@ def paired_average(parts: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray
     low, high = _bootstrap([np.arange(len(y)) for _, y, _, _ in parts], statistic, seed)
     value = float(np.mean([score(t, y, p) - score(t, y, r) for t, y, p, r in parts]))
     return Interval(value, low, high)
-
-
-# ----------------------------------------------------------------------------- files
-
-
-def history_csv(rows: Sequence[dict]) -> str:
-    """A history file's text: one line per epoch (epoch 0 first), the columns in the
-    order of the fullest row (epoch 0 has no training losses), empty cells for what a
-    row lacks."""
-    import pandas as pd
-
-    columns = list(dict.fromkeys(k for row in sorted(rows, key=len, reverse=True) for k in row))
-    return pd.DataFrame(list(rows), columns=columns).to_csv(index=False)

@@ -1,27 +1,10 @@
-"""The input layer: the course CSV files, read strictly, turned into Parquet tables.
+"""The input layer: the course CSV files, read strictly, turned into Parquet tables,
+then into batches.
 
-`tasks` describes the four tasks and their files, `csvfile` reads and validates
-one file, `download` fetches the files at a pinned commit, and `prepare` is the
-pipeline's data stage that ties them together.
+`tasks` describes the four tasks and their files; `problems`, `csvlines` and `csvfile`
+read and validate one file; `download` fetches the files at a pinned commit;
+`quora_split` carves Quora's train and held-out parts; `prepare` writes the Parquet
+tables and their manifest; `tokenize` adds WordPiece ids; `batches` and `multitask`
+turn tables into padded batches; `corpus` and `masking` serve MLM pretraining;
+`predictions` reads and writes the course's prediction files.
 """
-
-from .csvfile import DataError, Problem, read_task_csv, validate_task_csv
-from .download import COURSE_SHA256, DownloadError, fetch, sha256_file
-from .prepare import prepare, resolve_source
-from .tasks import SPLITS, TASKS, TaskSpec
-
-__all__ = [
-    "COURSE_SHA256",
-    "SPLITS",
-    "TASKS",
-    "DataError",
-    "DownloadError",
-    "Problem",
-    "TaskSpec",
-    "fetch",
-    "prepare",
-    "read_task_csv",
-    "resolve_source",
-    "sha256_file",
-    "validate_task_csv",
-]

@@ -27,7 +27,7 @@ class Sequences:
     offsets: np.ndarray  # len(self) + 1 entries
 
     @classmethod
-    def from_arrow(cls, column) -> "Sequences":
+    def from_arrow(cls, column) -> Sequences:
         column = column.combine_chunks()
         offsets = column.offsets.to_numpy().astype(np.int64)
         flat = column.values.to_numpy().astype(np.int64)
@@ -35,7 +35,7 @@ class Sequences:
         return cls(flat[offsets[0] : offsets[-1]], offsets - offsets[0])
 
     @classmethod
-    def from_list(cls, items: Sequence[np.ndarray]) -> "Sequences":
+    def from_list(cls, items: Sequence[np.ndarray]) -> Sequences:
         offsets = np.zeros(len(items) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(x) for x in items])
         flat = np.concatenate(items) if len(items) else np.zeros(0, dtype=np.int64)
@@ -69,34 +69,45 @@ class TokenizedTable:
         path = Path(path)
         rebuild = "rebuild it with `dvc repro tokenize`"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such tokenised table (looked for "
-                                    f"{path.absolute()}); {rebuild}")
+            raise FileNotFoundError(
+                f"{path}: no such tokenised table (looked for {path.absolute()}); {rebuild}"
+            )
         try:
             table = pq.read_table(path)
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: not a readable Parquet table ({exc}); {rebuild}") from None
+        return cls.from_arrow(table, f"{path}", f"; {rebuild}")
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, where: str = "table", advice: str = "") -> TokenizedTable:
+        """A tokenised table from its Arrow form (what ``minbert.data.tokenize`` makes)."""
         if "id" not in table.column_names:
-            raise ValueError(f"{path}: no `id` column (found {table.column_names}); {rebuild}")
+            raise ValueError(f"{where}: no `id` column (found {table.column_names}){advice}")
         sequences = {
             name: Sequences.from_arrow(table.column(name))
             for name in table.column_names
             if name.endswith("input_ids") or name.startswith(("input_ids", "pair_token_type"))
         }
         if not sequences:
-            raise ValueError(f"{path}: no token-id columns (found {table.column_names}); {rebuild}")
+            raise ValueError(f"{where}: no token-id columns (found {table.column_names}){advice}")
         labels = np.array(table.column("label")) if "label" in table.column_names else None
         return cls([str(x) for x in table.column("id").to_pylist()], labels, sequences)
 
-    def subset(self, rows: np.ndarray) -> "TokenizedTable":
+    def subset(self, rows: np.ndarray) -> TokenizedTable:
         """A copy holding only ``rows`` (in that order)."""
         return TokenizedTable(
             [self.ids[i] for i in rows],
             None if self.labels is None else self.labels[rows],
-            {
-                name: Sequences.from_list([seq[i] for i in rows])
-                for name, seq in self.sequences.items()
-            },
+            {name: Sequences.from_list([seq[i] for i in rows]) for name, seq in self.sequences.items()},
         )
+
+
+def subsample(table: TokenizedTable, n: int, seed: int) -> TokenizedTable:
+    """A seeded random subset of ``n`` rows (kept in file order); all rows when n is 0."""
+    if n == 0 or n >= len(table):
+        return table
+    rows = np.sort(np.random.default_rng(seed).choice(len(table), size=n, replace=False))
+    return table.subset(rows)
 
 
 def length_bucketed_batches(
@@ -156,9 +167,7 @@ def split_by_tokens(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> l
     return pieces
 
 
-def random_batches(
-    n: int, batch_size: int, generator: np.random.Generator
-) -> list[np.ndarray]:
+def random_batches(n: int, batch_size: int, generator: np.random.Generator) -> list[np.ndarray]:
     """Plain shuffled batches (for comparison with bucketing in benchmarks)."""
     order = generator.permutation(n)
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]

@@ -112,9 +112,7 @@ def build_corpus(
             else:
                 too_long.append(i)
         first, second = table.sequences["input_ids_1"], table.sequences["input_ids_2"]
-        texts = (
-            _content(side[i], cls_id, sep_id) for i in too_long for side in (first, second)
-        )
+        texts = (_content(side[i], cls_id, sep_id) for i in too_long for side in (first, second))
         for packed in pack_sentences(texts, max_length, cls_id, sep_id):
             ids.append(packed)
             types.append(np.zeros_like(packed))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -25,10 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .csvlines import CommaDialect, PhysicalLines, TabDialect, last_open_quote, record_span
+from .problems import DataError, Problem, missing_file_problem
 from .tasks import TASKS, TaskSpec
-
-#: At most this many problems are spelled out in a `DataError` message.
-MAX_PRINTED_PROBLEMS = 20
 
 # The course files were written by pandas with its index, so each starts with
 # one unnamed index column; the sst/cfimdb test files went through pandas twice
@@ -43,155 +42,6 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 # file with a 1 MB field, must still load. 2**31 - 1 is the largest value every
 # platform's C long accepts.
 _FIELD_SIZE_LIMIT = 2**31 - 1
-
-# Where a missing file's message tells the user to look. Kept here because the
-# reader is the first place a missing file is noticed.
-_HOW_TO_PROVIDE = (
-    "point the data directory parameter data.source (params.yaml) or the environment "
-    "variable MINBERT_DATA_DIR at a directory holding the course CSV files, "
-    "or set data.source to 'download'"
-)
-
-
-class _TabDialect(csv.Dialect):
-    """Tab-separated, standard quoting, and strict about malformed quotes.
-
-    `strict` makes the parser raise on a quote it cannot interpret (``"a"b``)
-    and on a quoted field still open at the end of the file, instead of
-    silently gluing text together; both are reported as problems.
-    """
-
-    delimiter = "\t"
-    quotechar = '"'
-    doublequote = True
-    skipinitialspace = False
-    lineterminator = "\n"
-    quoting = csv.QUOTE_MINIMAL
-    strict = True
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with an input file, at a 1-based physical line.
-
-    Line 0 means the file as a whole (it is missing, or a skip list names an
-    id it does not contain); such a problem prints without a line number.
-    """
-
-    path: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        if self.line > 0:
-            return f"{self.path}:{self.line}: {self.reason}"
-        return f"{self.path}: {self.reason}"
-
-
-def format_problems(problems: Iterable[Problem], limit: int = MAX_PRINTED_PROBLEMS) -> str:
-    """One problem per line, cut off after `limit` with a count of the rest."""
-    problems = list(problems)
-    lines = [str(p) for p in problems[:limit]]
-    if len(problems) > limit:
-        lines.append(f"... and {len(problems) - limit} more")
-    return "\n".join(lines)
-
-
-class DataError(ValueError):
-    """Bad input data; `problems` lists everything that was found wrong."""
-
-    def __init__(self, problems: Iterable[Problem]):
-        self.problems: list[Problem] = list(problems)
-        super().__init__(format_problems(self.problems))
-
-
-def missing_file_problem(path: str | PathLike) -> Problem:
-    """The problem for a course file that is not where it should be, saying
-    where it was looked for and how to provide it."""
-    return Problem(str(path), 0, f"file not found (looked for {Path(path).absolute()}); {_HOW_TO_PROVIDE}")
-
-
-class _PhysicalLines:
-    """Feeds a text file to `csv.reader` line by line, keeping the bookkeeping
-    the reader does not: the number of each line, the lines that make up the
-    record being parsed, and any bytes that are not UTF-8.
-
-    The file must be opened with ``errors="surrogateescape"`` so that a bad
-    byte arrives as a lone surrogate instead of aborting the whole read; it is
-    reported here with its position and handed on to the parser as U+FFFD.
-    """
-
-    def __init__(self, handle: Iterable[str], path: str, problems: list[Problem]):
-        self._handle = handle
-        self._path = path
-        self._problems = problems
-        self.exhausted = False
-        #: (line number, text) of every line the parser has taken for the
-        #: record it is working on; emptied by `take_record`.
-        self.record: list[tuple[int, str]] = []
-
-    def __iter__(self) -> Iterator[str]:
-        offset = 0  # byte offset of the current line's start in the file
-        for number, line in enumerate(self._handle, start=1):
-            try:
-                size = len(line.encode("utf-8"))
-            except UnicodeEncodeError as err:
-                raw = line.encode("utf-8", "surrogateescape")
-                size = len(raw)
-                column = len(line[: err.start].encode("utf-8", "surrogateescape"))
-                byte = ord(line[err.start]) - 0xDC00
-                self._problems.append(
-                    Problem(
-                        self._path,
-                        number,
-                        f"not valid UTF-8: byte 0x{byte:02X} at byte {column + 1} of the line "
-                        f"(byte offset {offset + column} in the file); save the file as UTF-8",
-                    )
-                )
-                line = raw.decode("utf-8", "replace")
-            offset += size
-            if number == 1 and line.startswith("\ufeff"):
-                # A UTF-8 byte-order mark (as Excel writes) is not part of the header.
-                line = line[1:]
-            self.record.append((number, line))
-            yield line
-        self.exhausted = True
-
-    def take_record(self) -> list[tuple[int, str]]:
-        """The lines of the record just parsed (or just failed); starts a new one."""
-        record, self.record = self.record, []
-        return record
-
-
-def _last_open_quote(record: list[tuple[int, str]]) -> tuple[int | None, bool]:
-    """Where the last quoted field in `record` opened, and whether it is still open.
-
-    A small re-implementation of the quoting rules, used only after the csv
-    parser has failed, to point at the quote that caused the failure (the
-    parser itself only knows where it gave up).
-    """
-    opened_on: int | None = None
-    state = "field-start"
-    for number, line in record:
-        for char in line:
-            if state == "quoted":
-                if char == '"':
-                    state = "quote-in-quoted"
-            elif state == "quote-in-quoted":
-                # '""' is an escaped quote; anything else closes the field.
-                state = "quoted" if char == '"' else ("field-start" if char in "\t\r\n" else "unquoted")
-            elif char in "\t\r\n":
-                state = "field-start"
-            elif state == "field-start" and char == '"':
-                state, opened_on = "quoted", number
-            else:
-                state = "unquoted"
-    return opened_on, state == "quoted"
-
-
-def _span(record: list[tuple[int, str]]) -> str:
-    first, last = record[0][0], record[-1][0]
-    return f"line {first}" if first == last else f"lines {first}-{last}"
 
 
 @dataclass
@@ -260,7 +110,28 @@ def _task_spec(task: TaskSpec | str) -> TaskSpec:
     return TASKS[task]
 
 
-def _scan(path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str] | None) -> _Scan:
+def _match_named_header(header: list[str], task: TaskSpec) -> bool | str:
+    """A plain file's header: the task's text columns by name, optionally ``id`` and the
+    label column, in any order (other columns are not read)."""
+    missing = [c for c in task.text_columns if c not in header]
+    if missing:
+        return (
+            f"no column {', '.join(repr(c) for c in missing)} for task {task.name!r}: found "
+            f"{header!r}; a file with named columns needs {list(task.text_columns)!r}, "
+            f"optionally 'id' and {task.label_column!r}"
+        )
+    duplicated = sorted({c for c in header if c and header.count(c) > 1})
+    if duplicated:
+        return f"column(s) {', '.join(map(repr, duplicated))} appear more than once in the header"
+    return task.label_column in header
+
+
+def _scan(
+    path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str] | None, named: bool = False
+) -> _Scan:
+    """One pass over a course file, or (``named``) over a plain CSV/TSV file whose
+    header names its columns: comma-separated when it ends in ``.csv``, else
+    tab-separated; without an ``id`` column a row's id is ``line-<its line>``."""
     task = _task_spec(task)
     skip_ids = dict(skip_ids or {})
     where = str(path)
@@ -289,8 +160,10 @@ def _scan(path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str
         # newline="" hands line endings to the csv parser untouched, as the csv
         # docs require, so quoted fields keep embedded newlines exactly.
         with open(file_path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            lines = _PhysicalLines(handle, where, problems)
-            reader = csv.reader(lines, _TabDialect)
+            lines = PhysicalLines(handle, where, problems)
+            comma = named and file_path.suffix.lower() == ".csv"
+            reader = csv.reader(lines, CommaDialect if comma else TabDialect)
+            synthetic_ids = False
             while True:
                 try:
                     row = next(reader)
@@ -312,12 +185,13 @@ def _scan(path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str
 
                 if header is None:
                     header = row
-                    layout = _match_header(header, task)
+                    layout = _match_named_header(header, task) if named else _match_header(header, task)
                     if isinstance(layout, str):
                         problems.append(Problem(where, start, layout))
                     else:
                         scan.labelled = layout
-                        id_at = header.index("id")
+                        synthetic_ids = "id" not in header
+                        id_at = None if synthetic_ids else header.index("id")
                         scan.columns = {name: [] for name in _output_columns(task, scan.labelled)}
                     continue
 
@@ -325,19 +199,22 @@ def _scan(path: str | PathLike, task: TaskSpec | str, skip_ids: Mapping[str, str
                 if isinstance(layout, str):
                     # Columns unknown: only the shape of each row can still be checked.
                     if len(row) != len(header):
-                        problems.append(_wrong_width(where, record, len(header), len(row)))
+                        problems.append(_wrong_width(where, record, len(header), len(row), comma))
                     continue
 
-                row_id = row[id_at] if len(row) > id_at else None
+                row_id = row[id_at] if id_at is not None and len(row) > id_at else None
                 if row_id is not None and row_id in skip_ids:
                     # Declared broken by the caller: neither an error nor data.
                     skipped_seen.add(row_id)
                     scan.skipped.append({"id": row_id, "line": start, "reason": skip_ids[row_id]})
                     continue
                 if len(row) != len(header):
-                    problems.append(_wrong_width(where, record, len(header), len(row)))
+                    problems.append(_wrong_width(where, record, len(header), len(row), comma))
                     continue
-                _check_row(scan, task, header, row, start, first_seen)
+                if synthetic_ids:
+                    _check_row(scan, task, [*header, "id"], [*row, f"line-{start}"], start, first_seen)
+                else:
+                    _check_row(scan, task, header, row, start, first_seen)
     except OSError as err:
         problems.append(Problem(where, 0, f"cannot read file: {err.strerror or err}"))
         return scan
@@ -401,13 +278,15 @@ def _check_row(
     columns["line"].append(line)
 
 
-def _wrong_width(where: str, record: list[tuple[int, str]], expected: int, found: int) -> Problem:
-    reason = f"expected {expected} tab-separated fields, found {found}"
+def _wrong_width(
+    where: str, record: list[tuple[int, str]], expected: int, found: int, comma: bool = False
+) -> Problem:
+    reason = f"expected {expected} {'comma' if comma else 'tab'}-separated fields, found {found}"
     if len(record) > 1:
         # A record spanning several lines usually means a quote was left open
         # and swallowed the line breaks after it.
-        opened_on, _ = _last_open_quote(record)
-        reason += f" (the record spans {_span(record)}"
+        opened_on, _ = last_open_quote(record)
+        reason += f" (the record spans {record_span(record)}"
         if opened_on is not None:
             reason += f"; check the quoted field that opens on line {opened_on}"
         reason += ")"
@@ -415,7 +294,7 @@ def _wrong_width(where: str, record: list[tuple[int, str]], expected: int, found
 
 
 def _malformed(where: str, record: list[tuple[int, str]], err: csv.Error, at_end: bool) -> Problem:
-    opened_on, still_open = _last_open_quote(record)
+    opened_on, still_open = last_open_quote(record)
     if at_end and still_open and opened_on is not None:
         return Problem(
             where,
@@ -425,25 +304,46 @@ def _malformed(where: str, record: list[tuple[int, str]], err: csv.Error, at_end
         )
     # The parser's messages quote the delimiter itself; show it visibly.
     detail = str(err).replace("\t", "\\t")
-    reason = f"malformed CSV ({detail}) in the record on {_span(record)}"
+    reason = f"malformed CSV ({detail}) in the record on {record_span(record)}"
     if len(record) > 1 and opened_on is not None:
         reason += f"; the quoted field opened on line {opened_on} may lack its closing quote"
     return Problem(where, record[0][0], reason)
 
 
 def validate_task_csv(
-    path: str | PathLike, task: TaskSpec | str, *, skip_ids: Mapping[str, str] | None = None
+    path: str | PathLike,
+    task: TaskSpec | str,
+    *,
+    skip_ids: Mapping[str, str] | None = None,
+    named: bool = False,
+    labelled: bool | None = None,
 ) -> list[Problem]:
-    """Every problem in one course file of `task` (a `TaskSpec` or its name);
-    empty when the file is clean.
+    """Every problem in one course file of `task` (a `TaskSpec` or its name), or in a
+    plain file with `named` columns; empty when the file is clean.
 
-    Rows whose id is in `skip_ids` are not checked (see `read_task_csv`).
+    `labelled` True makes a file without the label column a problem (a training or
+    dev file whose labels were lost must not pass for a test file), False makes one
+    with it a problem. Rows whose id is in `skip_ids` are not checked (see `read_task_csv`).
     """
-    return _scan(path, task, skip_ids).problems
+    scan = _scan(path, task, skip_ids, named)
+    if labelled is not None and not scan.problems and scan.labelled != labelled:
+        column = _task_spec(task).label_column
+        reason = (
+            f"no label column {column!r}: a labelled file needs it (say the file is "
+            "unlabelled if it is a test file)"
+            if labelled
+            else f"has a label column {column!r}, but an unlabelled (test) file was expected"
+        )
+        return [Problem(scan.path, 1, reason)]
+    return scan.problems
 
 
 def read_task_csv(
-    path: str | PathLike, task: TaskSpec | str, *, skip_ids: Mapping[str, str] | None = None
+    path: str | PathLike,
+    task: TaskSpec | str,
+    *,
+    skip_ids: Mapping[str, str] | None = None,
+    named: bool = False,
 ) -> pd.DataFrame:
     """Read one course file of `task` (a `TaskSpec` or its name) into a
     normalised DataFrame.
@@ -459,10 +359,13 @@ def read_task_csv(
     `skip_ids` that the file does not contain is an error, so a skip list
     cannot silently go stale.
 
+    With `named`, the file is a plain CSV (``.csv``) or TSV file whose header names
+    its columns instead of a course file (see `_scan`).
+
     Raises `DataError` listing every problem found.
     """
     task = _task_spec(task)
-    scan = _scan(path, task, skip_ids)
+    scan = _scan(path, task, skip_ids, named)
     if scan.problems:
         raise DataError(scan.problems)
 

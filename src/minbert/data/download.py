@@ -42,7 +42,7 @@ COURSE_SHA256: dict[str, str | None] = {
 _CHUNK = 1 << 16
 
 
-class DownloadError(RuntimeError):
+class DownloadError(OSError):
     """A file could not be fetched completely and with the expected checksum."""
 
 
@@ -96,7 +96,9 @@ def fetch(url: str, dest: Path, sha256: str | None, *, timeout: float = 60) -> s
                 received += len(err.partial)
                 raise DownloadError(_cut_off(dest, url, received, expected_size)) from None
             except urllib.error.HTTPError as err:
-                raise DownloadError(f"cannot download {dest.name} from {url}: HTTP {err.code} {err.reason}") from err
+                raise DownloadError(
+                    f"cannot download {dest.name} from {url}: HTTP {err.code} {err.reason}"
+                ) from err
             except (urllib.error.URLError, OSError) as err:
                 reason = getattr(err, "reason", None) or err
                 raise DownloadError(f"cannot download {dest.name} from {url}: {reason}") from err

@@ -80,9 +80,7 @@ def mask_tokens(
     fate = torch.rand(shape, generator=generator)
     to_mask = chosen & (fate < 0.8)
     to_random = chosen & (fate >= 0.8) & (fate < 0.9)
-    random_tokens = replacement_ids[
-        torch.randint(len(replacement_ids), shape, generator=generator)
-    ]
+    random_tokens = replacement_ids[torch.randint(len(replacement_ids), shape, generator=generator)]
     inputs = input_ids.clone()
     inputs[to_mask] = vocab.mask_id
     inputs[to_random] = random_tokens[to_random]
@@ -90,7 +88,9 @@ def mask_tokens(
     return inputs, labels
 
 
-def maskable_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: Vocabulary) -> torch.Tensor:
+def maskable_positions(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab: Vocabulary
+) -> torch.Tensor:
     """True at real tokens that are not special."""
     special = torch.isin(input_ids, torch.tensor(vocab.special_ids, dtype=input_ids.dtype))
     return attention_mask.bool() & ~special

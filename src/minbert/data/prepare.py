@@ -11,18 +11,18 @@ that a later stage could take for a good one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..atomic import atomic_directory
 from . import download
-from .csvfile import DataError, Problem, missing_file_problem, read_task_csv
+from .csvfile import read_task_csv
+from .problems import DataError, Problem, missing_file_problem
+from .quora_split import carve_quora
 from .tasks import SPLITS, TASKS
 
 #: Environment variable naming the directory with the course CSV files.
@@ -71,72 +71,6 @@ def _existing_dir(path: Path, named_by: str) -> Path:
     return path
 
 
-def normalise_question(text: str) -> str:
-    """A question as the Quora split compares it: whitespace collapsed, lower case."""
-    return " ".join(str(text).split()).lower()
-
-
-def question_groups(first: Sequence[str], second: Sequence[str]) -> np.ndarray:
-    """Group number of each pair: two pairs belong to one group when they share a
-    question (after ``normalise_question``), directly or through a chain of pairs.
-
-    Union-find over the questions; groups are numbered in order of first appearance.
-    """
-    parent: dict[str, str] = {}
-
-    def root(q: str) -> str:
-        parent.setdefault(q, q)
-        while parent[q] != q:
-            parent[q] = parent[parent[q]]  # path halving
-            q = parent[q]
-        return q
-
-    pairs = [(normalise_question(a), normalise_question(b)) for a, b in zip(first, second, strict=True)]
-    for a, b in pairs:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[ra] = rb
-    numbers: dict[str, int] = {}
-    return np.array([numbers.setdefault(root(a), len(numbers)) for a, _ in pairs], dtype=np.int64)
-
-
-def holdout_mask(ids: Iterable[str], fraction: float, seed: int,
-                 groups: Sequence[int] | None = None) -> np.ndarray:
-    """Boolean mask (True = held out) assigning about `fraction` of `ids` to a held-out
-    part, whole groups at a time.
-
-    Each group (each id on its own when ``groups`` is None) is ranked by the smallest
-    sha256 of (seed, id) among its members, and groups are held out in rank order
-    until ``round(len * fraction)`` ids are: exactly that many when every group has
-    one member, else at most one group more. The result depends only on the ids,
-    their grouping, the fraction and the seed: not on row order, Python's hash
-    randomisation or library versions. Both parts keep at least one group.
-    """
-    ids = list(ids)
-    if len(ids) < 2:
-        raise ValueError(f"need at least 2 ids to split, got {len(ids)}")
-    if not 0 < fraction < 1:
-        raise ValueError(f"holdout fraction must be strictly between 0 and 1, got {fraction}")
-    groups = np.arange(len(ids)) if groups is None else np.asarray(groups)
-    if len(groups) != len(ids):
-        raise ValueError(f"{len(ids)} ids but {len(groups)} group numbers")
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(groups.tolist()):
-        members.setdefault(g, []).append(i)
-    if len(members) < 2:
-        raise ValueError("every id is in one group: nothing can be held out without it")
-    rank = {g: min((hashlib.sha256(f"{seed}\0{ids[i]}".encode()).digest(), ids[i]) for i in rows)
-            for g, rows in members.items()}
-    target = min(max(round(len(ids) * fraction), 1), len(ids) - 1)
-    mask = np.zeros(len(ids), dtype=bool)
-    ranked = sorted(members, key=rank.__getitem__)
-    for g in ranked[:-1]:  # the last group always stays in training
-        if mask.sum() >= target:
-            break
-        mask[members[g]] = True
-    return mask
-
-
 def prepare(
     source: str,
     out_dir: Path,
@@ -172,7 +106,9 @@ def prepare(
     `DownloadError`; in either case `out_dir` is left as it was.
     """
     if not 0 < quora_holdout_fraction < 1:
-        raise ValueError(f"quora_holdout_fraction must be strictly between 0 and 1, got {quora_holdout_fraction}")
+        raise ValueError(
+            f"quora_holdout_fraction must be strictly between 0 and 1, got {quora_holdout_fraction}"
+        )
     skip_ids = _checked_skip_ids(skip_ids)
     source_dir = resolve_source(source)
 
@@ -261,7 +197,7 @@ def _build(
     if ("quora", "train") in frames:
         quora_split: dict = {"kind": "official"}
     else:
-        quora_split = _carve_quora(frames, origin, quora_holdout_fraction, split_seed)
+        quora_split = carve_quora(frames, origin, quora_holdout_fraction, split_seed)
 
     tables = {}
     for task in TASKS.values():
@@ -332,7 +268,10 @@ def _gather(
             else:
                 if known is None and not allow_unverified:
                     unavailable.append(
-                        {"file": name, "reason": "checksum not known, so not downloaded (allow_unverified is off)"}
+                        {
+                            "file": name,
+                            "reason": "checksum not known, so not downloaded (allow_unverified is off)",
+                        }
                     )
                     continue
                 path = work / "raw" / name
@@ -344,55 +283,8 @@ def _gather(
     return inputs, unavailable, paths
 
 
-def _carve_quora(
-    frames: dict[tuple[str, str], pd.DataFrame],
-    origin: dict[tuple[str, str], str],
-    fraction: float,
-    seed: int,
-) -> dict:
-    """Replace the Quora dev table by a train part and a held-out dev part of it,
-    holding out whole groups of pairs that share a question (``question_groups``)."""
-    dev = frames.pop(("quora", "dev"))
-    name = origin.pop(("quora", "dev"))
-    groups = question_groups(dev["sentence1"], dev["sentence2"])
-    held = holdout_mask(dev["id"], fraction, seed, groups)
-    train_part, held_part = dev[~held].reset_index(drop=True), dev[held].reset_index(drop=True)
-
-    def questions(frame: pd.DataFrame) -> set[str]:
-        return {normalise_question(q) for column in ("sentence1", "sentence2") for q in frame[column]}
-
-    crossing = len(questions(train_part) & questions(held_part))
-    if crossing:  # cannot happen with whole groups; checked all the same
-        raise RuntimeError(f"{name}: {crossing} questions appear on both sides of the carved split")
-    frames["quora", "train"], frames["quora", "dev"] = train_part, held_part
-    origin["quora", "train"] = origin["quora", "dev"] = name
-    n_train, n_held = len(train_part), len(held_part)
-    sizes = np.bincount(groups)
-    return {
-        "kind": "carved-from-dev",
-        "holdout_fraction": fraction,
-        "seed": seed,
-        "train_pairs": n_train,
-        "heldout_pairs": n_held,
-        "question_groups": int(len(sizes)),
-        "largest_group_pairs": int(sizes.max()),
-        "questions_across_split": crossing,
-        "note": (
-            "Quora's official 141k train split was not available; train and dev here are both carved "
-            f"out of the course's labelled {name} ({len(dev)} usable pairs). Pairs that share a "
-            "question (after whitespace and case normalisation), directly or through a chain of "
-            f"pairs, form one group ({len(sizes)} groups); whole groups, chosen by a seeded sha256 "
-            f"hash, are held out as dev ({n_held} pairs) and the rest are used for training "
-            f"({n_train} pairs), so no question appears on both sides. Quora results from this "
-            "data are measured on that held-out part and are not comparable with results on the "
-            "official Quora dev set."
-        ),
-    }
-
-
 def _describe_source(source: str, source_dir: Path | None, base_url: str | None) -> dict:
     if source_dir is not None:
         return {"kind": "directory", "requested": source, "path": str(source_dir)}
     url = download.course_url("{name}", base_url)
     return {"kind": "download", "repo": download.COURSE_REPO, "commit": download.COURSE_COMMIT, "url": url}
-

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import BertWordPieceTokenizer
 
-from minbert.data.tasks import TASKS
 from minbert.atomic import atomic_directory
 from minbert.data.download import sha256_file
+from minbert.data.tasks import TASKS
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -72,9 +72,7 @@ def tokenize_table(
             columns[f"length{suffix}"] = pa.array([len(e.ids) for e in enc], type=pa.int32())
         enc, stats["truncated_pair"] = encode(first, second)
         columns["pair_input_ids"] = _ids_column(enc)
-        columns["pair_token_type_ids"] = pa.array(
-            [e.type_ids for e in enc], type=pa.list_(pa.int8())
-        )
+        columns["pair_token_type_ids"] = pa.array([e.type_ids for e in enc], type=pa.list_(pa.int8()))
         columns["pair_length"] = pa.array([len(e.ids) for e in enc], type=pa.int32())
     return pa.table(columns), stats
 
@@ -114,8 +112,7 @@ def tokenize_prepared(
                 raise ValueError(f"{path}: file name does not start with a known task {sorted(TASKS)}")
             if task not in max_length:
                 raise ValueError(f"tokenize.max_length has no entry for task {task!r}")
-            table, table_stats = tokenize_table(_read_prepared(path, task), task, tokenizer,
-                                                max_length[task])
+            table, table_stats = tokenize_table(_read_prepared(path, task), task, tokenizer, max_length[task])
             pq.write_table(table, tmp / path.name)
             stats["tables"][path.stem] = table_stats
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")

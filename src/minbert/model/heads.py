@@ -75,8 +75,7 @@ class ClassificationHead(nn.Module):
 class SentimentClassifier(nn.Module):
     """The encoder's pooled vector followed by a classification head."""
 
-    def __init__(self, encoder: BertModel, num_classes: int, dropout: float,
-                 pooling: str = "pooler") -> None:
+    def __init__(self, encoder: BertModel, num_classes: int, dropout: float, pooling: str = "pooler") -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling {pooling!r} is not one of {sorted(POOLINGS)}")
@@ -107,8 +106,9 @@ class SiameseLinearHead(nn.Module):
 
     siamese = True
 
-    def __init__(self, hidden_size: int, dropout: float, parts: tuple[str, ...],
-                 output: str = "linear") -> None:
+    def __init__(
+        self, hidden_size: int, dropout: float, parts: tuple[str, ...], output: str = "linear"
+    ) -> None:
         super().__init__()
         self.parts, self.output = parts, output
         self.dropout = nn.Dropout(dropout)
@@ -154,18 +154,22 @@ class CrossEncoderHead(nn.Module):
 PAIR_HEADS: dict[str, tuple] = {
     "siamese-concat": (lambda h, p, o: SiameseLinearHead(h, p, ("u", "v"), o), ("quora", "sts")),
     "siamese-concat-diff": (
-        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff"), o), ("quora", "sts")),
-    "siamese-concat-prod": (
-        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "prod"), o), ("quora", "sts")),
+        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff"), o),
+        ("quora", "sts"),
+    ),
+    "siamese-concat-prod": (lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "prod"), o), ("quora", "sts")),
     "siamese-concat-diff-prod": (
-        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod"), o), ("quora", "sts")),
+        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod"), o),
+        ("quora", "sts"),
+    ),
     "siamese-cosine": (CosineHead, ("sts",)),
     "cross-encoder": (CrossEncoderHead, ("quora", "sts")),
 }
 
 
-def build_pair_head(name: str, task: str, hidden_size: int, dropout: float,
-                    sts_output: str = "linear") -> nn.Module:
+def build_pair_head(
+    name: str, task: str, hidden_size: int, dropout: float, sts_output: str = "linear"
+) -> nn.Module:
     """The pair head ``name`` for ``task``; ``sts_output`` (from ``STS_OUTPUTS``) applies
     to a linear head serving STS. A paraphrase head always outputs its logit."""
     if name not in PAIR_HEADS:

@@ -15,8 +15,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.evaluate import read_predictions
-from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
+from minbert.data.predictions import read_predictions
+from minbert.metrics import (
+    AVERAGE,
+    Interval,
+    average_interval,
+    fixed,
+    interval,
+    paired,
+    paired_average,
+    score,
+)
 
 
 @dataclass
@@ -54,19 +63,24 @@ class Evidence:
         for task, file in files.items():
             path = self.predictions_dir / file
             if not path.is_file():
-                raise FileNotFoundError(f"{path}: the dev predictions of {name} are missing "
-                                        "(rerun its stage: dvc repro)")
+                raise FileNotFoundError(
+                    f"{path}: the dev predictions of {name} are missing (rerun its stage: dvc repro)"
+                )
             predicted = read_predictions(path)
             truth = self.labels(task)
             if set(predicted) != set(truth.index):
-                raise ValueError(f"{path}: predicts {len(predicted)} examples, the dev set has "
-                                 f"{len(truth)}; they are not the same examples")
+                raise ValueError(
+                    f"{path}: predicts {len(predicted)} examples, the dev set has "
+                    f"{len(truth)}; they are not the same examples"
+                )
             labels[task] = truth.to_numpy()
             predictions[task] = np.array([float(predicted[i]) for i in truth.index])
             recomputed = fixed(score(task, labels[task], predictions[task]))
             if recomputed != metrics[task]:
-                raise ValueError(f"{path}: these predictions score {recomputed}, but the metrics "
-                                 f"file of {name} says {metrics[task]}: they come from different runs")
+                raise ValueError(
+                    f"{path}: these predictions score {recomputed}, but the metrics "
+                    f"file of {name} says {metrics[task]}: they come from different runs"
+                )
         return Scored(name, labels, predictions)
 
     def _cached(self, key: tuple, compute) -> Interval:
@@ -75,18 +89,35 @@ class Evidence:
         return self._intervals[key]
 
     def cell(self, run: Scored, task: str) -> Interval:
-        return self._cached((run.name, task), lambda: interval(
-            task, run.labels[task], run.predictions[task]))
+        return self._cached((run.name, task), lambda: interval(task, run.labels[task], run.predictions[task]))
 
     def average(self, run: Scored) -> Interval:
-        return self._cached((run.name, "average"), lambda: average_interval(
-            [(t, run.labels[t], run.predictions[t]) for t in run.labels]))
+        return self._cached(
+            (run.name, "average"),
+            lambda: average_interval([(t, run.labels[t], run.predictions[t]) for t in run.labels]),
+        )
 
     def difference(self, run: Scored, parent: Scored, task: str) -> Interval:
         """``run`` minus ``parent`` on ``task``'s examples (paired)."""
-        return self._cached((run.name, parent.name, task), lambda: paired(
-            task, run.labels[task], run.predictions[task], parent.predictions[task]))
+        return self._cached(
+            (run.name, parent.name, task),
+            lambda: paired(task, run.labels[task], run.predictions[task], parent.predictions[task]),
+        )
 
     def average_difference(self, run: Scored, parent: Scored) -> Interval:
-        return self._cached((run.name, parent.name, "average"), lambda: paired_average(
-            [(t, run.labels[t], run.predictions[t], parent.predictions[t]) for t in run.labels]))
+        return self._cached(
+            (run.name, parent.name, "average"),
+            lambda: paired_average(
+                [(t, run.labels[t], run.predictions[t], parent.predictions[t]) for t in run.labels]
+            ),
+        )
+
+    def column(self, run: Scored, column: str) -> Interval:
+        """A table column's cell: a task's metric, or ``AVERAGE``."""
+        return self.average(run) if column == AVERAGE else self.cell(run, column)
+
+    def column_difference(self, run: Scored, parent: Scored, column: str) -> Interval:
+        """``run`` minus ``parent`` in a table column (paired)."""
+        if column == AVERAGE:
+            return self.average_difference(run, parent)
+        return self.difference(run, parent, column)

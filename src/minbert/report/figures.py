@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from minbert.metrics import MULTITASK_TASKS
-from minbert.report.tables import TASK_TITLES
+from minbert.report.cells import TASK_TITLES
 
 FIGURE_KINDS = ("loss", "average", "conflicts")
 
@@ -43,13 +43,26 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
     axes = fig.subplots(1, len(tasks))
     colours = [f"C{i}" for i in range(len(spec["configs"]))]
     for entry, colour in zip(spec["configs"], colours):
-        history = _read_csv(multitask_dir / f"{entry['config']}-history.csv",
-                            ["epoch"] + [f"{k}_loss_{t}" for t in tasks for k in ("train", "dev")])
+        history = _read_csv(
+            multitask_dir / f"{entry['config']}-history.csv",
+            ["epoch"] + [f"{k}_loss_{t}" for t in tasks for k in ("train", "dev")],
+        )
         for ax, task in zip(axes, tasks):
-            ax.plot(history.epoch, history[f"train_loss_{task}"], color=colour, marker="o",
-                    label=f"{entry['label']}, train")
-            ax.plot(history.epoch, history[f"dev_loss_{task}"], color=colour, marker="o",
-                    linestyle="--", label=f"{entry['label']}, dev")
+            ax.plot(
+                history.epoch,
+                history[f"train_loss_{task}"],
+                color=colour,
+                marker="o",
+                label=f"{entry['label']}, train",
+            )
+            ax.plot(
+                history.epoch,
+                history[f"dev_loss_{task}"],
+                color=colour,
+                marker="o",
+                linestyle="--",
+                label=f"{entry['label']}, dev",
+            )
     for ax, task in zip(axes, tasks):
         ax.set_title(TASK_TITLES[task])
         ax.set_xlabel("epoch")
@@ -62,12 +75,20 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
 def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax = fig.subplots()
     for k, entry in enumerate(spec["configs"]):
-        history = _read_csv(multitask_dir / f"{entry['config']}-history.csv",
-                            ["epoch", "train_average", "dev_average"])
-        ax.plot(history.epoch, history.train_average, marker="o", color=f"C{k}",
-                label=f"{entry['label']}, train")
-        ax.plot(history.epoch, history.dev_average, marker="o", color=f"C{k}", linestyle="--",
-                label=f"{entry['label']}, dev")
+        history = _read_csv(
+            multitask_dir / f"{entry['config']}-history.csv", ["epoch", "train_average", "dev_average"]
+        )
+        ax.plot(
+            history.epoch, history.train_average, marker="o", color=f"C{k}", label=f"{entry['label']}, train"
+        )
+        ax.plot(
+            history.epoch,
+            history.dev_average,
+            marker="o",
+            color=f"C{k}",
+            linestyle="--",
+            label=f"{entry['label']}, dev",
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("average metric")
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -79,22 +100,27 @@ def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
     axes = fig.subplots(len(spec["configs"]), 2, squeeze=False)
     summary = []
     for (cos_ax, frac_ax), entry in zip(axes, spec["configs"]):
-        steps = _read_csv(multitask_dir / f"{entry['config']}-conflicts.csv",
-                          ["step", "conflicts", "pairs"])
+        steps = _read_csv(multitask_dir / f"{entry['config']}-conflicts.csv", ["step", "conflicts", "pairs"])
         # Per-step cosines are noisy: drawn faintly, with a moving average on top
         # (about 50 windows per run) so the trend stays readable at any run length.
         window = max(1, len(steps) // 50)
         for k, column in enumerate(c for c in steps.columns if c.startswith("cos_")):
-            pair = " · ".join(TASK_TITLES.get(t, t) for t in column[len("cos_"):].split("_"))
+            pair = " · ".join(TASK_TITLES.get(t, t) for t in column[len("cos_") :].split("_"))
             cos_ax.plot(steps.step, steps[column], color=f"C{k}", linewidth=0.5, alpha=0.3)
-            cos_ax.plot(steps.step, steps[column].rolling(window, min_periods=1).mean(),
-                        color=f"C{k}", linewidth=1.5, label=f"{pair} (mean of {window} steps)")
+            cos_ax.plot(
+                steps.step,
+                steps[column].rolling(window, min_periods=1).mean(),
+                color=f"C{k}",
+                linewidth=1.5,
+                label=f"{pair} (mean of {window} steps)",
+            )
         cos_ax.axhline(0.0, color="black", linewidth=0.6)
         # Same definition as the stage's pcgrad_conflict_fraction: conflicting pairs
         # over all pairs seen, so the title matches the metrics file.
         overall = steps.conflicts.sum() / steps.pairs.sum()
-        cos_ax.set_title(f"{entry['label']}: {overall:.1%} of task-gradient pairs conflict",
-                         fontsize="medium")
+        cos_ax.set_title(
+            f"{entry['label']}: {overall:.1%} of task-gradient pairs conflict", fontsize="medium"
+        )
         summary.append(f"`{entry['config']}` {overall:.3f}")
         cos_ax.set_ylabel("gradient cosine")
         cos_ax.legend(fontsize="small")
@@ -140,8 +166,10 @@ def figure_section(spec: dict, multitask_dir: Path, display_dir: str, out_dir: P
     lines = [f"### {spec['title']}", ""]
     missing = _missing_inputs(spec, multitask_dir, display_dir)
     if missing:
-        lines.append(f"Not drawn: missing metrics {', '.join(missing)} "
-                     "(run the `multitask` stage for these configurations).")
+        lines.append(
+            f"Not drawn: missing metrics {', '.join(missing)} "
+            "(run the `multitask` stage for these configurations)."
+        )
         return "\n".join(lines)
     extra = draw_figure(spec, multitask_dir, out_dir / spec["file"])
     # Semicolons: the labels themselves contain commas.

@@ -16,27 +16,23 @@ like any other.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minbert.atomic import atomic_directory, atomic_write_text
 from minbert.data.batches import length_bucketed_batches, pad
-from minbert.data.corpus import SOURCES, Corpus, build_corpus
+from minbert.data.corpus import SOURCES, Corpus
 from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
-from minbert.metrics import fixed, history_csv
+from minbert.device import compute_context
+from minbert.metrics import fixed
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
-from minbert.progress import progress
-from minbert.train.device import compute_context
+from minbert.train.loop import NonFiniteGuard, epoch_progress
 from minbert.train.optim import build_optimizer
-from minbert.train.sentiment import NonFiniteLoss
 
 STARTS = ("continue", "scratch")
 
@@ -57,6 +53,11 @@ class MlmSettings:
     scratch_config: dict
     seed: int
 
+    @classmethod
+    def from_dict(cls, values: dict) -> MlmSettings:
+        """The settings back from their ``asdict`` form (a resolved settings file)."""
+        return cls(**{**values, "sources": tuple(values["sources"])})
+
     def __post_init__(self) -> None:
         if self.start not in STARTS:
             raise ValueError(f"MLM start {self.start!r} is not one of {list(STARTS)}")
@@ -75,8 +76,9 @@ def build_model(settings: MlmSettings, checkpoint_dir: Path) -> BertForMaskedLM:
         return BertForMaskedLM.from_pretrained(checkpoint_dir)
     base = BertConfig.from_json(checkpoint_dir / "config.json")
     # The vocabulary must stay the checkpoint's: the tokenised tables use its ids.
-    config = BertConfig(**{**settings.scratch_config, "vocab_size": base.vocab_size,
-                           "pad_token_id": base.pad_token_id})
+    config = BertConfig(
+        **{**settings.scratch_config, "vocab_size": base.vocab_size, "pad_token_id": base.pad_token_id}
+    )
     return BertForMaskedLM(config)
 
 
@@ -100,20 +102,27 @@ class MaskedBatch:
     labels: torch.Tensor
 
     def to(self, device: torch.device) -> MaskedBatch:
-        return MaskedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
-                                                     self.token_type_ids, self.labels)))
+        return MaskedBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.token_type_ids, self.labels))
+        )
 
 
-def masked_batches(corpus: Corpus, batches: list[np.ndarray], vocab: Vocabulary,
-                   generator: torch.Generator, mask_prob: float) -> list[MaskedBatch]:
+def masked_batches(
+    corpus: Corpus, batches: list[np.ndarray], vocab: Vocabulary, generator: torch.Generator, mask_prob: float
+) -> list[MaskedBatch]:
     replacement = vocab.replacement_ids()
     out = []
     for rows in batches:
         ids, mask = pad(corpus.input_ids, rows, vocab.pad_id)
         types, _ = pad(corpus.token_type_ids, rows)
-        inputs, labels = mask_tokens(ids, maskable_positions(ids, mask, vocab), vocab=vocab,
-                                     generator=generator, mask_prob=mask_prob,
-                                     replacement_ids=replacement)
+        inputs, labels = mask_tokens(
+            ids,
+            maskable_positions(ids, mask, vocab),
+            vocab=vocab,
+            generator=generator,
+            mask_prob=mask_prob,
+            replacement_ids=replacement,
+        )
         out.append(MaskedBatch(inputs, mask, types, labels))
     return out
 
@@ -141,8 +150,12 @@ def evaluate_mlm(model: BertForMaskedLM, batches: list[MaskedBatch], device: tor
         total += n
         hits += h
     mean = total_loss / max(total, 1)
-    return {"masked_accuracy": fixed(hits / max(total, 1)), "perplexity": fixed(math.exp(mean)),
-            "loss": fixed(mean), "masked_tokens": total}
+    return {
+        "masked_accuracy": fixed(hits / max(total, 1)),
+        "perplexity": fixed(math.exp(mean)),
+        "loss": fixed(mean),
+        "masked_tokens": total,
+    }
 
 
 @dataclass
@@ -153,18 +166,27 @@ class MlmResult:
     corpus: dict
 
 
-def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, vocab: Vocabulary,
-              device: torch.device, eval_batch_size: int = 128) -> MlmResult:
+def train_mlm(
+    settings: MlmSettings,
+    model: BertForMaskedLM,
+    corpus: Corpus,
+    vocab: Vocabulary,
+    device: torch.device,
+    eval_batch_size: int = 128,
+) -> MlmResult:
     torch.manual_seed(settings.seed)
     train, heldout = split_corpus(corpus, settings)
     # Held-out masks are drawn once, so "before" and "after" score the same positions.
     heldout_batches = masked_batches(
-        heldout, length_bucketed_batches(heldout.input_ids.lengths(), eval_batch_size, shuffle=False),
-        vocab, torch.Generator().manual_seed(settings.seed + 1), settings.mask_prob)
+        heldout,
+        length_bucketed_batches(heldout.input_ids.lengths(), eval_batch_size, shuffle=False),
+        vocab,
+        torch.Generator().manual_seed(settings.seed + 1),
+        settings.mask_prob,
+    )
     model.to(device)
     before = evaluate_mlm(model, heldout_batches, device)
-    optimizer = build_optimizer("adamw", model, lr=settings.lr,
-                                weight_decay=settings.weight_decay)
+    optimizer = build_optimizer("adamw", model, lr=settings.lr, weight_decay=settings.weight_decay)
     rng = np.random.default_rng(settings.seed)
     lengths = train.input_ids.lengths()
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
@@ -172,12 +194,19 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
     # BERT's schedule: linear warm-up over the first 10% of steps, then linear decay.
     warmup = max(1, total_steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1))))
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1)))
+    )
     # Epoch 0: the held-out scores before any update.
     history = [{"epoch": 0, "train_loss": None, **{f"heldout_{k}": v for k, v in before.items()}}]
+    guard = NonFiniteGuard(
+        lambda at, loss: (
+            f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "
+            f"step {at[1]}; corpus rows {', '.join(str(int(r)) for r in at[2])}"
+        )
+    )
     step = 0
-    with progress() as bar:
-        job = bar.add_task("mlm", total=total_steps, status="")
+    bar, job = epoch_progress("mlm", settings.epochs, steps_per_epoch)
+    with bar:
         for epoch in range(1, settings.epochs + 1):
             model.train()
             # Dynamic masking: a generator per epoch, so every epoch has new masks.
@@ -188,9 +217,7 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
                 batch = masked_batches(train, [rows], vocab, generator, settings.mask_prob)[0].to(device)
                 with compute_context(device):
                     loss, _, _ = mlm_loss(model, batch)
-                if not torch.isfinite(loss):
-                    raise NonFiniteLoss(f"non-finite MLM loss {loss.item()} at epoch {epoch}, step {step}; "
-                                        f"corpus rows {', '.join(str(int(r)) for r in rows)}")
+                guard.push(loss, (epoch, step, rows))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if settings.grad_clip > 0:
@@ -202,60 +229,24 @@ def train_mlm(settings: MlmSettings, model: BertForMaskedLM, corpus: Corpus, voc
                 step += 1
                 bar.update(job, advance=1, status=f"epoch {epoch} loss {loss.item():.3f}")
             heldout_metrics = evaluate_mlm(model, heldout_batches, device)
-            history.append({"epoch": epoch, "train_loss": fixed(loss_sum / max(batches, 1)),
-                            **{f"heldout_{k}": v for k, v in heldout_metrics.items()}})
-            bar.console.log(f"epoch {epoch}: train loss {loss_sum / max(batches, 1):.3f}, held-out "
-                            f"masked accuracy {heldout_metrics['masked_accuracy']:.3f}, "
-                            f"perplexity {heldout_metrics['perplexity']:.1f}")
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": fixed(loss_sum / max(batches, 1)),
+                    **{f"heldout_{k}": v for k, v in heldout_metrics.items()},
+                }
+            )
+            bar.console.log(
+                f"epoch {epoch}: train loss {loss_sum / max(batches, 1):.3f}, held-out "
+                f"masked accuracy {heldout_metrics['masked_accuracy']:.3f}, "
+                f"perplexity {heldout_metrics['perplexity']:.1f}"
+            )
     after = evaluate_mlm(model, heldout_batches, device)
-    info = {"train_sequences": len(train), "heldout_sequences": len(heldout),
-            "train_tokens": int(lengths.sum()), "sources": train.counts(),
-            "text": "training splits only (no dev or test text)"}
-    return MlmResult(before, after, history, info)
-
-
-# ----------------------------------------------------------------------------- stage
-
-
-def run_stage(params: dict, start: str, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
-    """The ``mlm@<start>`` stage: pretrain and write a checkpoint directory plus metrics."""
-    from minbert import params as params_module
-    from minbert.model.checkpoint import TRAINING_DATA_FILE, describe_checkpoint, resolve_checkpoint
-    from minbert.train.device import choose_device, describe
-    from minbert.train.distributed import require_single_process
-
-    require_single_process("mlm")
-
-    settings = params_module.mlm_settings(params, start)
-    device = choose_device(params["device"])
-    checkpoint_dir = resolve_checkpoint(params["checkpoint"])
-    vocab = Vocabulary.read(checkpoint_dir / "vocab.txt")
-    corpus = build_corpus(tokenized_dir, settings.sources, settings.max_length,
-                          cls_id=vocab.cls_id, sep_id=vocab.sep_id)
-    model = build_model(settings, checkpoint_dir)
-    result = train_mlm(settings, model, corpus, vocab, device)
-
-    source = describe_checkpoint(params["checkpoint"], checkpoint_dir)
-    provenance = {"mlm_start": start, "mlm_base_checkpoint": source["name"] if start == "continue" else None}
-    with atomic_directory(out_dir / start) as tmp:
-        model.to("cpu").save_pretrained(tmp, checkpoint_dir / "vocab.txt", extra_config=provenance)
-        # A continued checkpoint keeps the record of what its base was trained on.
-        if start == "continue" and (checkpoint_dir / TRAINING_DATA_FILE).is_file():
-            shutil.copyfile(checkpoint_dir / TRAINING_DATA_FILE, tmp / TRAINING_DATA_FILE)
-    metrics = {
-        "start": start,
-        "base_checkpoint": source if start == "continue" else None,
-        "head": model.head_report,
-        "model": model.config.to_json_dict() if start == "scratch" else None,
-        "before": result.before,
-        "after": result.after,
-        "corpus": result.corpus,
-        "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
-        "scale": params["scale"],
-        "seed": settings.seed,
-        "device": describe(device),
+    info = {
+        "train_sequences": len(train),
+        "heldout_sequences": len(heldout),
+        "train_tokens": int(lengths.sum()),
+        "sources": train.counts(),
+        "text": "training splits only (no dev or test text)",
     }
-    atomic_write_text(metrics_dir / f"{start}-history.csv", history_csv(result.history))
-    atomic_write_text(metrics_dir / f"{start}.json", json.dumps(metrics, indent=2) + "\n")
-    return metrics
-
+    return MlmResult(before, after, history, info)

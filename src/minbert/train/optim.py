@@ -36,8 +36,9 @@ class AdamaxW(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"invalid AdamaxW hyperparameters lr={lr} betas={betas} eps={eps} "
-                             f"weight_decay={weight_decay}")
+            raise ValueError(
+                f"invalid AdamaxW hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}"
+            )
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -52,8 +53,7 @@ class AdamaxW(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             for p in params:
                 if not self.state[p]:
-                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p),
-                                         exp_inf=torch.zeros_like(p))
+                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p), exp_inf=torch.zeros_like(p))
             if not params:
                 continue
             # All parameters of a group share the step count (they are created and
@@ -75,8 +75,12 @@ class AdamaxW(torch.optim.Optimizer):
             torch._foreach_maximum_(u, g_abs)
             for step in sorted({st["step"] for st in states}):
                 idx = [i for i, st in enumerate(states) if st["step"] == step]
-                torch._foreach_addcdiv_([params[i] for i in idx], [m[i] for i in idx],
-                                        [u[i] for i in idx], value=-lr / (1 - beta1 ** step))
+                torch._foreach_addcdiv_(
+                    [params[i] for i in idx],
+                    [m[i] for i in idx],
+                    [u[i] for i in idx],
+                    value=-lr / (1 - beta1**step),
+                )
         return loss
 
 
@@ -110,8 +114,9 @@ def _choose(registry: dict, kind: str, name: str):
         raise ValueError(f"{kind} {name!r} is not one of {sorted(registry)}") from None
 
 
-def parameter_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
-                     weight_decay: float) -> list[dict]:
+def parameter_groups(
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+) -> list[dict]:
     """Two groups, as BERT (Devlin et al., 2019) and Hugging Face train: weight
     matrices and embeddings decay, while biases and LayerNorm gains and shifts (every
     one-dimensional parameter) do not; decaying a LayerNorm gain towards zero would
@@ -121,13 +126,13 @@ def parameter_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
     for _, p in named_parameters:
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(name: str, model: torch.nn.Module, *, lr: float,
-                    weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, model: torch.nn.Module, *, lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
     """Optimizer ``name`` over ``model``'s trainable parameters (see ``parameter_groups``)."""
     groups = parameter_groups(model.named_parameters(), weight_decay)
     return _choose(OPTIMIZERS, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)

@@ -159,9 +159,7 @@ def _combine(grads: Sequence[torch.Tensor], weights: list[float]) -> torch.Tenso
     return out.to(dtype)
 
 
-def project_conflicting(
-    grads: list[torch.Tensor], generator: torch.Generator | None = None
-) -> torch.Tensor:
+def project_conflicting(grads: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
     """The PCGrad direction: the sum of the conflict-projected task gradients.
 
     ``grads`` are flat 1-D gradients of the shared parameters, one per task, of the
@@ -241,8 +239,7 @@ def shared_task_gradients(
     shared_params = list(shared_params)
     last = len(losses) - 1
     return [
-        _flatten(_task_gradients(loss, shared_params, retain_graph=t < last))
-        for t, loss in enumerate(losses)
+        _flatten(_task_gradients(loss, shared_params, retain_graph=t < last)) for t, loss in enumerate(losses)
     ]
 
 
@@ -260,7 +257,7 @@ def write_flat_gradient(flat: torch.Tensor, params: list[torch.nn.Parameter]) ->
         )
     offset = 0
     for p in params:
-        piece = flat[offset:offset + p.numel()].view_as(p)
+        piece = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
         if p.grad is None:
             # A copy, so that .grad never aliases the caller's flat vector.

@@ -46,8 +46,9 @@ def generator_states(numpy_rng: np.random.Generator, *torch_generators: torch.Ge
     }
 
 
-def restore_generators(state: dict, numpy_rng: np.random.Generator,
-                       *torch_generators: torch.Generator) -> None:
+def restore_generators(
+    state: dict, numpy_rng: np.random.Generator, *torch_generators: torch.Generator
+) -> None:
     numpy_rng.bit_generator.state = state["numpy"]
     torch.set_rng_state(state["torch"])
     for g, s in zip(torch_generators, state["generators"]):

@@ -171,9 +171,7 @@ def initial_noise(
     compare the divergence there with the one the ascent reaches. ``generator``
     must live on ``embedded``'s device.
     """
-    noise = torch.randn(
-        embedded.shape, generator=generator, device=embedded.device, dtype=embedded.dtype
-    )
+    noise = torch.randn(embedded.shape, generator=generator, device=embedded.device, dtype=embedded.dtype)
     return noise * std
 
 
@@ -211,8 +209,9 @@ def adversarial_perturbation(
     if start is None:
         noise = initial_noise(embedded, settings.noise_std, generator)
     elif start.shape != embedded.shape:
-        raise ValueError(f"start has shape {tuple(start.shape)}, the embedding output "
-                         f"{tuple(embedded.shape)}")
+        raise ValueError(
+            f"start has shape {tuple(start.shape)}, the embedding output {tuple(embedded.shape)}"
+        )
     else:
         noise = start.to(embedded.dtype)
     for _ in range(settings.steps):
@@ -236,9 +235,7 @@ def adversarial_perturbation(
         scale = scale.clamp_min(torch.finfo(scale.dtype).tiny)
         scale = scale.reshape(-1, *([1] * (grad.dim() - 1)))
         with torch.no_grad():
-            noise = (noise + settings.step_size * grad / scale).clamp(
-                -settings.epsilon, settings.epsilon
-            )
+            noise = (noise + settings.step_size * grad / scale).clamp(-settings.epsilon, settings.epsilon)
     return noise.detach()
 
 
@@ -266,9 +263,7 @@ def smoothness_loss(
     detached. Only the perturbation itself is a constant here: it was chosen by
     the ascent, and differentiating through that choice is not part of SMART.
     """
-    noise = adversarial_perturbation(
-        forward_fn, embedded, clean_output, kind, settings, generator, start
-    )
+    noise = adversarial_perturbation(forward_fn, embedded, clean_output, kind, settings, generator, start)
     return divergence(forward_fn(embedded + noise), clean_output, kind)
 
 
@@ -319,9 +314,7 @@ class EmaTeacher:
             mine.copy_(theirs)
 
 
-def bregman_loss(
-    student_output: torch.Tensor, teacher_output: torch.Tensor, kind: Kind
-) -> torch.Tensor:
+def bregman_loss(student_output: torch.Tensor, teacher_output: torch.Tensor, kind: Kind) -> torch.Tensor:
     """D_breg for one batch: divergence of the student's predictions from the teacher's.
 
     The teacher side is detached: it is a fixed target for this step (the

@@ -30,8 +30,12 @@ import yaml
 DVC = (sys.executable, "-m", "dvc")
 
 # The numbers a sweep reports, by metrics folder: name in the metrics file, title.
-_MULTITASK = [("sst_accuracy", "SST acc"), ("quora_accuracy", "Quora acc"),
-              ("sts_pearson", "STS Pearson"), ("average", "Average")]
+_MULTITASK = [
+    ("sst_accuracy", "SST acc"),
+    ("quora_accuracy", "Quora acc"),
+    ("sts_pearson", "STS Pearson"),
+    ("average", "Average"),
+]
 RESULTS = {
     "multitask": _MULTITASK,
     "multitask-mlm": _MULTITASK,
@@ -68,8 +72,10 @@ def _mean_std(values: list[float]) -> str:
 def aggregate(runs: list[Run]) -> str:
     """Markdown: one section per group of runs differing only in ``seed``."""
     if not runs:
-        raise ValueError("no runs to aggregate: queue and run experiments first "
-                         "(dvc exp run --queue -S 'seed=1,2,3'; dvc queue start)")
+        raise ValueError(
+            "no runs to aggregate: queue and run experiments first "
+            "(dvc exp run --queue -S 'seed=1,2,3'; dvc queue start)"
+        )
     flat = {run.name: _flatten(run.params) for run in runs}
     keys = sorted({k for f in flat.values() for k in f} - {"seed"})
     varying = [k for k in keys if len({json.dumps(f.get(k), default=str) for f in flat.values()}) > 1]
@@ -77,18 +83,23 @@ def aggregate(runs: list[Run]) -> str:
     for run in runs:
         groups[tuple(flat[run.name].get(k) for k in varying)].append(run)
 
-    lines = ["# Seed sweep", "",
-             f"{len(runs)} runs in {len(groups)} group(s); within a group the runs differ only "
-             "in `seed`. Each cell is the mean ± sample standard deviation over the group's "
-             "seeds (a single run shows its value alone).", ""]
+    lines = [
+        "# Seed sweep",
+        "",
+        f"{len(runs)} runs in {len(groups)} group(s); within a group the runs differ only "
+        "in `seed`. Each cell is the mean ± sample standard deviation over the group's "
+        "seeds (a single run shows its value alone).",
+        "",
+    ]
     for key in sorted(groups, key=lambda k: json.dumps(k, default=str)):
         members = sorted(groups[key], key=lambda r: (r.params.get("seed", 0), r.name))
         label = ", ".join(f"`{k}={v}`" for k, v in zip(varying, key)) or "all runs"
         seeds = ", ".join(str(r.params.get("seed")) for r in members)
         lines += [f"## {label}", "", f"Seeds: {seeds} (runs: {', '.join(r.name for r in members)}).", ""]
         for folder, columns in RESULTS.items():
-            names = sorted({n.split("/", 1)[1] for r in members for n in r.metrics
-                            if n.startswith(f"{folder}/")})
+            names = sorted(
+                {n.split("/", 1)[1] for r in members for n in r.metrics if n.startswith(f"{folder}/")}
+            )
             if not names:
                 continue
             header = ["Result", *(title for _, title in columns), "n"]
@@ -118,7 +129,7 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
     for path in _git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines():
         if path.endswith(".json"):
             folder, file = path.split("/")[-2:]
-            metrics[f"{folder}/{file[:-len('.json')]}"] = json.loads(_git(repo, "show", f"{rev}:{path}"))
+            metrics[f"{folder}/{file[: -len('.json')]}"] = json.loads(_git(repo, "show", f"{rev}:{path}"))
     return Run(name, params, metrics)
 
 
@@ -157,8 +168,7 @@ def collect_runs(repo: Path = Path(".")) -> list[Run]:
 
 
 def _without_seed(params: dict) -> str:
-    return json.dumps({k: v for k, v in _flatten(params).items() if k != "seed"}, sort_keys=True,
-                      default=str)
+    return json.dumps({k: v for k, v in _flatten(params).items() if k != "seed"}, sort_keys=True, default=str)
 
 
 def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
@@ -176,9 +186,11 @@ def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
         for run in same:
             m = run.metrics.get(f"multitask/{config}")
             if m is not None and m["seed"] == run.params["seed"]:
-                by_seed[m["seed"]] = {"seed": m["seed"], "run": run.name,
-                                      **{k: m[k] for k in ("sst_accuracy", "quora_accuracy",
-                                                           "sts_pearson", "average")}}
+                by_seed[m["seed"]] = {
+                    "seed": m["seed"],
+                    "run": run.name,
+                    **{k: m[k] for k in ("sst_accuracy", "quora_accuracy", "sts_pearson", "average")},
+                }
         if not by_seed:
             raise ValueError(f"no finished run of configuration {config!r} with these parameters")
         out[config] = [by_seed[s] for s in sorted(by_seed)]
@@ -194,8 +206,48 @@ def wait_for_queue(repo: Path, poll_seconds: float = 10.0) -> dict[str, str]:
         done = subprocess.run([*DVC, "queue", "status"], cwd=repo, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"dvc queue status failed: {done.stderr.strip()}")
-        states = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines()[1:]
-                  if line.strip() and not line.startswith("Worker status")}
+        states = {
+            line.split()[0]: line.split()[-1]
+            for line in done.stdout.splitlines()[1:]
+            if line.strip() and not line.startswith("Worker status")
+        }
         if not {"Queued", "Running"} & set(states.values()):
             return states
         time.sleep(poll_seconds)
+
+
+SEED_STUDY_COMMAND = "minbert seed-study"
+
+
+def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
+    """The seed study of ``params.yaml``'s ``seed_study``: queue its configurations for
+    each of its seeds (``dvc exp run --queue -S seed=N multitask@<config> ...``), run
+    the queue, wait, and write each configuration's full-dev metrics per seed to
+    ``out`` (the committed results give the default seed's)."""
+    from minbert.atomic import atomic_write_text
+    from minbert.pipeline.settings import load
+    from minbert.progress import console
+
+    params = load(repo / "params.yaml")
+    study = params["seed_study"]
+    targets = [f"multitask@{c}" for c in study["configs"]]
+    if queue:
+        for seed in study["seeds"]:
+            subprocess.run(
+                [*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *targets], cwd=repo, check=True
+            )
+        subprocess.run([*DVC, "queue", "start", "--jobs", str(study["jobs"])], cwd=repo, check=True)
+        failed = {name: state for name, state in wait_for_queue(repo).items() if state != "Success"}
+        if failed:
+            console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
+    configs = seed_study(collect_runs(repo), params, study["configs"])
+    result = {
+        "command": SEED_STUDY_COMMAND,
+        "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
+        "`seed_study.seeds`, runs the queue and aggregates the finished experiments "
+        "with the committed results",
+        "seeds": sorted({r["seed"] for runs in configs.values() for r in runs}),
+        "configs": configs,
+    }
+    atomic_write_text(repo / out, json.dumps(result, indent=2) + "\n")
+    return result

@@ -65,8 +65,9 @@ def compute_context(device: torch.device):
 
     stack = contextlib.ExitStack()
     stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
-    stack.enter_context(sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION],
-                                    set_priority=True))
+    stack.enter_context(
+        sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION], set_priority=True)
+    )
     return stack
 
 

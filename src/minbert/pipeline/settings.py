@@ -1,60 +1,54 @@
-"""Reading and checking ``params.yaml``.
+"""``params.yaml`` checked and resolved into each stage's typed settings.
 
 Every key is checked against the schema below before any work starts: an unknown
 key, a value of the wrong type, or a name outside its registry is an error naming
 the key and what is allowed. A typo in an ablation (``optimiser: adamaxw``) must
-fail loudly, not silently run the default.
+fail loudly, not silently run the default. The settings classes live with what
+they configure (``minbert.train``); this module imports them, never the reverse.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
-import re
 from typing import Any
-
-import yaml
 
 from minbert.data.corpus import SOURCES as CORPUS_SOURCES
 from minbert.data.tasks import TASKS
+from minbert.device import DEVICES
+from minbert.metrics import MULTITASK_TASKS
 from minbert.model.heads import PAIR_HEADS, POOLINGS, STS_OUTPUTS
-from minbert.train.device import DEVICES
+from minbert.pipeline.schema import DATA_SCHEMA, ParamsError, Partial, check, read
 from minbert.train.mlm import STARTS as MLM_STARTS
 from minbert.train.mlm import MlmSettings
-from minbert.train.multitask import GRADIENT_MODES, MultitaskSettings
-from minbert.train.multitask import TASKS as MULTITASK_TASKS
+from minbert.train.multitask_step import GRADIENT_MODES, MultitaskSettings
 from minbert.train.optim import OPTIMIZERS, SCHEDULERS
 from minbert.train.sentiment import MODES, SentimentSettings
 from minbert.train.smart import SmartSettings
 
-
-class ParamsError(ValueError):
-    pass
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML with YAML 1.2's floats: ``3e-05`` (what ``dvc exp run -S lr=3e-5`` writes)
-    is a number, where PyYAML's YAML 1.1 rules read a string without a dot."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."))
-
-
-class Partial(dict):
-    """A schema mapping whose keys may be left out (configuration overrides)."""
+__all__ = [
+    "ParamsError",
+    "load",
+    "mlm_settings",
+    "multitask_settings",
+    "resolve_all",
+    "resolve_mlm",
+    "resolve_multitask",
+    "resolve_sentiment",
+    "scale",
+    "sentiment_settings",
+    "validate",
+]
 
 
-# A schema is a dict of key -> (type | tuple of allowed values | nested schema |
-# [item schema] for a list). "*" matches any key (names the user chooses).
 _NUMBER = (int, float)
 _MAX_LENGTH = {task: int for task in TASKS}
 _PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
 _PER_SENTIMENT_TASK = {"sst": int, "cfimdb": int}
 # One optimizer's hyperparameters; lr_gamma is needed by the exponential schedule only.
-_OPTIMIZER = Partial({"lr": _NUMBER, "lr_schedule": tuple(SCHEDULERS), "lr_gamma": _NUMBER,
-                      "weight_decay": _NUMBER})
+_OPTIMIZER = Partial(
+    {"lr": _NUMBER, "lr_schedule": tuple(SCHEDULERS), "lr_gamma": _NUMBER, "weight_decay": _NUMBER}
+)
 _SCALE = {
     "max_length": _MAX_LENGTH,
     "pooling": tuple(POOLINGS),
@@ -110,14 +104,7 @@ SCHEMA: dict[str, Any] = {
     "launcher": str,  # checked in validate()
     "checkpoint": str,
     "scale": str,  # checked against the keys of `scales` below
-    "data": {
-        "source": str,
-        "allow_unverified": bool,
-        "verify_checksums": bool,
-        "quora_holdout_fraction": _NUMBER,
-        "split_seed": int,
-        "skip_ids": {"*": {"*": str}},
-    },
+    "data": DATA_SCHEMA,
     "scales": {"*": _SCALE},
     "mlm": {
         "pretrain": [MLM_STARTS],
@@ -129,8 +116,13 @@ SCHEMA: dict[str, Any] = {
         "grad_clip": _NUMBER,
         "starts": {
             "continue": {"lr": _NUMBER},
-            "scratch": {"lr": _NUMBER, "hidden_size": int, "num_hidden_layers": int,
-                        "num_attention_heads": int, "intermediate_size": int},
+            "scratch": {
+                "lr": _NUMBER,
+                "hidden_size": int,
+                "num_hidden_layers": int,
+                "num_attention_heads": int,
+                "intermediate_size": int,
+            },
         },
     },
     "sentiment": {
@@ -145,49 +137,15 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def _check(value: Any, schema: Any, key: str, source: str) -> None:
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            raise ParamsError(f"{source}: {key} must be a mapping, got {value!r}")
-        for k, v in value.items():
-            sub = schema.get(k, schema.get("*"))
-            if sub is None:
-                raise ParamsError(
-                    f"{source}: unknown key {f'{key}.{k}' if key else k!r}; "
-                    f"allowed: {', '.join(sorted(schema))}"
-                )
-            _check(v, sub, f"{key}.{k}" if key else str(k), source)
-        missing = [] if isinstance(schema, Partial) else [
-            k for k in schema if k != "*" and k not in value]
-        if missing:
-            raise ParamsError(f"{source}: {key or 'top level'} lacks {', '.join(missing)}")
-    elif isinstance(schema, list):
-        if not isinstance(value, list):
-            raise ParamsError(f"{source}: {key} must be a list, got {value!r}")
-        if len(set(map(repr, value))) != len(value):
-            raise ParamsError(f"{source}: {key} lists an entry twice: {value!r}")
-        for i, item in enumerate(value):
-            _check(item, schema[0], f"{key}[{i}]", source)
-    elif isinstance(schema, tuple) and all(isinstance(s, str) for s in schema):
-        if value not in schema:
-            raise ParamsError(f"{source}: {key} = {value!r} is not one of {list(schema)}")
-    else:
-        types = schema if isinstance(schema, tuple) else (schema,)
-        # bool is an int in Python; a flag where a count belongs is still an error.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = " or ".join(t.__name__ for t in types)
-            raise ParamsError(f"{source}: {key} must be {names}, got {value!r}")
-
-
 def validate(params: dict, source: str = "params.yaml") -> dict:
-    _check(params, SCHEMA, "", source)
+    check(params, SCHEMA, "", source)
     if params["scale"] not in params["scales"]:
-        raise ParamsError(
-            f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}"
-        )
+        raise ParamsError(f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}")
     if params["launcher"].split()[:1] not in (["python"], ["torchrun"]):
-        raise ParamsError(f"{source}: launcher = {params['launcher']!r} must be 'python' or a "
-                          "'torchrun ...' command line (e.g. 'torchrun --standalone --nproc_per_node 4')")
+        raise ParamsError(
+            f"{source}: launcher = {params['launcher']!r} must be 'python' or a "
+            "'torchrun ...' command line (e.g. 'torchrun --standalone --nproc_per_node 4')"
+        )
     for key in ("data.quora_holdout_fraction", "mlm.heldout_fraction", "mlm.mask_prob"):
         group, name = key.split(".")
         if not 0 < params[group][name] < 1:
@@ -196,8 +154,9 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
         group, name = key.split(".")
         unknown = [c for c in params[group][name] if c not in params["configs"]]
         if unknown:
-            raise ParamsError(f"{source}: {key} names {unknown}, which are not in configs: "
-                              f"{sorted(params['configs'])}")
+            raise ParamsError(
+                f"{source}: {key} names {unknown}, which are not in configs: {sorted(params['configs'])}"
+            )
     for name, scale_params in params["scales"].items():
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
             key = f"scales.{name}.multitask.optimizers.{optimizer}"
@@ -212,16 +171,8 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
 
 
 def load(path: str | Path = "params.yaml") -> dict:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: no such parameters file (run from the repository root)") from None
-    try:
-        params = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
-    return validate(params or {}, str(path))
+    """The whole parameters file, every key checked."""
+    return validate(read(path), str(Path(path)))
 
 
 def scale(params: dict) -> dict:
@@ -295,9 +246,11 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         seed=params["seed"],
         compile=common["compile"],
         pooling=scale(params)["pooling"],
-        smart=SmartSettings(**{k: float(v) if k != "steps" else v
-                               for k, v in smart.items() if k != "enabled"})
-        if smart["enabled"] else None,
+        smart=SmartSettings(
+            **{k: float(v) if k != "steps" else v for k, v in smart.items() if k != "enabled"}
+        )
+        if smart["enabled"]
+        else None,
     )
 
 
@@ -322,3 +275,59 @@ def mlm_settings(params: dict, start: str) -> MlmSettings:
         scratch_config=spec,  # the fresh model's size (scratch only)
         seed=params["seed"],
     )
+
+
+# ----------------------------------------------------------------------------- resolved
+
+
+def _run_context(params: dict) -> dict:
+    return {"checkpoint": params["checkpoint"], "device": params["device"], "scale": params["scale"]}
+
+
+def resolve_sentiment(params: dict, run: str) -> dict:
+    return {"run": run, **_run_context(params), "settings": asdict(sentiment_settings(params, run))}
+
+
+def resolve_multitask(params: dict, config: str) -> dict:
+    # The tokenised lengths travel with the fine-tuned model, for predicting new text.
+    return {
+        "config": config,
+        **_run_context(params),
+        "max_length": scale(params)["max_length"],
+        "settings": asdict(multitask_settings(params, config)),
+    }
+
+
+def resolve_mlm(params: dict, start: str) -> dict:
+    return {"start": start, **_run_context(params), "settings": asdict(mlm_settings(params, start))}
+
+
+def resolve_zero_shot(params: dict) -> dict:
+    return {
+        **_run_context(params),
+        "seed": params["seed"],
+        "pooling": scale(params)["pooling"],
+        "quora_train_pairs": params["zero_shot"]["quora_train_pairs"],
+        "eval_batch_size": params["multitask"]["eval_batch_size"],
+    }
+
+
+def resolve_tokenize(params: dict) -> dict:
+    return {"checkpoint": params["checkpoint"], "max_length": scale(params)["max_length"]}
+
+
+def resolve_all(params: dict) -> dict[str, dict]:
+    """Every stage's settings, resolved from ``params``: file name -> content.
+
+    The ``resolve`` stage writes them, one file per stage; a stage then depends on its
+    own file rather than on ``params.yaml``, so a change reruns exactly the stages
+    whose resolved settings it changes (``dvc exp run -S smart.beta=0.95`` reruns the
+    configurations with SMART, and no other).
+    """
+    out = {"tokenize.json": resolve_tokenize(params), "zero-shot.json": resolve_zero_shot(params)}
+    out.update(
+        {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}
+    )
+    out.update({f"multitask/{c}.json": resolve_multitask(params, c) for c in params["configs"]})
+    out.update({f"mlm/{start}.json": resolve_mlm(params, start) for start in params["mlm"]["starts"]})
+    return out

@@ -109,16 +109,19 @@ def start(device_name: str = "auto") -> tuple[World, torch.device]:
 
     One process per GPU (``cuda:LOCAL_RANK``, NCCL) on CUDA machines; gloo on CPUs.
     """
-    from minbert.train.device import choose_device
+    from minbert.device import choose_device
 
     size = int(os.environ.get("WORLD_SIZE", "1"))
-    world = World(rank=int(os.environ.get("RANK", "0")), size=size,
-                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    world = World(
+        rank=int(os.environ.get("RANK", "0")), size=size, local_rank=int(os.environ.get("LOCAL_RANK", "0"))
+    )
     device = choose_device(device_name)
     if device.type == "cuda" and world.distributed:
         if world.local_rank >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK {world.local_rank} but only {torch.cuda.device_count()} "
-                             "CUDA devices: start at most one process per GPU")
+            raise ValueError(
+                f"LOCAL_RANK {world.local_rank} but only {torch.cuda.device_count()} "
+                "CUDA devices: start at most one process per GPU"
+            )
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     if world.distributed and not dist.is_initialized():
@@ -135,5 +138,7 @@ def require_single_process(stage: str) -> None:
     """Stages that do not shard their work refuse to run as several copies."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size > 1:
-        raise SystemExit(f"stage {stage} runs in one process (WORLD_SIZE is {size}); "
-                         "only the multitask fine-tuning stages run under torchrun")
+        raise SystemExit(
+            f"stage {stage} runs in one process (WORLD_SIZE is {size}); "
+            "only the multitask fine-tuning stages run under torchrun"
+        )

@@ -1,0 +1,120 @@
+"""The multitask tasks' tokenised tables as padded batches, and an epoch's order of them.
+
+A task's batch pads its rows to their longest sequence (to a multiple of a few
+tokens on a GPU, so that shapes repeat). Siamese heads read both sentences of a
+pair in one batch (rows [0, n) the first sentences, [n, 2n) the second); the
+cross-encoder reads the packed ``[CLS] a [SEP] b [SEP]`` with its segment ids.
+
+An epoch gives every task the same number of batches, as many as the task with
+the most batches needs; a smaller task that runs out starts a fresh pass with a
+new shuffle rather than replaying a cached order. Steps take either one task's
+batch each, cycling through the tasks (the paper's round-robin), or one batch of
+every task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad
+from minbert.device import to_device
+
+
+@dataclass
+class Batch:
+    """Padded tensors of one task's batch. Siamese pairs stack both sentences:
+    rows [0, n) are the first sentences, rows [n, 2n) the second."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    token_types: torch.Tensor | None
+    rows: np.ndarray  # table rows of the examples, for labels and error messages
+    padded: bool = True  # whether any position is padding (known on the host)
+
+    def to(self, device: torch.device) -> Batch:
+        types = None if self.token_types is None else to_device(self.token_types, device)
+        return Batch(to_device(self.ids, device), to_device(self.mask, device), types, self.rows, self.padded)
+
+
+class TaskData:
+    """One task's tokenised split, turned into batches for a given head family."""
+
+    def __init__(self, task: str, table: TokenizedTable, siamese: bool):
+        self.task, self.table, self.siamese = task, table, siamese
+        seqs = table.sequences
+        if task == "sst":
+            self.lengths = seqs["input_ids"].lengths()
+        elif siamese:
+            self.lengths = np.maximum(seqs["input_ids_1"].lengths(), seqs["input_ids_2"].lengths())
+        else:
+            self.lengths = seqs["pair_input_ids"].lengths()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def batch(self, rows: np.ndarray, multiple: int = 1) -> Batch:
+        """The padded batch of ``rows``, its width a multiple of ``multiple``."""
+        seqs = self.table.sequences
+        types = None
+        if self.task == "sst":
+            ids, mask = pad(seqs["input_ids"], rows, multiple=multiple)
+        elif self.siamese:
+            # Both sentences in one padded batch: one encoder pass serves the pair.
+            both = type(seqs["input_ids_1"]).from_list(
+                [seqs["input_ids_1"][i] for i in rows] + [seqs["input_ids_2"][i] for i in rows]
+            )
+            ids, mask = pad(both, np.arange(2 * len(rows)), multiple=multiple)
+        else:
+            ids, mask = pad(seqs["pair_input_ids"], rows, multiple=multiple)
+            types, _ = pad(seqs["pair_token_type_ids"], rows, multiple=multiple)
+        return Batch(ids, mask, types, rows, padded=not bool(mask.all()))
+
+    def labels(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.table.labels[rows]))
+
+
+def task_batches(
+    lengths: dict[str, np.ndarray], batch_size: dict[str, int], rng: np.random.Generator
+) -> dict[str, list[np.ndarray]]:
+    """Each task's batches (row indices) for one epoch, the same number for every task.
+
+    The number is what the task with the most batches needs; the others start
+    another freshly shuffled pass whenever they run out, so every example of every
+    task is seen at least once per epoch.
+    """
+
+    def new_pass(task):
+        return length_bucketed_batches(lengths[task], batch_size[task], shuffle=True, generator=rng)
+
+    passes = {task: new_pass(task) for task in lengths}
+    n = max(len(p) for p in passes.values())
+    out: dict[str, list[np.ndarray]] = {task: [] for task in lengths}
+    for _ in range(n):
+        for task in lengths:
+            if not passes[task]:
+                passes[task] = new_pass(task)
+            out[task].append(passes[task].pop(0))
+    return out
+
+
+def epoch_steps(
+    lengths: dict[str, np.ndarray],
+    batch_size: dict[str, int],
+    rng: np.random.Generator,
+    *,
+    one_task_per_step: bool,
+) -> list[dict[str, np.ndarray]]:
+    """One epoch of optimizer steps, each mapping the tasks it trains on to their rows.
+
+    ``one_task_per_step``: cycling through the tasks in order, so n batches per task
+    make 3n steps (the paper's round-robin); otherwise one batch of every task per
+    step, n steps.
+    """
+    batches = task_batches(lengths, batch_size, rng)
+    n = len(next(iter(batches.values())))
+    if one_task_per_step:
+        return [{task: batches[task][i]} for i in range(n) for task in batches]
+    return [{task: batches[task][i] for task in batches} for i in range(n)]

@@ -1,0 +1,52 @@
+"""Errors a person can act on: bad data, parameter, model or checkpoint files end a
+command or a stage with one line naming the file and the reason, not a traceback.
+
+What counts is what the code raises for bad input: ``ValueError`` (the data, schema,
+settings and model readers' errors derive from it), ``OSError`` (missing files,
+unreadable directories, failed downloads, the checkpoint errors), a non-finite loss
+and a corrupt safetensors file. Anything else is a bug and keeps its traceback. Set
+``MINBERT_DEBUG=1`` (stages) or pass ``--debug`` (``minbert``) to see the traceback
+of a reported error too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+def _reported() -> tuple[type[BaseException], ...]:
+    from safetensors import SafetensorError
+
+    return (ValueError, OSError, FloatingPointError, SafetensorError)
+
+
+@contextlib.contextmanager
+def report_errors(debug: bool | None = None):
+    """Turn a reported error into ``error: <message>`` on stderr and exit status 1."""
+    if debug is None:
+        debug = os.environ.get("MINBERT_DEBUG", "") not in ("", "0")
+    try:
+        yield
+    except _reported() as exc:
+        if debug:
+            raise
+        message = str(exc).strip() or exc.__class__.__name__
+        print(
+            f"error: {message}\n(run with --debug, or MINBERT_DEBUG=1 for a stage, to see the traceback)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
+
+
+def reported(fn):
+    """A stage's entry function whose bad-input errors end in one line (see above)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with report_errors():
+            return fn(*args, **kwargs)
+
+    return run

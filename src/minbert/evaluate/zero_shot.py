@@ -1,0 +1,86 @@
+"""The untrained checkpoint on the multitask dev sets: what fine-tuning starts from.
+
+No weight is trained. Each sentence is encoded once and pooled as the heads would
+pool it (``pooling``), and:
+
+* STS: the cosine of the two sentence vectors, mapped onto the 0-5 scale (the
+  zero-shot similarity of a sentence-embedding model; Pearson's r ignores the map);
+* Quora: that cosine against one threshold, the one most accurate on a seeded
+  sample of training pairs (the only number fitted here);
+* SST: no sentence vector says which of five classes a review is without a trained
+  head, so the row shows the majority class of the training labels, the floor any
+  classifier should clear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minbert.data.batches import TokenizedTable, subsample
+from minbert.evaluate.sentiment import encode_pooled
+from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, as_written, score
+from minbert.model.bert import BertModel
+from minbert.model.heads import STS_MAX
+
+
+@dataclass
+class ZeroShotResult:
+    scores: dict[str, float]
+    predictions: dict[str, np.ndarray]
+    quora_threshold: float
+    quora_threshold_pairs: int
+    sst_majority_class: int
+
+
+def pair_cosines(
+    encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device, pooling: str
+) -> np.ndarray:
+    u, v = (
+        encode_pooled(encoder, table, batch_size, device, pooling=pooling, column=column)
+        for column in ("input_ids_1", "input_ids_2")
+    )
+    return F.cosine_similarity(u, v, dim=-1).numpy()
+
+
+def best_threshold(cosines: np.ndarray, labels: np.ndarray) -> float:
+    """The cosine threshold (predict "paraphrase" above it) with the highest accuracy on
+    these pairs: every midpoint between neighbouring cosines is tried; the lowest
+    of equally good thresholds is kept."""
+    values = np.unique(cosines)
+    candidates = np.concatenate([[values[0] - 1.0], (values[1:] + values[:-1]) / 2])
+    correct = [((cosines > t) == labels).mean() for t in candidates]
+    return float(candidates[int(np.argmax(correct))])
+
+
+def zero_shot(
+    encoder: BertModel,
+    tables: dict[tuple[str, str], TokenizedTable],
+    *,
+    pooling: str,
+    quora_train_pairs: int,
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+) -> ZeroShotResult:
+    encoder.to(device)
+    sts_dev = tables["sts", "dev"]
+    sts = as_written("sts", STS_MAX / 2 * (pair_cosines(encoder, sts_dev, batch_size, device, pooling) + 1))
+
+    sample = subsample(tables["quora", "train"], quora_train_pairs, seed)
+    threshold = best_threshold(
+        pair_cosines(encoder, sample, batch_size, device, pooling), sample.labels.astype(bool)
+    )
+    quora = pair_cosines(encoder, tables["quora", "dev"], batch_size, device, pooling) > threshold
+
+    sst_train_labels = tables["sst", "train"].labels.astype(int)
+    majority = int(np.bincount(sst_train_labels).argmax())
+    sst = np.full(len(tables["sst", "dev"]), majority)
+
+    predicted = {"sst": sst, "quora": quora.astype(int), "sts": sts}
+    scores = {METRIC[t]: score(t, tables[t, "dev"].labels, predicted[t]) for t in MULTITASK_TASKS}
+    scores[AVERAGE] = float(np.mean([scores[METRIC[t]] for t in MULTITASK_TASKS]))
+    return ZeroShotResult(scores, predicted, threshold, len(sample), majority)

@@ -1,0 +1,166 @@
+"""One shared encoder with a head per task: SST sentiment, Quora paraphrase, STS similarity.
+
+Every pass goes through :meth:`MultitaskBert.forward` with the task's name, so that
+under ``DistributedDataParallel`` each (SMART's perturbed passes included) is seen
+by its wrapper; :meth:`MultitaskBert.embed` and ``forward(..., embedded)`` split the
+embedding layer from the rest, which SMART perturbs in between.
+
+Losses: cross-entropy over SST's five classes, binary cross-entropy on Quora's
+logit, mean squared error on STS's 0-5 score.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minbert.data.multitask import Batch
+from minbert.metrics import as_written
+from minbert.model.bert import BertModel
+from minbert.model.checkpoint import CheckpointError, save_pretrained
+from minbert.model.heads import ClassificationHead, build_pair_head, pool
+
+
+class MultitaskBert(nn.Module):
+    def __init__(
+        self,
+        encoder: BertModel,
+        paraphrase_head: str,
+        sts_head: str,
+        dropout: float,
+        pooling: str = "pooler",
+        sts_output: str = "sigmoid",
+    ):
+        super().__init__()
+        h = encoder.config.hidden_size
+        self.encoder = encoder
+        self.pooling, self.sts_output, self.dropout = pooling, sts_output, dropout
+        self.head_names = {"quora": paraphrase_head, "sts": sts_head}
+        # Heads that do not read BERT's pooler leave it out of training altogether
+        # (data-parallel training expects a gradient for every trainable weight).
+        encoder.pooler.requires_grad_(pooling == "pooler")
+        self.heads = nn.ModuleDict(
+            {
+                "sst": ClassificationHead(h, 5, dropout),
+                "quora": build_pair_head(paraphrase_head, "quora", h, dropout),
+                "sts": build_pair_head(sts_head, "sts", h, dropout, sts_output),
+            }
+        )
+
+    def is_siamese(self, task: str) -> bool:
+        return task != "sst" and self.heads[task].siamese
+
+    def embed(self, batch: Batch) -> torch.Tensor:
+        return self.encoder.embed(batch.ids, batch.token_types)
+
+    def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
+        """Task output from an embedding output (SMART perturbs the latter)."""
+        attention = batch.mask if batch.padded else None  # no mask: SDPA's fastest kernel
+        pooled = pool(self.encoder.encode(embedded, attention), batch.mask, self.pooling)
+        if self.is_siamese(task):
+            u, v = pooled.chunk(2)
+            return self.heads[task](u, v)
+        return self.heads[task](pooled)
+
+    def forward(self, task: str, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        # One entry point for every training pass (SMART's perturbed ones included),
+        # so that under DistributedDataParallel each goes through its forward.
+        return self.from_embedded(task, batch, self.embed(batch) if embedded is None else embedded)
+
+
+def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    output = output.float()
+    if task == "sst":
+        return F.cross_entropy(output, labels.long())
+    if task == "quora":
+        return F.binary_cross_entropy_with_logits(output, labels.float())
+    return F.mse_loss(output, labels.float())
+
+
+def predictions(task: str, output: torch.Tensor) -> np.ndarray:
+    """Class ids, or STS scores at the precision prediction files hold them."""
+    if task == "sst":
+        return output.argmax(-1).numpy()
+    if task == "quora":
+        return (output > 0).long().numpy()
+    return as_written(task, output.numpy())
+
+
+# ----------------------------------------------------------------------------- saving
+
+# A fine-tuned multitask model's directory: the encoder in Hugging Face's format
+# (config.json, model.safetensors, vocab.txt: `transformers.BertModel` loads it), the
+# task heads beside it, and what the heads are and how the model was chosen.
+HEADS_FILE = "heads.safetensors"
+MODEL_FILE = "minbert.json"
+MODEL_FORMAT = "minbert-multitask/1"
+
+
+def save_multitask(model: MultitaskBert, directory: Path, vocab_file: Path, info: dict) -> None:
+    """Write ``model`` to ``directory``; ``info`` (JSON) says how it was trained and chosen."""
+    from safetensors.torch import save_file
+
+    save_pretrained(model.encoder, directory, vocab_file)
+    heads = {k: v.detach().contiguous().cpu() for k, v in model.heads.state_dict().items()}
+    save_file(heads, str(directory / HEADS_FILE))
+    described = {
+        "format": MODEL_FORMAT,
+        "paraphrase_head": model.head_names["quora"],
+        "sts_head": model.head_names["sts"],
+        "sts_output": model.sts_output,
+        "pooling": model.pooling,
+        "dropout": model.dropout,
+        **info,
+    }
+    (directory / MODEL_FILE).write_text(
+        json.dumps(described, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+
+
+def load_multitask(directory: str | Path) -> tuple[MultitaskBert, dict]:
+    """A model written by :func:`save_multitask`, in eval mode, and its ``minbert.json``.
+
+    A directory that is not such a model, or whose heads do not fit what its
+    ``minbert.json`` says, is an error naming the directory and the reason.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    info_file = directory / MODEL_FILE
+    if not info_file.is_file():
+        raise CheckpointError(
+            f"{directory}: not a fine-tuned multitask model (no {MODEL_FILE}; "
+            "the multitask stages write them under models/multitask/)"
+        )
+    try:
+        info = json.loads(info_file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise CheckpointError(f"{info_file}: not valid JSON ({exc})") from None
+    if info.get("format") != MODEL_FORMAT:
+        raise CheckpointError(f"{info_file}: format {info.get('format')!r}, expected {MODEL_FORMAT!r}")
+    encoder = BertModel.from_pretrained(directory)
+    model = MultitaskBert(
+        encoder,
+        info["paraphrase_head"],
+        info["sts_head"],
+        info["dropout"],
+        info["pooling"],
+        info["sts_output"],
+    )
+    try:
+        heads = load_file(str(directory / HEADS_FILE))
+    except (FileNotFoundError, SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{directory / HEADS_FILE}: cannot read the task heads ({exc})") from None
+    own = model.heads.state_dict()
+    if set(heads) != set(own) or any(heads[k].shape != own[k].shape for k in own):
+        raise CheckpointError(
+            f"{directory / HEADS_FILE}: the heads do not match {MODEL_FILE} (expected {sorted(own)})"
+        )
+    model.heads.load_state_dict(heads)
+    return model.eval(), info

@@ -1,0 +1,54 @@
+"""The files stages write: metrics JSON, per-epoch histories, per-step conflict logs and
+the course-format prediction files, each written atomically (``minbert.atomic``) so
+an interrupted stage leaves nothing DVC could take for a result; and the resolved
+settings files the ``resolve`` stage writes for the others to read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from minbert.atomic import atomic_write_text
+from minbert.data.predictions import write_predictions
+
+__all__ = [
+    "history_csv",
+    "read_settings",
+    "write_conflicts",
+    "write_history",
+    "write_metrics",
+    "write_predictions",
+]
+
+
+def read_settings(path: Path) -> dict:
+    """A stage's resolved settings file (what it reads instead of ``params.yaml``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no resolved settings (run `dvc repro resolve`)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_metrics(path: Path, metrics: dict) -> None:
+    atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
+
+
+def history_csv(rows: Sequence[dict]) -> str:
+    """A history file's text: one line per epoch (epoch 0 first), the columns in the
+    order of the fullest row (epoch 0 has no training losses), empty cells for what a
+    row lacks."""
+    columns = list(dict.fromkeys(k for row in sorted(rows, key=len, reverse=True) for k in row))
+    return pd.DataFrame(list(rows), columns=columns).to_csv(index=False)
+
+
+def write_history(path: Path, rows: Sequence[dict]) -> None:
+    atomic_write_text(path, history_csv(rows))
+
+
+def write_conflicts(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    """PCGrad's per-step log; written (header only) for every configuration, so that
+    DVC has a fixed output to track."""
+    atomic_write_text(path, pd.DataFrame(list(rows), columns=list(columns)).to_csv(index=False))

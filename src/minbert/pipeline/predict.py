@@ -1,0 +1,129 @@
+"""A fine-tuned multitask model on new text: predictions for a file or a few sentences,
+and scores (with a bootstrap interval) for a labelled file.
+
+The model is a directory the multitask stages write (``models/multitask/<config>/``);
+its ``minbert.json`` says how long its inputs were tokenised and with which batch
+size it was evaluated. Input files are read with the data stage's rules: a course
+file, or a plain CSV (``.csv``) / TSV file whose header names its columns; a bad
+row stops the command with ``file:line: reason``, and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from minbert.data.batches import TokenizedTable
+from minbert.data.csvfile import read_task_csv
+from minbert.data.multitask import TaskData
+from minbert.data.predictions import write_predictions
+from minbert.data.tasks import TASKS
+from minbert.data.tokenize import load_tokenizer, tokenize_table
+from minbert.device import choose_device
+from minbert.evaluate.multitask import evaluate_multitask
+from minbert.metrics import METRIC_TITLE, Interval, interval
+from minbert.model.multitask import load_multitask
+
+MULTITASK = ("sst", "quora", "sts")
+SST_CLASSES = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")
+
+
+@dataclass
+class Predicted:
+    task: str
+    ids: list[str]
+    predictions: np.ndarray
+    labels: np.ndarray | None
+    source: str
+
+
+class Predictor:
+    """A fine-tuned multitask model ready to predict, with its tokenizer."""
+
+    def __init__(self, model_dir: str | Path, device: str = "auto"):
+        self.model_dir = Path(model_dir)
+        self.model, self.info = load_multitask(self.model_dir)
+        self.device = choose_device(device)
+        self.model.to(self.device)
+        self.tokenizer = load_tokenizer(self.model_dir / "vocab.txt")
+
+    def predict(self, frame: pd.DataFrame, task: str, source: str, show_progress: bool = False) -> Predicted:
+        """Predict the rows of ``frame`` (columns ``id``, the task's text columns and,
+        when labelled, ``label``), batched by length as the stage evaluated them."""
+        if task not in MULTITASK:
+            raise ValueError(f"task {task!r} is not one of {list(MULTITASK)} (the multitask model's tasks)")
+        arrow, _ = tokenize_table(frame, task, self.tokenizer, self.info["max_length"][task])
+        table = TokenizedTable.from_arrow(arrow, source)
+        data = {task: TaskData(task, table, self.model.is_siamese(task))}
+        _, predictions = evaluate_multitask(
+            self.model, data, self.info["eval_batch_size"], self.device, show_progress=show_progress
+        )
+        return Predicted(task, table.ids, predictions[task], table.labels, source)
+
+
+def read_input(path: str | Path, task: str) -> pd.DataFrame:
+    """A course file of ``task``, or a plain CSV/TSV file with named columns (told apart
+    by the header: a course file's first column is pandas's unnamed index)."""
+    path = Path(path)
+    return read_task_csv(path, TASKS[task], named=not _is_course_file(path))
+
+
+def _is_course_file(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline().lstrip("\ufeff")
+    except OSError:
+        return True  # let the course reader report the file as missing or unreadable
+    return first.split("\t", 1)[0] in ("", "0")
+
+
+def texts_frame(task: str, texts: list[str] | None = None, pairs: list[tuple[str, str]] | None = None):
+    """A frame of sentences given on the command line (ids ``text-1``, ``text-2``, ...)."""
+    spec = TASKS[task]
+    rows = texts if not spec.is_pair else pairs
+    if not rows:
+        kind = "--pair FIRST SECOND" if spec.is_pair else "--text SENTENCE"
+        raise ValueError(f"task {task!r} takes {kind}")
+    columns = {"id": [f"text-{i}" for i in range(1, len(rows) + 1)]}
+    if spec.is_pair:
+        columns.update(sentence1=[a for a, _ in rows], sentence2=[b for _, b in rows])
+    else:
+        columns["sentence"] = list(rows)
+    for column in spec.text_columns:
+        if any(not text.strip() for text in columns[column]):
+            raise ValueError(f"{column} is empty: nothing to predict")
+    return pd.DataFrame(columns)
+
+
+def describe(task: str, prediction) -> str:
+    """A prediction as a person reads it."""
+    if task == "sst":
+        return f"{int(prediction)} ({SST_CLASSES[int(prediction)]})"
+    if task == "quora":
+        return f"{int(prediction)} ({'paraphrase' if int(prediction) else 'not a paraphrase'})"
+    return f"{float(prediction):.3f} (similarity, 0-5)"
+
+
+def write(predicted: Predicted, out: Path) -> None:
+    """The predictions in the course's submission format."""
+    write_predictions(out, predicted.task, predicted.ids, predicted.predictions)
+
+
+def score(predicted: Predicted) -> tuple[Interval, dict]:
+    """The task's metric on a labelled file, with its 95% bootstrap interval, and the
+    summary the command prints (and writes as JSON)."""
+    if predicted.labels is None:
+        column = TASKS[predicted.task].label_column
+        raise ValueError(f"{predicted.source}: no label column {column!r}, so there is nothing to score")
+    result = interval(predicted.task, predicted.labels, predicted.predictions)
+    return result, {
+        "file": predicted.source,
+        "task": predicted.task,
+        "metric": METRIC_TITLE[predicted.task],
+        "value": result.value,
+        "interval_95": [result.low, result.high],
+        "examples": len(predicted.ids),
+    }

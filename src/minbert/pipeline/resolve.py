@@ -1,0 +1,33 @@
+"""Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` into a file
+of its own (``minbert.pipeline.settings.resolve_all``).
+
+A multitask configuration's settings combine the shared defaults, its overrides, its
+optimizer's hyperparameters and the scale; a sentiment run's, its run and the
+scale. Each stage depends on its own file rather than on those keys, so
+``dvc exp run -S smart.beta=0.95`` reruns only the configurations that use SMART,
+``-S optimizer=adamaxw`` only those whose optimizer changes, and editing one stage's
+code reruns that stage alone. Files are written with sorted keys: equal settings,
+equal bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minbert.atomic import atomic_directory
+from minbert.errors import reported
+from minbert.pipeline.settings import load, resolve_all
+
+
+def run(params_file: Path, out_dir: Path) -> list[str]:
+    """Write every stage's settings file under ``out_dir``; their names."""
+    resolved = resolve_all(load(params_file))
+    with atomic_directory(out_dir) as tmp:
+        for name, content in resolved.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return sorted(resolved)
+
+
+main = reported(run)

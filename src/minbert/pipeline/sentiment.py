@@ -1,0 +1,111 @@
+"""Stage ``sentiment@<run>``: single-task sentiment training and evaluation (Table 1),
+from the run's resolved settings (``data/settings/sentiment/<run>.json``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from minbert.data.batches import TokenizedTable
+from minbert.device import choose_device, describe, pin_cpu_kernels
+from minbert.distributed import require_single_process
+from minbert.errors import reported
+from minbert.metrics import fixed
+from minbert.model.bert import BertModel
+from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+from minbert.pipeline import outputs
+from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
+from minbert.train.resume import ResumePoint, fingerprint
+from minbert.train.sentiment import SentimentSettings, train_sentiment
+
+
+def run(
+    resolved: dict,
+    tokenized_dir: Path,
+    metrics_dir: Path,
+    predictions_dir: Path,
+    resume_dir: Path | None = RESUME_DIRECTORY,
+) -> dict:
+    """Train one run (``resolved``: ``minbert.pipeline.settings.resolve_sentiment``) and
+    write every output.
+
+    Writes ``metrics_dir/<run>.json`` (the numbers and how they were produced),
+    ``metrics_dir/<run>-history.csv`` (per-epoch rows for plots) and the course-format
+    dev and test predictions under ``predictions_dir/<run>/``. Training state is
+    saved to ``resume_dir`` after every epoch; a rerun after an interruption resumes.
+    """
+    require_single_process("sentiment")
+    pin_cpu_kernels()
+    tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized_dir, metrics_dir, predictions_dir))
+    run, settings = resolved["run"], SentimentSettings.from_dict(resolved["settings"])
+    device = choose_device(resolved["device"])
+    checkpoint_dir = resolve_checkpoint(resolved["checkpoint"])
+    tables = {
+        split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
+        for split in ("train", "dev", "test")
+        if split != "test" or (tokenized_dir / f"{settings.task}-test.parquet").exists()
+    }
+    encoder = BertModel.from_pretrained(checkpoint_dir)
+    checkpoint = describe_checkpoint(resolved["checkpoint"], checkpoint_dir)
+    resume = ResumePoint(
+        resume_dir,
+        f"sentiment-{run}",
+        fingerprint(
+            settings=asdict(settings),
+            checkpoint=checkpoint,
+            device=str(device),
+            data={k: len(v) for k, v in tables.items()},
+        ),
+    )
+    result = train_sentiment(
+        settings, encoder, tables["train"], tables["dev"], tables.get("test"), device, resume=resume
+    )
+    metrics = {
+        "run": run,
+        "task": settings.task,
+        "mode": settings.mode,
+        "dev_accuracy": fixed(result.dev_accuracy),
+        "best_epoch": result.best_epoch,
+        "epochs": settings.epochs,
+        "lr": settings.lr,
+        "batch_size": settings.batch_size,
+        "optimizer": settings.optimizer,
+        "pooling": settings.pooling,
+        "train_examples": result.train_examples,
+        "dev_examples": len(tables["dev"]),
+        "data_split": f"course {settings.task} train / dev",
+        "checkpoint": checkpoint,
+        "scale": resolved["scale"],
+        "seed": settings.seed,
+        "device": describe(device),
+    }
+    outputs.write_predictions(
+        predictions_dir / run / "dev-out.csv",
+        settings.task,
+        tables["dev"].ids,
+        result.dev_predictions.tolist(),
+    )
+    if "test" in tables:
+        outputs.write_predictions(
+            predictions_dir / run / "test-out.csv",
+            settings.task,
+            tables["test"].ids,
+            result.test_predictions.tolist(),
+        )
+    outputs.write_history(metrics_dir / f"{run}-history.csv", result.history)
+    outputs.write_metrics(metrics_dir / f"{run}.json", metrics)
+    resume.clear()
+    return metrics
+
+
+@reported
+def main(
+    argv: list[str], settings_dir: Path, tokenized_dir: Path, metrics_dir: Path, predictions_dir: Path
+) -> dict:
+    """The stage script's work: ``argv`` is ``<run>``."""
+    return run(
+        outputs.read_settings(Path(settings_dir) / f"{argv[0]}.json"),
+        tokenized_dir,
+        metrics_dir,
+        predictions_dir,
+    )

@@ -1,0 +1,82 @@
+"""One task's training objective on the shared encoder: its loss, plus SMART's terms.
+
+SMART (``minbert.train.smart``) perturbs the embedding output of a task's batch,
+compares the model's outputs with the divergence that fits the task, and pulls them
+towards a momentum teacher's. Its random starts are drawn for a whole global batch,
+so that an example starts from the same noise however a data-parallel run splits it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minbert.data.multitask import Batch, TaskData
+from minbert.device import compute_context
+from minbert.model.multitask import task_loss
+from minbert.train.smart import SmartSettings, bregman_loss, smoothness_loss
+
+# How SMART compares two outputs of each task.
+DIVERGENCE = {"sst": "multiclass", "quora": "binary", "sts": "regression"}
+# What each training step logs per task: the task's own loss, then SMART's two
+# terms (unweighted; zero without SMART).
+LOSS_PARTS = ("loss", "adversarial", "bregman")
+
+
+def smart_start(
+    data: TaskData,
+    rows: np.ndarray,
+    positions: np.ndarray,
+    batch: Batch,
+    hidden: int,
+    std: float,
+    generator: torch.Generator,
+    multiple: int = 1,
+) -> torch.Tensor:
+    """SMART's random start for this rank's ``positions`` of a global batch of ``rows``.
+
+    N(0, std^2) noise is drawn for the whole global batch (its rows, by its padded
+    width) and this rank keeps its own rows and its own width: each example starts
+    from the same noise however the batch is split across processes.
+    """
+    stacked = np.concatenate([positions, positions + len(rows)]) if data.siamese else positions
+    width = -(-int(data.lengths[rows].max()) // multiple) * multiple
+    shape = (len(rows) * (2 if data.siamese else 1), width, hidden)
+    noise = torch.randn(shape, generator=generator, device=generator.device) * std
+    return noise[torch.from_numpy(stacked).to(noise.device), : batch.ids.shape[1]]
+
+
+def task_objective(
+    model,
+    net,
+    teacher,
+    smart: SmartSettings | None,
+    task,
+    batch,
+    labels,
+    device,
+    start: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The task's training objective and its LOSS_PARTS (detached, for the log): the
+    task loss, plus SMART's weighted smoothness and Bregman terms when SMART is on.
+
+    ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
+    that builds the graph goes through it. ``start`` is SMART's random start.
+    """
+    with compute_context(device):
+        embedded = model.embed(batch)
+        output = net(task, batch, embedded)
+    loss = task_loss(task, output, labels)
+    if smart is None:
+        zero = torch.zeros((), device=loss.device)
+        return loss, torch.stack([loss.detach(), zero, zero])
+    kind = DIVERGENCE[task]
+    with compute_context(device):
+        adversarial = smoothness_loss(
+            lambda e: net(task, batch, e).float(), embedded, output.float(), kind, smart, start=start
+        )
+        with torch.no_grad():
+            target = teacher.module(task, batch).float()
+    bregman = bregman_loss(output.float(), target, kind)
+    objective = loss + smart.lambda_s * adversarial + smart.mu * bregman
+    return objective, torch.stack([loss, adversarial, bregman]).detach()

@@ -1,0 +1,186 @@
+"""The code's structure: layers with one direction, no import cycle, files of a readable
+size, and DVC dependencies that are exactly each stage's import closure."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+SRC = REPO / "src"
+PACKAGE = SRC / "minbert"
+# Lower layers never import higher ones: (module prefix, prefixes it must not import).
+LAYERS = [
+    ("minbert.pipeline", ("minbert.cli",)),
+    ("minbert.report", ("minbert.pipeline", "minbert.cli", "minbert.train")),
+    ("minbert.train", ("minbert.pipeline", "minbert.cli", "minbert.report")),
+    ("minbert.evaluate", ("minbert.pipeline", "minbert.cli", "minbert.report", "minbert.train")),
+    (
+        "minbert.model",
+        ("minbert.pipeline", "minbert.cli", "minbert.report", "minbert.train", "minbert.evaluate"),
+    ),
+    (
+        "minbert.data",
+        (
+            "minbert.pipeline",
+            "minbert.cli",
+            "minbert.report",
+            "minbert.train",
+            "minbert.evaluate",
+            "minbert.model",
+        ),
+    ),
+    (
+        "minbert.metrics",
+        (
+            "minbert.pipeline",
+            "minbert.cli",
+            "minbert.report",
+            "minbert.train",
+            "minbert.evaluate",
+            "minbert.model",
+            "minbert.data",
+        ),
+    ),
+]
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_file(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    """The minbert modules ``path`` imports, anywhere in it (function-level imports too)."""
+    here = module_name(path).split(".") if path.is_relative_to(SRC) else ["__main__"]
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("minbert"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("minbert"):
+                continue
+            # `from minbert.x import y` imports minbert.x, and minbert.x.y when y is a module.
+            found.add(base)
+            found.update(
+                f"{base}.{alias.name}"
+                for alias in node.names
+                if module_file(f"{base}.{alias.name}") is not None
+            )
+    return {name for name in found if module_file(name) is not None}
+
+
+def with_parents(name: str) -> set[str]:
+    """Importing a.b.c runs a/__init__.py and a/b/__init__.py first."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def closure(path: Path) -> set[Path]:
+    """Every source file that runs when ``path`` runs."""
+    seen: set[str] = set()
+    todo = [n for name in imports_of(path) for n in with_parents(name)]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [n for imported in imports_of(module_file(name)) for n in with_parents(imported)]
+    return {module_file(name) for name in seen}
+
+
+def all_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_import_cycle():
+    graph = {module_name(p): imports_of(p) for p in all_modules()}
+    # Depth-first search for a back edge, reporting the cycle it closes.
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == 1:
+                cycle = trail[trail.index(target) :] + [target]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if target not in state:
+                visit(target, trail + [target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+@pytest.mark.parametrize("layer, forbidden", LAYERS)
+def test_lower_layers_never_import_higher_ones(layer, forbidden):
+    for path in all_modules():
+        name = module_name(path)
+        if name == layer or name.startswith(layer + "."):
+            bad = sorted(i for i in imports_of(path) if i.startswith(forbidden))
+            assert not bad, f"{path.relative_to(REPO)} ({layer}) imports {bad}"
+
+
+def test_stages_are_thin_and_call_the_pipeline_only():
+    for path in sorted((REPO / "stages").glob("*.py")):
+        imported = imports_of(path)
+        assert imported and all(i.startswith("minbert.pipeline") for i in imported), (path.name, imported)
+        code = [line for line in path.read_text().splitlines() if line.strip()]
+        assert len(code) <= 16, f"{path.name}: {len(code)} lines; a stage script only calls the pipeline"
+
+
+def test_no_source_file_is_too_long():
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in all_modules()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_the_data_stage_needs_no_torch():
+    files = {module_name(p) for p in closure(REPO / "stages" / "prepare.py")}
+    assert "minbert.device" not in files and not any(
+        f.startswith(("minbert.model", "minbert.train")) for f in files
+    )
+
+
+def _stages() -> dict[str, dict]:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+def _entry_point(stage: dict) -> Path:
+    cmd = stage["do"]["cmd"] if "do" in stage else stage["cmd"]
+    return REPO / re.search(r"(stages/\S+\.py)", cmd).group(1)
+
+
+@pytest.mark.parametrize("name", sorted(_stages()))
+def test_stage_deps_are_exactly_the_import_closure(name):
+    """A stage's code deps in dvc.yaml: its script and every source file it runs, no more."""
+    stage = _stages()[name]
+    body = stage.get("do", stage)
+    listed = {d for d in body["deps"] if d.endswith(".py")}
+    entry = _entry_point(stage)
+    expected = {str(p.relative_to(REPO)) for p in closure(entry) | {entry}}
+    assert listed == expected, (
+        f"dvc.yaml stage {name}: missing {sorted(expected - listed)}, "
+        f"not imported {sorted(listed - expected)}"
+    )
