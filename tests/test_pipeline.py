@@ -24,6 +24,8 @@ import pytest
 import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 
+from minbert.pipeline.settings import resolve_all, validate
+
 ROWS = 48
 
 
@@ -247,3 +249,20 @@ def test_a_parameter_change_reruns_only_the_stages_it_reaches(pipeline):
     assert changed == {
         f"sentiment@{r}" for r in ("sst-last-layer", "sst-full", "cfimdb-last-layer", "cfimdb-full")
     }
+
+
+def test_the_paper_scale_resolves_and_plans(pipeline):
+    """`dvc exp run --dry -S scale=paper` in a reproduced project plans the run (DVC's
+    dry run needs the upstream outputs on disk, as any `dvc repro` leaves them), and
+    the paper's settings pass the schema and resolve to the paper's values."""
+    try:
+        out = _run(["dvc", "exp", "run", "--dry", "-S", "scale=paper"], pipeline)
+    finally:
+        _run(["git", "checkout", "--", "."], pipeline)
+    assert "Running stage 'resolve'" in out and "ERROR" not in out
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    params["scale"] = "paper"
+    resolved = resolve_all(validate(params))
+    best = resolved["multitask/best.json"]["settings"]
+    assert best["batch_size"] == {"sst": 2, "quora": 36, "sts": 2} and best["lr"] == 1e-4
+    assert resolved["sentiment/sst-full.json"]["settings"]["batch_size"] == 64
