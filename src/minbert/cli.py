@@ -232,9 +232,9 @@ def seed_study(
     from minbert.pipeline.sweep import run_seed_study
 
     result = run_seed_study(repo, out, queue)
-    console.print(
-        f"{repo / out}: {len(result['configs'])} configurations, seeds {result['seeds']}; now run `dvc repro`"
-    )
+    # The command's result goes to stdout (progress and DVC's own output to stderr).
+    configs, seeds = len(result["configs"]), result["seeds"]
+    typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")
 
 
 if __name__ == "__main__":

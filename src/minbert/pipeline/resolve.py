@@ -6,7 +6,8 @@ optimizer's hyperparameters and the scale; a sentiment run's, its run and the
 scale. Each stage depends on its own file rather than on those keys, so
 ``dvc exp run -S smart.beta=0.95`` reruns only the configurations that use SMART,
 ``-S optimizer=adamaxw`` only those whose optimizer changes, and editing one stage's
-code reruns that stage alone. Files are written with sorted keys: equal settings,
+code reruns that stage alone. Keys keep the order of the settings classes and of
+``params.yaml`` (a stage writes them back in that order), so equal parameters give
 equal bytes.
 """
 
@@ -26,7 +27,7 @@ def run(params_file: Path, out_dir: Path) -> list[str]:
     with atomic_directory(out_dir) as tmp:
         for name, content in resolved.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     return sorted(resolved)
 
 
