@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,21 @@ from minbert.pipeline.settings import resolve_multitask
 def run_stage(params: dict, config: str, *args, **kwargs) -> dict:
     """The stage with the settings the resolve stage would write."""
     return multitask.run(resolve_multitask(params, config), *args, **kwargs)
+
+
+def run_in(out: Path, params: dict, config: str, tokenized: Path, **kwargs) -> dict:
+    """The stage on the tokenized fixture, writing metrics, predictions and its resume
+    state under ``out``."""
+    return run_stage(
+        params,
+        config,
+        tokenized / "tok",
+        tokenized / "prepared" / "manifest.json",
+        out / "metrics",
+        out / "pred",
+        resume_dir=out / "resume",
+        **kwargs,
+    )
 
 
 WORDS = ["good", "bad", "film", "what", "is", "how", "a", "the", "man", "dog", "runs", "plays"]
@@ -184,15 +200,7 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
     "config", ["baseline", "cosine-sts", "concatenation", "best-no-smart", "best-round-robin", "best"]
 )
 def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
-    metrics = run_stage(
-        tiny_params,
-        config,
-        tokenized / "tok",
-        tokenized / "prepared" / "manifest.json",
-        tmp_path / "metrics",
-        tmp_path / "pred",
-        resume_dir=tmp_path / "resume",
-    )
+    metrics = run_in(tmp_path, tiny_params, config, tokenized)
     for key in ("sst_accuracy", "quora_accuracy", "sts_pearson"):
         assert -1 <= metrics[key] <= 1
     assert metrics["average"] == pytest.approx(
@@ -310,15 +318,7 @@ def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params
 
 def test_same_seed_gives_identical_metrics_files(tmp_path, tokenized, tiny_params):
     for run in ("a", "b"):
-        run_stage(
-            tiny_params,
-            "best",
-            tokenized / "tok",
-            tokenized / "prepared" / "manifest.json",
-            tmp_path / run / "metrics",
-            tmp_path / run / "pred",
-            resume_dir=tmp_path / run / "r",
-        )
+        run_in(tmp_path / run, tiny_params, "best", tokenized)
     for name in ("best.json", "best-history.csv", "best-conflicts.csv"):
         assert (tmp_path / "a" / "metrics" / name).read_bytes() == (
             tmp_path / "b" / "metrics" / name
@@ -335,16 +335,7 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
     from minbert.evaluate.multitask import evaluate_multitask
     from minbert.model.multitask import load_multitask
 
-    metrics = run_stage(
-        tiny_params,
-        config,
-        tokenized / "tok",
-        tokenized / "prepared" / "manifest.json",
-        tmp_path / "metrics",
-        tmp_path / "pred",
-        resume_dir=tmp_path / "resume",
-        models_dir=tmp_path / "models",
-    )
+    metrics = run_in(tmp_path, tiny_params, config, tokenized, models_dir=tmp_path / "models")
     directory = tmp_path / "models" / config
     assert {p.name for p in directory.iterdir()} == {
         "config.json",
