@@ -232,21 +232,19 @@ def test_validate_requires_labels_unless_told_the_file_is_unlabelled(tmp_path):
 
 def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
     (tmp_path / "params.yaml").write_text("seed: 1\noptimiser: adamaxw\n")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "stages" / "resolve.py")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def resolve(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(REPO / "stages" / "resolve.py")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+        )
+
+    done = resolve()
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "error: params.yaml: unknown key 'optimiser'" in done.stderr
-    debug = subprocess.run(
-        [sys.executable, str(REPO / "stages" / "resolve.py")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MINBERT_DEBUG": "1"},
-    )
+    debug = resolve(MINBERT_DEBUG="1")
     assert debug.returncode == 1 and "Traceback" in debug.stderr

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY
 from torch import nn
 
-from minbert.model.bert import BertConfig, BertModel
+from minbert.model.bert import BertModel
 from minbert.train.smart import (
     KINDS,
     EmaTeacher,
@@ -228,14 +230,7 @@ def test_generator_makes_the_perturbation_reproducible():
 
 def test_smoothness_loss_trains_the_model_but_the_ascent_leaves_no_grad():
     torch.manual_seed(4)
-    config = BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    config = dataclasses.replace(TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     bert = BertModel(config)
     head = nn.Linear(32, 3)
     input_ids = torch.randint(1, config.vocab_size, (3, 6))
