@@ -412,21 +412,22 @@ def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
 
 
 def test_seed_study_section(outputs, tmp_path):
+    def runs(sst, averages):
+        return [
+            {"seed": s, "sst_accuracy": sst + 0.01 * k, "quora_accuracy": 0.7, "sts_pearson": 0.8}
+            | {"average": a}
+            for k, (s, a) in enumerate(zip((1, 2, 11711), averages))
+        ]
+
     study = {
         "command": "minbert seed-study",
         "how": "queues experiments",
         "seeds": [1, 2, 11711],
         "configs": {
-            "best": [
-                {
-                    "seed": s,
-                    "sst_accuracy": 0.4 + 0.01 * k,
-                    "quora_accuracy": 0.7,
-                    "sts_pearson": 0.8,
-                    "average": 0.6,
-                }
-                for k, s in enumerate((1, 2, 11711))
-            ]
+            "baseline": runs(0.3, [0.5, 0.5, 0.5]),
+            "best": runs(0.4, [0.6, 0.6, 0.6]),
+            # Table 4's ablation is compared with `best`, seed by seed.
+            "best-adamw": runs(0.4, [0.59, 0.62, 0.6]),
         },
     }
     (outputs / "metrics" / "seed-study.json").write_text(json.dumps(study))
@@ -441,7 +442,13 @@ def test_seed_study_section(outputs, tmp_path):
         "0.800 ± 0.000",
         "0.600 ± 0.000",
         "1, 2, 11711",
+        "vs `baseline`: +0.100, +0.100, +0.100",
     ]
+    assert _row(section, "`baseline`")[-1] == "—"
+    assert _row(section, "`best-adamw`")[-1] == "vs `best`: -0.010, +0.020, +0.000"
+    assert "- `best` vs `baseline`: higher average with all 3 seeds." in section
+    mixed = "- `best-adamw` vs `best`: the sign of the difference changes with the seed; not separated."
+    assert mixed in section
     assert "`minbert seed-study`" in section
     assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
 

@@ -57,6 +57,19 @@ def _check_paper(paper: dict) -> None:
                 raise ValueError(f"paper.yaml figures[{i}]: missing `{key}`")
 
 
+def ablation_parents(paper: dict) -> dict[str, str]:
+    """Each configuration's ablation parent: that of the first multitask table that
+    shows it as a row other than its parent (``best`` is compared with ``baseline``,
+    Table 4's rows with ``best``)."""
+    parents: dict[str, str] = {}
+    for name in MULTITASK_TABLES:
+        spec = paper.get(name, {})
+        for row in spec.get("rows", []):
+            if row["config"] != spec.get("parent"):
+                parents.setdefault(row["config"], spec["parent"])
+    return parents
+
+
 def write_report(
     metrics_dir: Path, predictions_dir: Path, prepared_dir: Path, paper_file: Path, out_dir: Path
 ) -> None:
@@ -109,7 +122,7 @@ def write_report(
         "",
         "## Seed study",
         "",
-        seed_section(_optional_json(metrics_dir / SEED_STUDY_FILE)),
+        seed_section(_optional_json(metrics_dir / SEED_STUDY_FILE), ablation_parents(paper)),
         "",
     ]
 

@@ -113,13 +113,16 @@ def mlm_section(
     )
 
 
-def seed_section(study: dict | None) -> str:
-    """The seed study (``minbert seed-study``): mean ± sample standard deviation per cell."""
+def seed_section(study: dict | None, parents: dict[str, str]) -> str:
+    """The seed study (``minbert seed-study``): mean ± sample standard deviation per
+    cell, and each configuration's average minus its ablation parent's (``parents``,
+    from the report's tables) seed by seed."""
     if study is None:
         return (
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "
             "`minbert seed-study` (see the README)."
         )
+    configs = study["configs"]
     lines = [
         f"Each configuration trained with seeds {', '.join(map(str, study['seeds']))}, the "
         "seed changing the heads' initialisation, the dropout masks, the training subsets "
@@ -128,8 +131,11 @@ def seed_section(study: dict | None) -> str:
         f"({study['how']}).",
         "",
     ]
-    lines += md_header(["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), "seeds"])
-    for config, runs in study["configs"].items():
+    lines += md_header(
+        ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), "seeds", "Average − parent, per seed"]
+    )
+    verdicts = []
+    for config, runs in configs.items():
         cells = [f"`{config}`"]
         for c in COLUMNS:
             values = [r[METRIC[c] if c != AVERAGE else AVERAGE] for r in runs]
@@ -139,11 +145,38 @@ def seed_section(study: dict | None) -> str:
                 else f"{values[0]:.3f}"
             )
         cells.append(", ".join(str(r["seed"]) for r in runs))
+        diffs = _per_seed_differences(runs, configs.get(parents.get(config, ""), []))
+        if diffs:
+            parent = parents[config]
+            cells.append(f"vs `{parent}`: " + ", ".join(f"{d:+.3f}" for d in diffs.values()))
+            verdicts.append(_seed_verdict(config, parent, diffs))
+        else:
+            cells.append(NO_NUMBER)
         lines.append(md_row(cells))
     lines += [
         "",
-        "A seed-to-seed standard deviation comparable to a difference between two "
-        "configurations means that difference could be the seed's doing, whatever its "
-        "bootstrap interval over examples says.",
+        "Average − parent: the configuration's average minus that of the configuration it "
+        "ablates (as in the tables above), trained with the same seed, one number per seed "
+        "in the order of the seeds column. A seed-to-seed standard deviation comparable to a "
+        "difference between two configurations means that difference could be the seed's "
+        "doing, whatever its bootstrap interval over examples says. With this few seeds, a "
+        "sign shared by every seed is a consistency check, not a test.",
     ]
+    if verdicts:
+        lines += ["", *verdicts]
     return "\n".join(lines)
+
+
+def _per_seed_differences(runs: list[dict], parent_runs: list[dict]) -> dict[int, float]:
+    """Average minus the parent's average, for each seed both were trained with."""
+    parent = {r["seed"]: r[AVERAGE] for r in parent_runs}
+    return {r["seed"]: r[AVERAGE] - parent[r["seed"]] for r in runs if r["seed"] in parent}
+
+
+def _seed_verdict(config: str, parent: str, diffs: dict[int, float]) -> str:
+    seeds = len(diffs)
+    if all(d > 0 for d in diffs.values()):
+        return f"- `{config}` vs `{parent}`: higher average with all {seeds} seeds."
+    if all(d < 0 for d in diffs.values()):
+        return f"- `{config}` vs `{parent}`: lower average with all {seeds} seeds."
+    return f"- `{config}` vs `{parent}`: the sign of the difference changes with the seed; not separated."
