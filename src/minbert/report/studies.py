@@ -145,9 +145,9 @@ def seed_section(study: dict | None, parents: dict[str, str]) -> str:
                 else f"{values[0]:.3f}"
             )
         cells.append(", ".join(str(r["seed"]) for r in runs))
-        diffs = _per_seed_differences(runs, configs.get(parents.get(config, ""), []))
+        parent = parents.get(config)
+        diffs = _per_seed_differences(runs, configs.get(parent, []))
         if diffs:
-            parent = parents[config]
             cells.append(f"vs `{parent}`: " + ", ".join(f"{d:+.3f}" for d in diffs.values()))
             verdicts.append(_seed_verdict(config, parent, diffs))
         else:
