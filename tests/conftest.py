@@ -54,17 +54,19 @@ def tiny_multitask_scale(
     test_predictions: bool = True,
 ) -> dict:
     """The committed cpu scale's multitask sizes cut down for a tiny model: whole
-    (tiny) splits, every example in the history, ``lr`` for both optimizers."""
+    (tiny) splits less 6 validation rows per task, every example in the history,
+    ``lr`` for both optimizers and their heads."""
     scale = params["scales"]["cpu"]["multitask"]
     scale.update(
         epochs=epochs,
         batch_size=dict(batch_size),
         train_examples={t: 0 for t in ("sst", "quora", "sts")},
+        validation_examples={t: 6 for t in ("sst", "quora", "sts")},
         history_examples=history or {"dev": 0, "train": 0},
         test_predictions=test_predictions,
     )
     for optimizer in scale["optimizers"].values():
-        optimizer["lr"] = lr
+        optimizer["lr"] = optimizer["head_lr"] = lr
     return params
 
 
@@ -76,5 +78,6 @@ def tiny_sentiment_scale(
         max_tokens=max_tokens,
         epochs=dict(epochs),
         train_examples=dict(train_examples),
+        validation_examples={"sst": 4, "cfimdb": 4},
     )
     return params

@@ -38,7 +38,12 @@ def settings_for(config: str, checkpoint: Path, batch_scale: int):
     params["multitask"]["eval_batch_size"] = 5
     params["configs"]["summed"] = {"gradient": "summed"}
     # SMART with a ball and a step large enough to matter in float32.
-    params["configs"]["best"]["smart"] = {"enabled": True, "epsilon": 1e-2, "step_size": 1.0}
+    params["configs"]["best"]["smart"] = {
+        "enabled": True,
+        "projection": "ball",
+        "epsilon": 1e-2,
+        "step_size": 1.0,
+    }
     settings = params_module.multitask_settings(params_module.validate(params), config)
     return dataclasses.replace(settings, dropout=0.0)
 

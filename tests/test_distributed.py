@@ -3,8 +3,9 @@
 Two ranks with batch b must make the same updates as one process with batch 2b
 (up to floating point), with round-robin, with PCGrad and with SMART; the ranks
 must stay identical to each other (parameters and SMART's EMA teacher); and the
-stage must write its outputs once, from rank 0. The data has 25 rows per task, so
-the last batch of every epoch holds one row: one rank's shard of it is empty.
+stage must write its outputs once, from rank 0. The data has 31 rows per task, 25 of
+them trained on (6 are the validation split), so the last batch of every epoch holds
+one row: one rank's shard of it is empty.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _torchrun(script: Path, *args, cwd: Path | None = None) -> None:
 @pytest.fixture(scope="module")
 def tokenized(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("ddp")
-    _prepared(root / "prepared", n=25)
+    _prepared(root / "prepared", n=31)  # 25 training rows after the 6 of validation
     tokenize_prepared(
         root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32, "quora": 32, "sts": 32}
     )
@@ -117,8 +118,11 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
         assert len(rank0["conflicts"]) == len(single["conflicts"]) == 2 * 7
         for ours, theirs in zip(rank0["conflicts"], single["conflicts"]):
             assert ours["conflicts"] == theirs["conflicts"]
+            # Written at 4 decimals: a rounding step apart at most.
             for key in ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts"):
-                assert ours[key] == pytest.approx(theirs[key], abs=1e-4)
+                assert ours[key] == pytest.approx(
+                    theirs[key], abs=2e-4
+                )  # 4 decimals: a rounding step apart at most
     if config == "best":
         assert len(rank0["teacher_sums"]) == 2 * 7
         np.testing.assert_allclose(rank0["teacher_sums"], single["teacher_sums"], rtol=1e-6)
@@ -140,7 +144,7 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     for task in TASKS:
         path = tmp_path / "predictions" / "multitask" / "best-no-smart" / f"{task}-dev-out.csv"
         lines = path.read_text().splitlines()[1:]
-        assert len(lines) == 25 and set(read_predictions(path)) == {f"dev{i}" for i in range(25)}
+        assert len(lines) == 31 and set(read_predictions(path)) == {f"dev{i}" for i in range(31)}
     assert not list((tmp_path / ".resume").glob("*.pt"))  # cleared once the outputs exist
 
 

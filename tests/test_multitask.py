@@ -102,7 +102,9 @@ def test_pair_heads_shapes_and_registry():
             assert out.shape == (5,), name
     cosine = build_pair_head("siamese-cosine", "sts", 32, 0.0)
     assert torch.allclose(cosine(u, u), torch.full((5,), 5.0))  # identical -> top of the scale
-    assert torch.allclose(cosine(u, -u), torch.zeros(5), atol=1e-6)
+    assert torch.allclose(cosine(u, -u), torch.full((5,), -5.0), atol=1e-6)  # 5 cos, unclipped
+    w = torch.randn(5, 32)
+    assert torch.allclose(cosine(u, w), 5.0 * torch.nn.functional.cosine_similarity(u, w, dim=-1))
     with pytest.raises(ValueError, match="cannot serve task 'quora'"):
         build_pair_head("siamese-cosine", "quora", 32, 0.0)
     with pytest.raises(ValueError, match="is not one of"):
@@ -216,8 +218,10 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     assert history.epoch.tolist() == [0, 1, 2]  # epoch 0: before the first update
     assert history.loc[0, ["train_loss_sst", "lr"]].isna().all()
     trained = history[history.epoch > 0]
-    assert trained.loc[trained.dev_average.idxmax(), "epoch"] == metrics["best_epoch"]
-    for column in ("dev_average", "train_average", "dev_loss_sts", "train_sts_pearson"):
+    # The epoch is chosen on the validation split (6 training rows per task set aside).
+    assert metrics["validation_examples"] == {"sst": 6, "quora": 6, "sts": 6}
+    assert trained.loc[trained.val_average.idxmax(), "epoch"] == metrics["best_epoch"]
+    for column in ("val_average", "dev_average", "train_average", "dev_loss_sts", "train_sts_pearson"):
         assert history[column].notna().all(), column
     smart = metrics["settings"]["smart"] is not None
     assert smart == (config.startswith("best") and config != "best-no-smart")
@@ -227,11 +231,17 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
         assert (trained.train_adversarial_quora >= 0).all() and (trained.train_bregman_sst >= 0).all()
     conflicts = pd.read_csv(tmp_path / "metrics" / f"{config}-conflicts.csv")
     if metrics["settings"]["gradient"] == "pcgrad":
-        # 2 epochs x 6 steps: STS (24 pairs, batch 4) has the most batches.
-        assert len(conflicts) == 2 * 6 and (conflicts.pairs == 3).all()
+        # 2 epochs x 5 steps: STS (24 pairs less 6 for validation, batch 4) has the most batches.
+        assert len(conflicts) == 2 * 5 and (conflicts.pairs == 3).all()
         assert "pcgrad_conflict_fraction" in metrics
     else:
         assert conflicts.empty
+    # Steps and examples over both epochs: one batch of every task per PCGrad step, one
+    # task's per round-robin step; every task gets as many batches as the one with most.
+    batches = max(-(-18 // b) for b in tiny_params["scales"]["cpu"]["multitask"]["batch_size"].values())
+    per_step = 1 if metrics["settings"]["gradient"] == "pcgrad" else len(TASKS)
+    assert metrics["optimizer_steps"] == 2 * batches * per_step
+    assert set(metrics["examples_seen"]) == set(TASKS) and min(metrics["examples_seen"].values()) >= 2 * 18
     for task in TASKS:
         assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
     assert not (tmp_path / "pred" / config / "quora-test-out.csv").exists()

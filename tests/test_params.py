@@ -96,6 +96,13 @@ def test_paper_scale_is_section_4_3(committed):
     assert params.multitask_settings(committed, "best-adamw").lr == 1e-5
     sst = params.sentiment_settings(committed, "sst-full")
     assert (sst.batch_size, sst.epochs, sst.dropout, sst.lr) == (64, 10, 0.3, 1e-5)
+    # One learning rate for encoder and heads: the paper states a single one.
+    for optimizer in multitask["optimizers"].values():
+        assert optimizer["head_lr"] == optimizer["lr"]
+    assert best.head_lr == best.lr and sst.head_lr is None
+    # Without the official Quora train split, the Quora batch keeps the paper's
+    # batches per epoch (see test_selection.py for the numbers).
+    assert multitask["carved_quora_batch"] == "paper-proportions"
     assert params.sentiment_settings(committed, "cfimdb-last-layer").batch_size == 8
 
 

@@ -157,7 +157,9 @@ def test_carved_quora_split_is_deterministic_disjoint_and_complete(tmp_path, sou
     assert len(dev) == round(QUORA_ROWS * ARGS["quora_holdout_fraction"])
     # Each part keeps the file's order and its line numbers.
     assert train["line"].is_monotonic_increasing and dev["line"].is_monotonic_increasing
-    assert list(train.columns) == ["id", "sentence1", "sentence2", "label", "line"]
+    assert list(train.columns) == ["id", "sentence1", "sentence2", "label", "line", "group"]
+    # Group numbers count over the whole file: no number names a group on both sides.
+    assert set(train["group"]).isdisjoint(dev["group"]) and train["group"].dtype == "int64"
 
     split = first["quora_split"]
     assert split["kind"] == "carved-from-dev"

@@ -74,9 +74,11 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
     assert history.epoch.tolist() == list(range(metrics["epochs"] + 1))  # epoch 0: before training
     assert np.isnan(history.train_loss[0]) and not history.dev_accuracy.isna().any()
     trained = history[history.epoch > 0]
-    best = trained.loc[trained.dev_accuracy.idxmax()]
+    # The epoch is chosen on the validation split (4 training rows set aside), never on dev.
+    best = trained.loc[trained.val_accuracy.idxmax()]
     assert metrics["best_epoch"] == best.epoch and metrics["dev_accuracy"] == pytest.approx(best.dev_accuracy)
     assert metrics["train_examples"] == 32 and metrics["dev_examples"] == 12
+    assert metrics["validation_examples"] == 4
     assert metrics["checkpoint"]["sha256"] and metrics["seed"] == tiny_params["seed"]
     dev = read_predictions(tmp_path / "pred" / run / "dev-out.csv")
     test = read_predictions(tmp_path / "pred" / run / "test-out.csv")

@@ -213,6 +213,34 @@ def sweep_report(
         atomic_write_text(out, text + "\n")
 
 
+@command("lr-search")
+def lr_search(
+    config: str = typer.Option(..., "--config", help="The configuration (a key of params.yaml's configs)."),
+    lr: list[float] = typer.Option(..., "--lr", help="Encoder learning rates to try (repeat the option)."),
+    head_lr: list[float] = typer.Option(..., "--head-lr", help="Heads' learning rates to try (repeat)."),
+    out: Path = typer.Option(
+        Path("metrics/lr-search.json"), "--out", help="The search's record (the report reads it)."
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+) -> None:
+    """Choose a scale's learning rates on the validation split, never on dev.
+
+    Trains --config at params.yaml's scale for every (--lr, --head-lr) pair, reading
+    only the training tables of `dvc repro tokenize`, and scores each by its best
+    epoch's validation average (the split the stages choose their epoch on). Adds the
+    points to --out with the best per optimizer; put those into
+    `scales.<scale>.multitask.optimizers` and run `dvc repro`.
+    """
+    from minbert.pipeline.lr_search import lr_search as search
+
+    study = search(config, lr, head_lr, out, device=device)
+    for name, best in study["chosen"].items():
+        typer.echo(
+            f"{name}: lr {best['lr']:g}, head_lr {best['head_lr']:g} "
+            f"(validation average {best['validation_average']:.4f})"
+        )
+
+
 @command("seed-study")
 def seed_study(
     out: Path = typer.Option(

@@ -12,9 +12,18 @@ Defined once here and used by the training loops, the report and the command lin
 * 95% intervals from a bootstrap over dev examples (``interval``), a paired bootstrap
   of the difference between two models scored on the same examples (``paired``),
   and one for the average of several tasks, each resampled on its own
-  (``average_interval``). The resampling is scipy's (``scipy.stats.bootstrap``,
-  percentile method, 9,999 resamples, a seeded generator); what is resampled is
-  the index of the examples, so labels and predictions stay paired.
+  (``average_interval``, ``paired_average``). The resampling is scipy's
+  (``scipy.stats.bootstrap``, percentile method, 9,999 resamples, a seeded
+  generator); what is resampled is the index of the examples, so labels and
+  predictions stay paired.
+
+Examples that are not independent are resampled together: given cluster ids
+(``groups``: Quora's question groups, pairs that share a question), the bootstrap
+draws whole clusters (a cluster bootstrap), and accuracy in a resample is the
+correct predictions over the examples of the clusters drawn. Pairs of one group tend
+to share their label and their errors, so resampling them one by one would treat
+them as more evidence than they are and give too narrow an interval. Pearson's r
+has no clustered form here: STS pairs are not grouped.
 """
 
 from __future__ import annotations
@@ -80,14 +89,56 @@ def as_written(task: str, values: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- bootstrap
 
 
-def _resampled(task: str, labels: np.ndarray, predictions: np.ndarray):
-    """``f(idx)``: the metric on each row of resampled example indices ``idx``.
+@dataclass(frozen=True)
+class _Clusters:
+    """Examples grouped for a cluster bootstrap: ``index[i]`` is the cluster (0..n-1)
+    of example ``i``, ``counts[c]`` the number of examples in cluster ``c``."""
 
-    Accuracy is the mean of a 0/1 vector computed once; Pearson's r is recomputed
-    from the resampled labels and predictions."""
+    index: np.ndarray
+    counts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+
+def _clusters(task: str, groups: np.ndarray | None, n: int) -> _Clusters | None:
+    """The clusters of ``groups`` (one id per example, any hashable values), or None."""
+    if groups is None:
+        return None
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or len(groups) != n:
+        raise ValueError(f"{task}: {n} labels but {groups.size} cluster ids")
+    _, index, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    if len(counts) < 2:
+        raise ValueError(f"{task}: a cluster bootstrap needs at least 2 clusters, got {len(counts)}")
+    return _Clusters(index, counts)
+
+
+def _units(labels: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
+    """What the bootstrap resamples: the examples, or the clusters."""
+    return np.arange(len(labels) if clusters is None else len(clusters))
+
+
+def _resampled(task: str, labels: np.ndarray, predictions: np.ndarray, clusters: _Clusters | None = None):
+    """``f(idx)``: the metric on each row of resampled indices ``idx``, indices of the
+    examples, or of the clusters when ``clusters`` is given.
+
+    Accuracy is the mean of a 0/1 vector computed once; over clusters, it is the sum of
+    the drawn clusters' correct predictions (precomputed per cluster) over the sum of
+    their sizes. Pearson's r is recomputed from the resampled labels and predictions,
+    and has no clustered form."""
     if task != "sts":
         correct = (labels == predictions).astype(float)
-        return lambda idx: correct[idx].mean(axis=-1)
+        if clusters is None:
+            return lambda idx: correct[idx].mean(axis=-1)
+        hits = np.bincount(clusters.index, weights=correct, minlength=len(clusters))
+        counts = clusters.counts.astype(float)
+        return lambda idx: hits[idx].sum(axis=-1) / counts[idx].sum(axis=-1)
+    if clusters is not None:
+        raise ValueError(
+            f"{task}: Pearson's r has no cluster bootstrap here (STS pairs are not grouped); "
+            "leave out its cluster ids"
+        )
 
     def r(idx):
         x, y = labels[idx], predictions[idx]
@@ -136,58 +187,86 @@ def _check(task: str, labels: np.ndarray, *predictions: np.ndarray) -> None:
         raise ValueError(f"{task}: a bootstrap needs at least 2 examples, got {len(labels)}")
 
 
-def interval(task: str, labels: np.ndarray, predictions: np.ndarray, seed: int = BOOTSTRAP_SEED) -> Interval:
-    """The metric with a 95% percentile-bootstrap interval over the examples."""
+def interval(
+    task: str,
+    labels: np.ndarray,
+    predictions: np.ndarray,
+    seed: int = BOOTSTRAP_SEED,
+    *,
+    groups: np.ndarray | None = None,
+) -> Interval:
+    """The metric with a 95% percentile-bootstrap interval over the examples, or over
+    whole clusters of them when ``groups`` (one cluster id per example) is given."""
     labels, predictions = np.asarray(labels, float), np.asarray(predictions, float)
     _check(task, labels, predictions)
-    metric = _resampled(task, labels, predictions)
-    low, high = _bootstrap([np.arange(len(labels))], lambda idx, axis=-1: metric(idx), seed)
+    clusters = _clusters(task, groups, len(labels))
+    metric = _resampled(task, labels, predictions, clusters)
+    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: metric(idx), seed)
     return Interval(score(task, labels, predictions), low, high)
 
 
 def paired(
-    task: str, labels: np.ndarray, predictions: np.ndarray, reference: np.ndarray, seed: int = BOOTSTRAP_SEED
+    task: str,
+    labels: np.ndarray,
+    predictions: np.ndarray,
+    reference: np.ndarray,
+    seed: int = BOOTSTRAP_SEED,
+    *,
+    groups: np.ndarray | None = None,
 ) -> Interval:
     """``score(predictions) - score(reference)`` on the same examples, with a 95%
-    interval from resampling the examples once for both (a paired bootstrap)."""
+    interval from resampling the examples (or, with ``groups``, whole clusters of
+    them) once for both (a paired bootstrap)."""
     labels = np.asarray(labels, float)
     predictions, reference = np.asarray(predictions, float), np.asarray(reference, float)
     _check(task, labels, predictions, reference)
-    ours, theirs = _resampled(task, labels, predictions), _resampled(task, labels, reference)
-    low, high = _bootstrap([np.arange(len(labels))], lambda idx, axis=-1: ours(idx) - theirs(idx), seed)
+    clusters = _clusters(task, groups, len(labels))
+    ours = _resampled(task, labels, predictions, clusters)
+    theirs = _resampled(task, labels, reference, clusters)
+    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: ours(idx) - theirs(idx), seed)
     return Interval(score(task, labels, predictions) - score(task, labels, reference), low, high)
 
 
-def average_interval(
-    parts: Sequence[tuple[str, np.ndarray, np.ndarray]], seed: int = BOOTSTRAP_SEED
-) -> Interval:
+def _part(part: Sequence, arrays: int) -> tuple[str, list[np.ndarray], _Clusters | None]:
+    """(task, the part's float arrays, its clusters) of one part of an average: a
+    task, ``arrays`` arrays of one value per example, and optionally cluster ids."""
+    if len(part) not in (1 + arrays, 2 + arrays):
+        raise ValueError(
+            f"a part of an average holds a task, {arrays} arrays and optionally cluster ids; "
+            f"got {len(part)} items"
+        )
+    task, *values = part
+    groups = values.pop() if len(values) > arrays else None
+    values = [np.asarray(v, float) for v in values]
+    _check(task, *values)
+    return task, values, _clusters(task, groups, len(values[0]))
+
+
+def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Interval:
     """The plain mean of several tasks' metrics, each task's examples resampled on
-    their own (they are different examples): ``parts`` holds (task, labels, predictions)."""
-    parts = [(t, np.asarray(y, float), np.asarray(p, float)) for t, y, p in parts]
-    for t, y, p in parts:
-        _check(t, y, p)
-    metrics = [_resampled(t, y, p) for t, y, p in parts]
+    their own (they are different examples): ``parts`` holds (task, labels,
+    predictions), or (task, labels, predictions, groups) to resample that task's
+    examples in whole clusters (``groups`` may be None)."""
+    parts = [_part(part, 2) for part in parts]
+    metrics = [_resampled(t, y, p, c) for t, (y, p), c in parts]
 
     def statistic(*indices, axis=-1):
         return np.mean([metric(i) for metric, i in zip(metrics, indices)], axis=0)
 
-    low, high = _bootstrap([np.arange(len(y)) for _, y, _ in parts], statistic, seed)
-    return Interval(float(np.mean([score(t, y, p) for t, y, p in parts])), low, high)
+    low, high = _bootstrap([_units(y, c) for _, (y, _), c in parts], statistic, seed)
+    return Interval(float(np.mean([score(t, y, p) for t, (y, p), _ in parts])), low, high)
 
 
-def paired_average(
-    parts: Sequence[tuple[str, np.ndarray, np.ndarray, np.ndarray]], seed: int = BOOTSTRAP_SEED
-) -> Interval:
+def paired_average(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Interval:
     """The difference of two models' averages, each task paired on its own examples:
-    ``parts`` holds (task, labels, predictions, reference predictions)."""
-    parts = [(t, np.asarray(y, float), np.asarray(p, float), np.asarray(r, float)) for t, y, p, r in parts]
-    for t, y, p, r in parts:
-        _check(t, y, p, r)
-    metrics = [(_resampled(t, y, p), _resampled(t, y, r)) for t, y, p, r in parts]
+    ``parts`` holds (task, labels, predictions, reference predictions), or the same
+    followed by ``groups`` to resample that task's examples in whole clusters."""
+    parts = [_part(part, 3) for part in parts]
+    metrics = [(_resampled(t, y, p, c), _resampled(t, y, r, c)) for t, (y, p, r), c in parts]
 
     def statistic(*indices, axis=-1):
         return np.mean([ours(i) - theirs(i) for (ours, theirs), i in zip(metrics, indices)], axis=0)
 
-    low, high = _bootstrap([np.arange(len(y)) for _, y, _, _ in parts], statistic, seed)
-    value = float(np.mean([score(t, y, p) - score(t, y, r) for t, y, p, r in parts]))
+    low, high = _bootstrap([_units(y, c) for _, (y, _, _), c in parts], statistic, seed)
+    value = float(np.mean([score(t, y, p) - score(t, y, r) for t, (y, p, r), _ in parts]))
     return Interval(value, low, high)

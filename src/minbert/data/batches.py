@@ -53,11 +53,17 @@ class Sequences:
 
 @dataclass
 class TokenizedTable:
-    """One tokenised split: ids, optional labels and named sequence columns."""
+    """One tokenised split: ids, optional labels and named sequence columns.
+
+    ``groups`` holds each row's group number where the table has a ``group`` column
+    (Quora's question groups: pairs sharing a question), else None; a split of the
+    rows that must not separate related pairs keeps each group on one side.
+    """
 
     ids: list[str]
     labels: np.ndarray | None
     sequences: dict[str, Sequences]
+    groups: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -91,7 +97,16 @@ class TokenizedTable:
         if not sequences:
             raise ValueError(f"{where}: no token-id columns (found {table.column_names}){advice}")
         labels = np.array(table.column("label")) if "label" in table.column_names else None
-        return cls([str(x) for x in table.column("id").to_pylist()], labels, sequences)
+        groups = None
+        if "group" in table.column_names:
+            column = table.column("group")
+            if not pa.types.is_integer(column.type) or column.null_count:
+                raise ValueError(
+                    f"{where}: the `group` column must hold integers with no nulls, "
+                    f"found {column.type} with {column.null_count} nulls{advice}"
+                )
+            groups = column.to_numpy().astype(np.int64)
+        return cls([str(x) for x in table.column("id").to_pylist()], labels, sequences, groups)
 
     def subset(self, rows: np.ndarray) -> TokenizedTable:
         """A copy holding only ``rows`` (in that order)."""
@@ -99,6 +114,7 @@ class TokenizedTable:
             [self.ids[i] for i in rows],
             None if self.labels is None else self.labels[rows],
             {name: Sequences.from_list([seq[i] for i in rows]) for name, seq in self.sequences.items()},
+            None if self.groups is None else self.groups[rows],
         )
 
 

@@ -22,7 +22,7 @@ from ..atomic import atomic_directory
 from . import download
 from .csvfile import read_task_csv
 from .problems import DataError, Problem, missing_file_problem
-from .quora_split import carve_quora
+from .quora_split import carve_quora, number_question_groups
 from .tasks import SPLITS, TASKS
 
 #: Environment variable naming the directory with the course CSV files.
@@ -95,7 +95,11 @@ def prepare(
     file's (a slice, one's own data in the course format) is accepted and recorded
     as ``verified: false``; downloads are always verified. When Quora's
     train file is unavailable, train and dev are carved out of the labelled
-    quora-dev.csv (see `holdout_mask`) and the manifest says so.
+    quora-dev.csv (see `holdout_mask`) and the manifest says so. The Quora train
+    and dev tables get the integer column ``group``, the question group of each
+    pair (see `question_groups`), numbered over both tables together so a number
+    never names two groups: the carved split keeps whole groups on one side, the
+    official one need not (there its test table is numbered along with them).
 
     The manifest (also written as ``manifest.json``) holds: ``source``;
     ``inputs`` (file, sha256, verified); ``unavailable`` (file, reason);
@@ -196,6 +200,7 @@ def _build(
 
     if ("quora", "train") in frames:
         quora_split: dict = {"kind": "official"}
+        number_question_groups(frames)
     else:
         quora_split = carve_quora(frames, origin, quora_holdout_fraction, split_seed)
 

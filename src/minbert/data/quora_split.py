@@ -3,12 +3,18 @@
 Offline, the course's 141k Quora train split is missing, so the pipeline splits the
 20k labelled dev pairs itself. Questions repeat across pairs, so a split by pair
 would let a held-out pair share a question with a training pair; pairs that share a
-question (directly or through a chain of pairs) therefore stay on one side.
+question (directly or through a chain of pairs) therefore stay on one side. Groups are
+drawn with one seeded hash each, so a large group is no likelier to be held out than a
+single pair: Quora's large groups are mostly duplicates, and a size-biased draw would
+give the two sides different duplicate rates. Every part keeps each pair's group
+number (column ``group``), so a bootstrap over held-out pairs can resample whole
+groups: pairs of one group share questions and are not independent examples.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -50,12 +56,17 @@ def holdout_mask(
     """Boolean mask (True = held out) assigning about `fraction` of `ids` to a held-out
     part, whole groups at a time.
 
-    Each group (each id on its own when ``groups`` is None) is ranked by the smallest
-    sha256 of (seed, id) among its members, and groups are held out in rank order
-    until ``round(len * fraction)`` ids are: exactly that many when every group has
-    one member, else at most one group more. The result depends only on the ids,
-    their grouping, the fraction and the seed: not on row order, Python's hash
-    randomisation or library versions. Both parts keep at least one group.
+    Each group (each id on its own when ``groups`` is None) is ranked by the sha256 of
+    (seed, its canonical member): the smallest of its ids as strings. One hash per
+    group, whatever its size, gives every group the same chance to be held out. (Ranking
+    a group by the smallest hash among all its members, as this once did, favours large
+    groups: a group of k pairs draws k tickets. On Quora large groups are mostly
+    duplicates, so that held-out part had far more duplicates than the training part.)
+    Groups are held out in rank order until ``round(len * fraction)`` ids are: exactly
+    that many when every group has one member, else at most one group more. The
+    result depends only on the ids, their grouping, the fraction and the seed: not on
+    row order, Python's hash randomisation or library versions. Both parts keep at
+    least one group.
     """
     ids = list(ids)
     if len(ids) < 2:
@@ -70,10 +81,9 @@ def holdout_mask(
         members.setdefault(g, []).append(i)
     if len(members) < 2:
         raise ValueError("every id is in one group: nothing can be held out without it")
-    rank = {
-        g: min((hashlib.sha256(f"{seed}\0{ids[i]}".encode()).digest(), ids[i]) for i in rows)
-        for g, rows in members.items()
-    }
+    canonical = {g: min(str(ids[i]) for i in rows) for g, rows in members.items()}
+    # The canonical id breaks a (practically impossible) tie of two hashes.
+    rank = {g: (hashlib.sha256(f"{seed}\0{c}".encode()).digest(), c) for g, c in canonical.items()}
     target = min(max(round(len(ids) * fraction), 1), len(ids) - 1)
     mask = np.zeros(len(ids), dtype=bool)
     ranked = sorted(members, key=rank.__getitem__)
@@ -84,6 +94,54 @@ def holdout_mask(
     return mask
 
 
+#: Bins of the group-size distribution the manifest records (pairs per group).
+GROUP_SIZE_BINS: tuple[tuple[str, int, float], ...] = (
+    ("1", 1, 1),
+    ("2", 2, 2),
+    ("3-5", 3, 5),
+    ("6+", 6, math.inf),
+)
+
+
+def number_question_groups(frames: dict[tuple[str, str], pd.DataFrame]) -> None:
+    """Add the ``group`` column (``question_groups``) to every Quora table in `frames`,
+    numbered over all of them together, so one number means one group in every table.
+
+    For the official split: its train and dev parts were not split by question, so a
+    group may have pairs on both sides; the column still lets a bootstrap over dev
+    pairs resample whole groups, and a validation split carved out of training rows
+    keep each group on one side. (The carved split gets its column from `carve_quora`.)
+    """
+    keys = [key for key in frames if key[0] == "quora"]
+    if not keys:
+        return
+    first = [q for key in keys for q in frames[key]["sentence1"]]
+    second = [q for key in keys for q in frames[key]["sentence2"]]
+    groups = question_groups(first, second)
+    start = 0
+    for key in keys:
+        frame = frames[key]
+        frames[key] = frame.assign(group=groups[start : start + len(frame)])
+        start += len(frame)
+
+
+def describe_part(frame: pd.DataFrame) -> dict:
+    """One side of the carved split, for the manifest: its pairs, question groups,
+    duplicate rate, the share of its pairs in groups of more than one pair, and how
+    many of its groups have each size (``GROUP_SIZE_BINS``). These are what a size-
+    or label-biased choice of held-out groups would show. `frame` has at least one row."""
+    sizes = frame["group"].value_counts().to_numpy()
+    return {
+        "pairs": len(frame),
+        "groups": int(len(sizes)),
+        "duplicate_rate": round(float(frame["label"].mean()), 4),
+        "multi_pair_group_share": round(float(sizes[sizes > 1].sum() / len(frame)), 4),
+        "groups_by_size": {
+            name: int(((sizes >= low) & (sizes <= high)).sum()) for name, low, high in GROUP_SIZE_BINS
+        },
+    }
+
+
 def carve_quora(
     frames: dict[tuple[str, str], pd.DataFrame],
     origin: dict[tuple[str, str], str],
@@ -91,10 +149,16 @@ def carve_quora(
     seed: int,
 ) -> dict:
     """Replace the Quora dev table by a train part and a held-out dev part of it,
-    holding out whole groups of pairs that share a question (``question_groups``)."""
+    holding out whole groups of pairs that share a question (``question_groups``).
+
+    Both parts get the integer column ``group``: the question-group number, counted
+    over the whole file, so a number never names two different groups. Returns the
+    manifest's ``quora_split``, with ``train`` and ``heldout`` described by
+    `describe_part`."""
     dev = frames.pop(("quora", "dev"))
     name = origin.pop(("quora", "dev"))
     groups = question_groups(dev["sentence1"], dev["sentence2"])
+    dev = dev.assign(group=groups)
     held = holdout_mask(dev["id"], fraction, seed, groups)
     train_part, held_part = dev[~held].reset_index(drop=True), dev[held].reset_index(drop=True)
 
@@ -108,6 +172,11 @@ def carve_quora(
     origin["quora", "train"] = origin["quora", "dev"] = name
     n_train, n_held = len(train_part), len(held_part)
     sizes = np.bincount(groups)
+    train, heldout = describe_part(train_part), describe_part(held_part)
+
+    def percent(rate: float) -> str:
+        return f"{100 * rate:.1f}%"
+
     return {
         "kind": "carved-from-dev",
         "holdout_fraction": fraction,
@@ -117,14 +186,19 @@ def carve_quora(
         "question_groups": int(len(sizes)),
         "largest_group_pairs": int(sizes.max()),
         "questions_across_split": crossing,
+        "train": train,
+        "heldout": heldout,
         "note": (
             "Quora's official 141k train split was not available; train and dev here are both carved "
             f"out of the course's labelled {name} ({len(dev)} usable pairs). Pairs that share a "
             "question (after whitespace and case normalisation), directly or through a chain of "
-            f"pairs, form one group ({len(sizes)} groups); whole groups, chosen by a seeded sha256 "
-            f"hash, are held out as dev ({n_held} pairs) and the rest are used for training "
-            f"({n_train} pairs), so no question appears on both sides. Quora results from this "
-            "data are measured on that held-out part and are not comparable with results on the "
-            "official Quora dev set."
+            f"pairs, form one group ({len(sizes)} groups); whole groups, each drawn by a seeded "
+            "sha256 hash of one of its pair ids (so a group's chance does not depend on its "
+            f"size), are held out as dev ({n_held} pairs, {heldout['groups']} groups, "
+            f"{percent(heldout['duplicate_rate'])} duplicates) and the rest are used for training "
+            f"({n_train} pairs, {train['groups']} groups, {percent(train['duplicate_rate'])} "
+            "duplicates), so no question appears on both sides. Quora results from this data are "
+            "measured on that held-out part and are not comparable with results on the official "
+            "Quora dev set."
         ),
     }

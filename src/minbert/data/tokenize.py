@@ -9,6 +9,9 @@ token ids with the same rows and order, so that no later stage tokenises again:
   packed as ``[CLS] a [SEP] b [SEP]`` (``pair_input_ids``, ``pair_token_type_ids``,
   ``pair_length``, for cross-encoders).
 
+A prepared table's ``group`` column (Quora's question groups) is kept as it is, so
+that later stages can keep a group's pairs together.
+
 ``length`` is the number of real tokens: an attention mask is ``arange(T) < length``,
 and batches are padded only to their own longest sequence.
 """
@@ -52,6 +55,8 @@ def tokenize_table(
     columns: dict[str, pa.Array] = {"id": pa.array(table["id"].astype(str))}
     if "label" in table:
         columns["label"] = pa.array(table["label"].to_numpy())
+    if "group" in table:  # Quora's question groups: for group-aware splits and bootstraps
+        columns["group"] = pa.array(table["group"].to_numpy(), type=pa.int64())
     stats: dict = {"rows": len(table), "max_length": max_length}
 
     def encode(texts: list[str], pairs: list[str] | None = None):

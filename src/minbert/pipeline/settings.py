@@ -24,7 +24,7 @@ from minbert.train.mlm import MlmSettings
 from minbert.train.multitask_step import GRADIENT_MODES, MultitaskSettings
 from minbert.train.optim import OPTIMIZERS, SCHEDULERS
 from minbert.train.sentiment import MODES, SentimentSettings
-from minbert.train.smart import SmartSettings
+from minbert.train.smart import DROPOUT_MASKS, PROJECTIONS, SmartSettings
 
 __all__ = [
     "ParamsError",
@@ -47,7 +47,13 @@ _PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
 _PER_SENTIMENT_TASK = {"sst": int, "cfimdb": int}
 # One optimizer's hyperparameters; lr_gamma is needed by the exponential schedule only.
 _OPTIMIZER = Partial(
-    {"lr": _NUMBER, "lr_schedule": tuple(SCHEDULERS), "lr_gamma": _NUMBER, "weight_decay": _NUMBER}
+    {
+        "lr": _NUMBER,
+        "head_lr": _NUMBER,
+        "lr_schedule": tuple(SCHEDULERS),
+        "lr_gamma": _NUMBER,
+        "weight_decay": _NUMBER,
+    }
 )
 _SCALE = {
     "max_length": _MAX_LENGTH,
@@ -58,12 +64,16 @@ _SCALE = {
         "max_tokens": int,
         "epochs": {mode: int for mode in MODES},
         "train_examples": _PER_SENTIMENT_TASK,
+        "validation_examples": _PER_SENTIMENT_TASK,
+        "head_lr": (int, float, type(None)),
     },
     "multitask": {
         "epochs": int,
         "dropout": _NUMBER,
         "batch_size": _PER_MULTITASK_TASK,
         "train_examples": _PER_MULTITASK_TASK,
+        "validation_examples": _PER_MULTITASK_TASK,
+        "carved_quora_batch": ("fixed", "paper-proportions"),
         "history_examples": {"dev": int, "train": int},
         "test_predictions": bool,
         "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
@@ -79,7 +89,12 @@ _SMART = {
     "steps": int,
     "mu": _NUMBER,
     "beta": _NUMBER,
+    "projection": PROJECTIONS,
+    "token_norm": _NUMBER,
+    "dropout_masks": DROPOUT_MASKS,
 }
+# The numbers of `smart:` (YAML may give 1 for 1.0); the rest are passed as they are.
+_SMART_FLOATS = {k for k, v in _SMART.items() if v == _NUMBER}
 # The keys a configuration may override; their shared defaults sit at top level.
 _CONFIG = {
     "optimizer": tuple(OPTIMIZERS),
@@ -87,6 +102,7 @@ _CONFIG = {
     "sts_head": tuple(n for n, (_, tasks) in PAIR_HEADS.items() if "sts" in tasks),
     "sts_output": STS_OUTPUTS,
     "gradient": GRADIENT_MODES,
+    "batch_size_factor": int,
     "smart": _SMART,
 }
 SCHEMA: dict[str, Any] = {
@@ -160,11 +176,16 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
     for name, scale_params in params["scales"].items():
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
             key = f"scales.{name}.multitask.optimizers.{optimizer}"
-            missing = [k for k in ("lr", "lr_schedule", "weight_decay") if k not in spec]
+            missing = [k for k in ("lr", "head_lr", "lr_schedule", "weight_decay") if k not in spec]
             if spec.get("lr_schedule") == "exponential" and "lr_gamma" not in spec:
                 missing.append("lr_gamma (the exponential schedule's factor per epoch)")
             if missing:
                 raise ParamsError(f"{source}: {key} lacks {', '.join(missing)}")
+    for name in ("", *params["configs"]):
+        factor = config_values(params, name)["batch_size_factor"] if name else params["batch_size_factor"]
+        if factor < 1:
+            where = f"configs.{name}.batch_size_factor" if name else "batch_size_factor"
+            raise ParamsError(f"{source}: {where} must be at least 1, got {factor}")
     if not params["mlm"]["sources"]:
         raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(CORPUS_SOURCES)}")
     return params
@@ -201,6 +222,10 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         lr_gamma=float(common["lr_gamma"]),
         grad_clip=float(common["grad_clip"]),
         train_examples=sized["train_examples"][spec["task"]],
+        validation_examples=sized["validation_examples"][spec["task"]],
+        # Full fine-tuning's head may learn faster than the encoder (``head_lr``);
+        # with only the head training, the run's own lr is the head's.
+        head_lr=None if spec["mode"] == "last-layer" or sized["head_lr"] is None else float(sized["head_lr"]),
         seed=params["seed"],
         max_tokens=sized["max_tokens"],
         pooling=scale(params)["pooling"],
@@ -223,8 +248,9 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart = values["smart"]
-    # The learning rate, its schedule and the weight decay belong to the optimizer.
+    # The learning rates, their schedule and the weight decay belong to the optimizer.
     optimizer = sized["optimizers"][values["optimizer"]]
+    factor = values["batch_size_factor"]
     return MultitaskSettings(
         paraphrase_head=values["paraphrase_head"],
         sts_head=values["sts_head"],
@@ -232,12 +258,15 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         gradient=values["gradient"],
         optimizer=values["optimizer"],
         lr=float(optimizer["lr"]),
+        head_lr=float(optimizer["head_lr"]),
         weight_decay=float(optimizer["weight_decay"]),
         lr_schedule=optimizer["lr_schedule"],
         lr_gamma=float(optimizer.get("lr_gamma", 1.0)),
         epochs=sized["epochs"],
-        batch_size=dict(sized["batch_size"]),
+        batch_size={t: b * factor for t, b in sized["batch_size"].items()},
         train_examples=dict(sized["train_examples"]),
+        validation_examples=dict(sized["validation_examples"]),
+        carved_quora_batch=sized["carved_quora_batch"],
         history_examples=dict(sized["history_examples"]),
         test_predictions=sized["test_predictions"],
         eval_batch_size=common["eval_batch_size"],
@@ -247,7 +276,7 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         compile=common["compile"],
         pooling=scale(params)["pooling"],
         smart=SmartSettings(
-            **{k: float(v) if k != "steps" else v for k, v in smart.items() if k != "enabled"}
+            **{k: float(v) if k in _SMART_FLOATS else v for k, v in smart.items() if k != "enabled"}
         )
         if smart["enabled"]
         else None,

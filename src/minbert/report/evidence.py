@@ -5,11 +5,17 @@ A metrics file says what a stage scored; the prediction files say what it predic
 Each number is recomputed here from the predictions and must equal the metrics
 file's (at the written precision), so an interval always belongs to the number
 printed beside it.
+
+A prepared dev table with a ``group`` column (Quora's question groups: pairs that
+share a question) has its intervals, paired differences and its part of an average
+resampled in whole groups (a cluster bootstrap, see ``minbert.metrics``), since pairs
+of one group are not independent examples. A table without one is resampled example
+by example.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +41,8 @@ class Scored:
     name: str
     labels: dict[str, np.ndarray]
     predictions: dict[str, np.ndarray]
+    #: Cluster ids (question groups) of a task's examples, for tasks whose dev table has them.
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class Evidence:
@@ -43,6 +51,7 @@ class Evidence:
     def __init__(self, predictions_dir: Path, prepared_dir: Path):
         self.predictions_dir, self.prepared_dir = Path(predictions_dir), Path(prepared_dir)
         self._labels: dict[str, pd.Series] = {}
+        self._groups: dict[str, pd.Series | None] = {}
         self._intervals: dict[tuple, Interval] = {}
 
     def labels(self, task: str) -> pd.Series:
@@ -51,15 +60,23 @@ class Evidence:
             path = self.prepared_dir / f"{task}-dev.parquet"
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: no prepared dev table (run `dvc repro prepare`)")
-            frame = pd.read_parquet(path, columns=["id", "label"])
-            self._labels[task] = pd.Series(frame["label"].to_numpy(float), index=frame["id"].astype(str))
+            frame = pd.read_parquet(path)
+            ids = frame["id"].astype(str)
+            self._labels[task] = pd.Series(frame["label"].to_numpy(float), index=ids)
+            self._groups[task] = pd.Series(frame["group"].to_numpy(), index=ids) if "group" in frame else None
         return self._labels[task]
+
+    def groups(self, task: str) -> pd.Series | None:
+        """The question group of each dev example of ``task``, indexed by example id, or
+        None when its prepared dev table has no ``group`` column."""
+        self.labels(task)
+        return self._groups[task]
 
     def scored(self, name: str, files: dict[str, Path], metrics: dict[str, float]) -> Scored:
         """The predictions in ``files`` (task -> file under the predictions folder) joined
         with the labels; ``metrics`` (task -> the metrics file's number) must be what
         the predictions score."""
-        labels, predictions = {}, {}
+        labels, predictions, groups = {}, {}, {}
         for task, file in files.items():
             path = self.predictions_dir / file
             if not path.is_file():
@@ -74,6 +91,8 @@ class Evidence:
                     f"{len(truth)}; they are not the same examples"
                 )
             labels[task] = truth.to_numpy()
+            if (clusters := self.groups(task)) is not None:
+                groups[task] = clusters.to_numpy()  # in the order of the labels
             predictions[task] = np.array([float(predicted[i]) for i in truth.index])
             recomputed = fixed(score(task, labels[task], predictions[task]))
             if recomputed != metrics[task]:
@@ -81,7 +100,7 @@ class Evidence:
                     f"{path}: these predictions score {recomputed}, but the metrics "
                     f"file of {name} says {metrics[task]}: they come from different runs"
                 )
-        return Scored(name, labels, predictions)
+        return Scored(name, labels, predictions, groups)
 
     def _cached(self, key: tuple, compute) -> Interval:
         if key not in self._intervals:
@@ -89,26 +108,40 @@ class Evidence:
         return self._intervals[key]
 
     def cell(self, run: Scored, task: str) -> Interval:
-        return self._cached((run.name, task), lambda: interval(task, run.labels[task], run.predictions[task]))
+        return self._cached(
+            (run.name, task),
+            lambda: interval(task, run.labels[task], run.predictions[task], groups=run.groups.get(task)),
+        )
 
     def average(self, run: Scored) -> Interval:
         return self._cached(
             (run.name, "average"),
-            lambda: average_interval([(t, run.labels[t], run.predictions[t]) for t in run.labels]),
+            lambda: average_interval(
+                [(t, run.labels[t], run.predictions[t], run.groups.get(t)) for t in run.labels]
+            ),
         )
 
     def difference(self, run: Scored, parent: Scored, task: str) -> Interval:
         """``run`` minus ``parent`` on ``task``'s examples (paired)."""
         return self._cached(
             (run.name, parent.name, task),
-            lambda: paired(task, run.labels[task], run.predictions[task], parent.predictions[task]),
+            lambda: paired(
+                task,
+                run.labels[task],
+                run.predictions[task],
+                parent.predictions[task],
+                groups=run.groups.get(task),
+            ),
         )
 
     def average_difference(self, run: Scored, parent: Scored) -> Interval:
         return self._cached(
             (run.name, parent.name, "average"),
             lambda: paired_average(
-                [(t, run.labels[t], run.predictions[t], parent.predictions[t]) for t in run.labels]
+                [
+                    (t, run.labels[t], run.predictions[t], parent.predictions[t], run.groups.get(t))
+                    for t in run.labels
+                ]
             ),
         )
 

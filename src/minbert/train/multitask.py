@@ -19,10 +19,13 @@ rather than replaying a cached order. SMART adds an adversarial smoothness term
 and a Bregman proximal term against a momentum teacher to each task's loss; the
 history logs the task losses and the two SMART terms apart.
 
-Each run is scored before its first update (epoch 0) and after every epoch on
-fixed slices of the dev and training sets (the history); the best epoch by the
-dev slice's average is then scored on the full dev sets, which give the reported
-numbers, and predicts the test sets.
+Each run first sets aside a validation split of every task's training rows
+(``minbert.data.validation``) and trains on rows drawn from the rest. It is scored
+before its first update (epoch 0) and after every epoch on the validation split and
+on fixed slices of the dev and training sets (the history); the best epoch by the
+validation average is then scored once on the full dev sets, which give the
+reported numbers, and predicts the test sets. Dev never chooses anything: its slice
+only draws the curves of the figures.
 
 Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
 ``minbert.distributed`` says how the batches, losses and outputs are split.
@@ -37,6 +40,7 @@ import torch
 
 from minbert.data.batches import TokenizedTable, subsample
 from minbert.data.multitask import TaskData, epoch_steps
+from minbert.data.validation import carve_validation
 from minbert.distributed import World
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.metrics import AVERAGE, METRIC, fixed
@@ -60,15 +64,22 @@ class MultitaskResult:
     test_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     train_examples: dict[str, int] = field(default_factory=dict)
     history_examples: dict[str, dict[str, int]] = field(default_factory=dict)
+    validation_examples: dict[str, int] = field(default_factory=dict)
+    optimizer_steps: int = 0  # over all epochs
+    examples_seen: dict[str, int] = field(default_factory=dict)  # training rows consumed, all epochs
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
     test_ids: dict[str, list[str]] = field(default_factory=dict)
     model: MultitaskBert | None = None  # with the best epoch's weights
 
 
-def history_row(epoch: int, lr: float | None, train_losses: dict[str, float], dev: dict, train: dict) -> dict:
+def history_row(
+    epoch: int, lr: float | None, train_losses: dict[str, float], val: dict, dev: dict, train: dict
+) -> dict:
     """One line of the history file: the epoch's mean training losses (none at epoch
-    0), then the dev slice's and the training slice's losses and metrics."""
+    0), then the validation split's, the dev slice's and the training slice's losses
+    and metrics (no dev columns when dev is not scored)."""
     row = {"epoch": epoch, "lr": lr, **train_losses}
+    row.update({f"val_{k}": fixed(v) for k, v in val.items()})
     row.update({f"dev_{k}": fixed(v) for k, v in dev.items()})
     row.update({f"train_{k}": fixed(v) for k, v in train.items() if not k.startswith("loss_")})
     return row
@@ -106,6 +117,7 @@ class RunData:
     """The tables one run reads, as batches for its model's heads."""
 
     train: dict[str, TaskData]
+    validation: dict[str, TaskData]  # set aside from the training split: chooses the epoch
     dev: dict[str, TaskData]
     test: dict[str, TaskData]
     slices: dict[str, dict[str, TaskData]]  # "dev" / "train": the history's fixed slices
@@ -114,23 +126,28 @@ class RunData:
 def run_data(
     settings: MultitaskSettings, model: MultitaskBert, tables: dict[tuple[str, str], TokenizedTable]
 ) -> RunData:
-    """The training subsets, the full dev sets, the test sets (when predicted) and the
-    history's fixed slices of the dev sets and of the training examples in use."""
+    """The validation splits, the training subsets drawn from the rest of the training
+    splits, the full dev sets, the test sets (when predicted) and the history's fixed
+    slices of the dev sets and of the training examples in use."""
 
     def data(task: str, table: TokenizedTable, limit: int = 0, seed: int = settings.seed) -> TaskData:
         return TaskData(task, subsample(table, limit, seed), model.is_siamese(task))
 
-    train = {t: data(t, tables[t, "train"], settings.train_examples[t]) for t in TASKS}
-    dev = {t: data(t, tables[t, "dev"]) for t in TASKS}
+    carved = {
+        t: carve_validation(tables[t, "train"], settings.validation_examples[t], settings.seed) for t in TASKS
+    }
+    validation = {t: data(t, carved[t][1]) for t in TASKS}
+    train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in TASKS}
+    dev = {t: data(t, tables[t, "dev"]) for t in TASKS if (t, "dev") in tables}  # none: a search
     test = {
         t: data(t, tables[t, "test"]) for t in TASKS if settings.test_predictions and (t, "test") in tables
     }
     sizes = settings.history_examples
     slices = {
-        "dev": {t: data(t, dev[t].table, sizes["dev"]) for t in TASKS},
+        "dev": {t: data(t, d.table, sizes["dev"]) for t, d in dev.items()},
         "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in TASKS},
     }
-    return RunData(train, dev, test, slices)
+    return RunData(train, validation, dev, test, slices)
 
 
 def train_multitask(
@@ -141,11 +158,14 @@ def train_multitask(
     compile_options: dict | None = None,
     resume: ResumePoint | None = None,
     world: World = World(),
+    score_dev: bool = True,
 ) -> MultitaskResult:
-    """Train on ``tables[(task, "train")]``; score fixed slices of the dev and training
-    sets before training and after every epoch; select the best epoch (1 or later)
-    by the dev slice's average and score it on the full ``(task, "dev")`` tables;
-    predict ``(task, "test")`` where given.
+    """Train on rows of ``tables[(task, "train")]`` outside its validation split; score
+    the validation split and fixed slices of the dev and training sets before training
+    and after every epoch; select the best epoch (1 or later) by the validation
+    average and score it on the full ``(task, "dev")`` tables; predict
+    ``(task, "test")`` where given. Without ``score_dev`` (a learning-rate search)
+    nothing of dev is scored at all.
 
     With several ranks (``world``), each step's global batch of a task holds
     ``world.size * batch_size`` rows, split across the ranks.
@@ -157,8 +177,9 @@ def train_multitask(
     def score(tasks: dict[str, TaskData]) -> tuple[dict, dict]:
         return evaluate_multitask(model, tasks, settings.eval_batch_size, device, world)
 
-    def score_slices() -> tuple[dict, dict]:
-        return tuple(score(data.slices[s])[0] for s in ("dev", "train"))
+    def score_slices() -> tuple[dict, dict, dict]:
+        dev = score(data.slices["dev"])[0] if score_dev else {}
+        return score(data.validation)[0], dev, score(data.slices["train"])[0]
 
     train_step = MultitaskStep(settings, model, data.train, device, world)
     optimizer, teacher = train_step.optimizer, train_step.teacher
@@ -172,6 +193,7 @@ def train_multitask(
     batches_per_task = max(-(-len(d) // global_batch[t]) for t, d in data.train.items())
     steps_per_epoch = batches_per_task * (len(TASKS) if one_task_per_step else 1)
     global_step = 0
+    seen = dict.fromkeys(TASKS, 0)
     first_epoch = 1
     # Rank 0 reads the saved state and hands it to the others: on several machines
     # only its disk is sure to have it.
@@ -185,7 +207,7 @@ def train_multitask(
         restore_generators(saved["generators"][world.rank], rng, *train_step.generators)
         result.history, result.conflicts = saved["history"], saved["conflicts"]
         best.load_state_dict(saved["best"])
-        global_step = saved["global_step"]
+        global_step, seen = saved["global_step"], saved["examples_seen"]
         first_epoch = saved["epoch"] + 1
     else:
         # Epoch 0: the checkpoint with freshly initialised heads, before any update.
@@ -207,6 +229,8 @@ def train_multitask(
                 step_losses, stats = train_step(rows_by_task, epoch, step)
                 sums += step_losses
                 counts += [t in rows_by_task for t in TASKS]
+                for t, rows in rows_by_task.items():
+                    seen[t] += len(rows)
                 if stats is not None:
                     result.conflicts.append(_conflict_row(epoch, global_step, stats))
                 global_step += 1
@@ -225,13 +249,13 @@ def train_multitask(
                 for j, part in enumerate(LOSS_PARTS)
                 if settings.smart or part == "loss"
             }
-            dev_scores, train_scores = score_slices()
-            result.history.append(history_row(epoch, lr, losses, dev_scores, train_scores))
+            val_scores, dev_scores, train_scores = score_slices()
+            result.history.append(history_row(epoch, lr, losses, val_scores, dev_scores, train_scores))
             bar.console.log(
-                f"epoch {epoch}: dev slice "
-                + ", ".join(f"{k} {dev_scores[k]:.3f}" for k in (*(METRIC[t] for t in TASKS), AVERAGE))
+                f"epoch {epoch}: validation "
+                + ", ".join(f"{k} {val_scores[k]:.3f}" for k in (*(METRIC[t] for t in TASKS), AVERAGE))
             )
-            best.offer(epoch, dev_scores[AVERAGE], lambda: cpu_copy(model))
+            best.offer(epoch, val_scores[AVERAGE], lambda: cpu_copy(model))
             # Collective: every rank's generators, each rank resumes from its own.
             generators = world.all_gather(generator_states(rng, *train_step.generators))
             if resume and world.is_main:
@@ -239,6 +263,7 @@ def train_multitask(
                     {
                         "epoch": epoch,
                         "global_step": global_step,
+                        "examples_seen": seen,
                         "model": model.state_dict(),
                         "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(),
@@ -251,11 +276,16 @@ def train_multitask(
                 )
     model.load_state_dict(best.weights)
     result.model, result.best_epoch = model, best.epoch
+    result.optimizer_steps, result.examples_seen = global_step, {t: int(n) for t, n in seen.items()}
+    result.validation_examples = {t: len(d) for t, d in data.validation.items()}
+    result.train_examples = {t: len(d) for t, d in data.train.items()}
+    result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()}
+    if not score_dev:
+        return result
+    bar.console.log(f"scoring epoch {best.epoch} on the full dev sets")
     result.dev, result.dev_predictions = score(data.dev)
     if data.test:
         _, result.test_predictions = score(data.test)
-    result.train_examples = {t: len(d) for t, d in data.train.items()}
-    result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()}
     result.dev_ids = {t: d.table.ids for t, d in data.dev.items()}
     result.test_ids = {t: d.table.ids for t, d in data.test.items()}
     return result

@@ -47,6 +47,9 @@ class MultitaskSettings:
     batch_size: dict[str, int]
     train_examples: dict[str, int]  # 0: the whole split
     history_examples: dict[str, int]  # per task of the dev / train slices scored each epoch; 0: all
+    # Rows of each task's training split set aside to choose the epoch on
+    # (``minbert.data.validation``); the training rows are drawn from the rest.
+    validation_examples: dict[str, int]
     eval_batch_size: int
     dropout: float
     grad_clip: float
@@ -56,6 +59,11 @@ class MultitaskSettings:
     pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
     sts_output: str = "sigmoid"  # a name of minbert.model.heads.STS_OUTPUTS
     test_predictions: bool = True  # predict the test sets with the chosen epoch
+    head_lr: float | None = None  # the task heads' learning rate; None: ``lr``
+    # Without Quora's official train split (a carved one): keep the batch size
+    # ("fixed"), or scale it to keep the paper's batches per epoch
+    # ("paper-proportions", see ``minbert.pipeline.multitask.quora_batch_size``).
+    carved_quora_batch: str = "fixed"
 
     def __post_init__(self) -> None:
         if self.gradient not in GRADIENT_MODES:
@@ -64,13 +72,19 @@ class MultitaskSettings:
             raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
         if self.sts_output not in STS_OUTPUTS:
             raise ValueError(f"sts_output {self.sts_output!r} is not one of {list(STS_OUTPUTS)}")
-        for name in ("batch_size", "train_examples"):
+        for name in ("batch_size", "train_examples", "validation_examples"):
             if set(getattr(self, name)) != set(TASKS):
                 raise ValueError(f"{name} must give a value for each of {list(TASKS)}")
         if set(self.history_examples) != {"dev", "train"}:
             raise ValueError("history_examples must give a size for `dev` and for `train`")
         if self.epochs < 1 or min(self.batch_size.values()) < 1:
             raise ValueError("epochs and batch sizes must be at least 1")
+        if self.carved_quora_batch not in ("fixed", "paper-proportions"):
+            raise ValueError(
+                f"carved_quora_batch {self.carved_quora_batch!r} is not 'fixed' or 'paper-proportions'"
+            )
+        if min(self.validation_examples.values()) < 1:
+            raise ValueError("validation_examples must be at least 1 per task")
 
     @classmethod
     def from_dict(cls, values: dict) -> MultitaskSettings:
@@ -124,7 +138,11 @@ class MultitaskStep:
         self.shared = [p for p in model.encoder.parameters() if p.requires_grad]
         self.heads = [list(model.heads[t].parameters()) for t in TASKS]
         self.optimizer = build_optimizer(
-            settings.optimizer, model, lr=settings.lr, weight_decay=settings.weight_decay
+            settings.optimizer,
+            model,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            head_lr=settings.head_lr,
         )
         self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
         self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)

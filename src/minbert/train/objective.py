@@ -4,6 +4,8 @@ SMART (``minbert.train.smart``) perturbs the embedding output of a task's batch,
 compares the model's outputs with the divergence that fits the task, and pulls them
 towards a momentum teacher's. Its random starts are drawn for a whole global batch,
 so that an example starts from the same noise however a data-parallel run splits it.
+With ``dropout_masks="shared"`` the random state is taken here, between the embedding
+layer and the clean pass, so that the perturbed passes replay the clean pass's masks.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import torch
 from minbert.data.multitask import Batch, TaskData
 from minbert.device import compute_context
 from minbert.model.multitask import task_loss
-from minbert.train.smart import SmartSettings, bregman_loss, smoothness_loss
+from minbert.train.smart import SmartSettings, bregman_loss
+from minbert.train.smoothness import DropoutMasks, smoothness_terms
 
 # How SMART compares two outputs of each task.
 DIVERGENCE = {"sst": "multiclass", "quora": "binary", "sts": "regression"}
-# What each training step logs per task: the task's own loss, then SMART's two
-# terms (unweighted; zero without SMART).
-LOSS_PARTS = ("loss", "adversarial", "bregman")
+# What each training step logs per task: the task's own loss, then SMART's terms
+# (unweighted; zero without SMART): the smoothness term as trained, its control (the
+# same divergence with no perturbation, under the same dropout-mask policy: what of
+# the term is not the perturbation's doing; not trained) and the Bregman term.
+LOSS_PARTS = ("loss", "adversarial", "adversarial_control", "bregman")
 
 
 def smart_start(
@@ -63,20 +68,25 @@ def task_objective(
     ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
     that builds the graph goes through it. ``start`` is SMART's random start.
     """
+    shared = smart is not None and smart.dropout_masks == "shared"
     with compute_context(device):
         embedded = model.embed(batch)
+        # After the embedding layer (its output is reused, masks and all), before the
+        # clean pass draws the encoder's and the head's masks.
+        masks = DropoutMasks(embedded.device) if shared else None
         output = net(task, batch, embedded)
     loss = task_loss(task, output, labels)
     if smart is None:
         zero = torch.zeros((), device=loss.device)
-        return loss, torch.stack([loss.detach(), zero, zero])
+        return loss, torch.stack([loss.detach(), zero, zero, zero])
     kind = DIVERGENCE[task]
     with compute_context(device):
-        adversarial = smoothness_loss(
-            lambda e: net(task, batch, e).float(), embedded, output.float(), kind, smart, start=start
+        # Under autocast the perturbed passes turn it off themselves (float32).
+        adversarial, control = smoothness_terms(
+            lambda e: net(task, batch, e), embedded, output, kind, smart, start=start, masks=masks
         )
         with torch.no_grad():
             target = teacher.module(task, batch).float()
     bregman = bregman_loss(output.float(), target, kind)
     objective = loss + smart.lambda_s * adversarial + smart.mu * bregman
-    return objective, torch.stack([loss, adversarial, bregman]).detach()
+    return objective, torch.stack([loss, adversarial, control, bregman]).detach()

@@ -9,9 +9,12 @@ Two modes, as in the course project and the paper's Table 1:
   fraction of the cost of re-encoding every sentence every epoch.
 * ``full``: every encoder weight is fine-tuned along with the head.
 
-The dev set is evaluated before the first update (epoch 0: the head as initialised)
-and after each epoch; the epoch (1 or later) with the best dev accuracy is kept,
-and its weights produce the dev and test predictions.
+Before training, ``validation_examples`` rows of the training split are set aside
+(``minbert.data.validation``) and the training rows are drawn from the rest. The
+validation split and the dev set are evaluated before the first update (epoch 0:
+the head as initialised) and after each epoch; the epoch (1 or later) with the best
+validation accuracy is kept, and its weights produce the dev and test predictions:
+dev chooses nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from minbert.data.batches import (
     subsample,
 )
 from minbert.data.tasks import TASKS
+from minbert.data.validation import carve_validation
 from minbert.device import compute_context
 from minbert.evaluate.sentiment import encode_pooled, predict_logits
 from minbert.metrics import accuracy, fixed
@@ -57,10 +61,12 @@ class SentimentSettings:
     lr_schedule: str
     lr_gamma: float
     grad_clip: float
-    train_examples: int  # 0: the whole training split
+    train_examples: int  # 0: the whole training split (less the validation rows)
+    validation_examples: int  # training rows set aside to choose the epoch on
     seed: int
     max_tokens: int = 0  # padded tokens per forward pass (0: no limit); bounds memory
     pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
+    head_lr: float | None = None  # full fine-tuning: the head's learning rate (None: ``lr``)
 
     @classmethod
     def from_dict(cls, values: dict) -> SentimentSettings:
@@ -72,7 +78,7 @@ class SentimentSettings:
             raise ValueError(f"task {self.task!r} is not one of ['cfimdb', 'sst']")
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} is not one of {list(MODES)}")
-        for name in ("epochs", "batch_size", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "validation_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.train_examples < 0:
@@ -89,6 +95,7 @@ class SentimentResult:
     dev_predictions: np.ndarray | None = None
     test_predictions: np.ndarray | None = None
     train_examples: int = 0
+    validation_examples: int = 0
 
 
 def train_sentiment(
@@ -102,9 +109,12 @@ def train_sentiment(
 ) -> SentimentResult:
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
-    train = subsample(train, settings.train_examples, settings.seed)
     num_classes = TASKS[settings.task].num_classes
-    for name, table in (("train", train), ("dev", dev)):
+    if train.labels is None:
+        raise ValueError(f"{settings.task} train split has no labels")
+    pool, validation = carve_validation(train, settings.validation_examples, settings.seed)
+    train = subsample(pool, settings.train_examples, settings.seed)
+    for name, table in (("train", train), ("validation", validation), ("dev", dev)):
         if table.labels is None:
             raise ValueError(f"{settings.task} {name} split has no labels")
         bad = (table.labels < 0) | (table.labels >= num_classes)
@@ -113,9 +123,11 @@ def train_sentiment(
                 f"{settings.task} {name}: label outside 0..{num_classes - 1} "
                 f"for ids {[table.ids[i] for i in np.flatnonzero(bad)[:5]]}"
             )
-    if settings.mode == "last-layer":
-        return _train_head_on_features(settings, encoder, train, dev, test, device, rng, resume)
-    return _fine_tune(settings, encoder, train, dev, test, device, rng, resume)
+    train_mode = _train_head_on_features if settings.mode == "last-layer" else _fine_tune
+    result = train_mode(settings, encoder, train, validation, dev, test, device, rng, resume)
+    result.dev_accuracy = accuracy(dev.labels, result.dev_predictions)
+    result.train_examples, result.validation_examples = len(train), len(validation)
+    return result
 
 
 def _epoch_loop(
@@ -129,8 +141,10 @@ def _epoch_loop(
     rng,
     resume: ResumePoint | None,
 ):
-    """The epoch loop both modes share: score dev before training (epoch 0), then
-    train, score dev and keep the best epoch's weights, every epoch.
+    """The epoch loop both modes share: score the validation split and dev before
+    training (epoch 0), then train, score both and keep the weights of the epoch
+    best on validation, every epoch. ``evaluate()`` returns ((validation loss,
+    accuracy), (dev loss, accuracy)).
 
     After every epoch the whole training state goes to ``resume``; a rerun after an
     interruption starts from the epoch after the last one saved.
@@ -155,13 +169,15 @@ def _epoch_loop(
         if saved is not None:
             bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
         else:
-            dev_loss, dev_acc = evaluate()
+            (val_loss, val_acc), (dev_loss, dev_acc) = evaluate()
             result.history.append(
                 dict(
                     epoch=0,
                     lr=None,
                     train_loss=None,
                     train_accuracy=None,
+                    val_loss=fixed(val_loss),
+                    val_accuracy=fixed(val_acc),
                     dev_loss=fixed(dev_loss),
                     dev_accuracy=fixed(dev_acc),
                 )
@@ -172,7 +188,7 @@ def _epoch_loop(
                 epoch,
                 lambda loss, epoch=epoch: bar.update(job, advance=1, status=f"epoch {epoch} loss {loss:.3f}"),
             )
-            dev_loss, dev_acc = evaluate()
+            (val_loss, val_acc), (dev_loss, dev_acc) = evaluate()
             scheduler.step()
             result.history.append(
                 dict(
@@ -180,15 +196,17 @@ def _epoch_loop(
                     lr=lr,
                     train_loss=fixed(train_loss),
                     train_accuracy=fixed(train_acc),
+                    val_loss=fixed(val_loss),
+                    val_accuracy=fixed(val_acc),
                     dev_loss=fixed(dev_loss),
                     dev_accuracy=fixed(dev_acc),
                 )
             )
             bar.console.log(
                 f"epoch {epoch}: train loss {train_loss:.4f} acc {train_acc:.3f} | "
-                f"dev loss {dev_loss:.4f} acc {dev_acc:.3f}"
+                f"validation loss {val_loss:.4f} acc {val_acc:.3f}"
             )
-            best.offer(epoch, dev_acc, state_of)
+            best.offer(epoch, val_acc, state_of)
             if resume:
                 resume.save(
                     {
@@ -202,7 +220,7 @@ def _epoch_loop(
                     }
                 )
     load_state(best.weights)
-    result.best_epoch, result.dev_accuracy = best.epoch, best.score
+    result.best_epoch = best.epoch
     return result
 
 
@@ -216,7 +234,9 @@ def _guard(task: str) -> NonFiniteGuard:
     )
 
 
-def _train_head_on_features(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
+def _train_head_on_features(
+    settings, encoder, train, validation, dev, test, device, rng, resume
+) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     guard = _guard(settings.task)
     encoder.to(device)
@@ -224,13 +244,16 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
         name: encode_pooled(
             encoder, t, settings.eval_batch_size, device, settings.max_tokens, settings.pooling
         )
-        for name, t in (("train", train), ("dev", dev), ("test", test))
+        for name, t in (("train", train), ("validation", validation), ("dev", dev), ("test", test))
         if t is not None
     }
     head = ClassificationHead(encoder.config.hidden_size, num_classes, settings.dropout).to(device)
     optimizer = build_optimizer(settings.optimizer, head, lr=settings.lr, weight_decay=settings.weight_decay)
     y_train = torch.tensor(train.labels, dtype=torch.long)
-    y_dev = torch.tensor(dev.labels, dtype=torch.long)
+    y = {
+        "validation": torch.tensor(validation.labels, dtype=torch.long),
+        "dev": torch.tensor(dev.labels, dtype=torch.long),
+    }
     n_batches = math.ceil(len(train) / settings.batch_size)
 
     def run_epoch(epoch, tick):
@@ -256,8 +279,16 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
         return head(feats[name].to(device)).float().cpu()
 
     def evaluate():
-        logits = logits_of("dev")
-        return F.cross_entropy(logits, y_dev).item(), accuracy(dev.labels, logits.argmax(-1).numpy())
+        scores = []
+        for name in ("validation", "dev"):
+            logits = logits_of(name)
+            scores.append(
+                (
+                    F.cross_entropy(logits, y[name]).item(),
+                    accuracy(y[name].numpy(), logits.argmax(-1).numpy()),
+                )
+            )
+        return tuple(scores)
 
     result = _epoch_loop(
         settings,
@@ -273,15 +304,20 @@ def _train_head_on_features(settings, encoder, train, dev, test, device, rng, re
     result.dev_predictions = logits_of("dev").argmax(-1).numpy()
     if test is not None:
         result.test_predictions = logits_of("test").argmax(-1).numpy()
-    result.train_examples = len(train)
     return result
 
 
-def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> SentimentResult:
+def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, resume) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     guard = _guard(settings.task)
     model = SentimentClassifier(encoder, num_classes, settings.dropout, settings.pooling).to(device)
-    optimizer = build_optimizer(settings.optimizer, model, lr=settings.lr, weight_decay=settings.weight_decay)
+    optimizer = build_optimizer(
+        settings.optimizer,
+        model,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        head_lr=settings.head_lr,
+    )
     seqs = train.sequences["input_ids"]
     lengths = seqs.lengths()
     n_batches = math.ceil(len(train) / settings.batch_size)
@@ -313,9 +349,14 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> Sent
         return total / len(train), correct / len(train)
 
     def evaluate():
-        logits = predict_logits(model, dev, settings.eval_batch_size, device, settings.max_tokens)
-        y = torch.tensor(dev.labels, dtype=torch.long)
-        return F.cross_entropy(logits, y).item(), accuracy(dev.labels, logits.argmax(-1).numpy())
+        scores = []
+        for table in (validation, dev):
+            logits = predict_logits(model, table, settings.eval_batch_size, device, settings.max_tokens)
+            y = torch.tensor(table.labels, dtype=torch.long)
+            scores.append(
+                (F.cross_entropy(logits, y).item(), accuracy(table.labels, logits.argmax(-1).numpy()))
+            )
+        return tuple(scores)
 
     result = _epoch_loop(
         settings,
@@ -337,5 +378,4 @@ def _fine_tune(settings, encoder, train, dev, test, device, rng, resume) -> Sent
             .argmax(-1)
             .numpy()
         )
-    result.train_examples = len(train)
     return result

@@ -2,7 +2,7 @@ r"""SMART regularisation for fine-tuning (Jiang et al., 2020).
 
 Jiang, He, Chen, Liu, Gao and Zhao, "SMART: Robust and Efficient Fine-Tuning for
 Pre-trained Natural Language Models through Principled Regularized Optimization",
-ACL 2020. SMART adds two terms to the task loss:
+ACL 2020 (arXiv 1911.03437). SMART adds two terms to the task loss:
 
 **Smoothness-inducing adversarial regulariser** :math:`\mathcal{R}_s`, weight
 :math:`\lambda_s`. The model's prediction should not change much when its input
@@ -17,8 +17,9 @@ where :math:`x_i` is the *embedding output* (BERT's input is discrete, so the
 perturbation lives in the continuous space right after the embeddings) and
 :math:`\ell_s` is a symmetric divergence: symmetric KL for classification,
 squared error for regression. The inner max is approximated by a few steps of
-projected, normalised gradient ascent from a small random start
-(:func:`adversarial_perturbation`); :func:`smoothness_loss` then evaluates
+normalised gradient ascent from a small random start
+(``minbert.train.smoothness.adversarial_perturbation``); ``smoothness_loss`` there
+then evaluates
 :math:`\ell_s` at the perturbation found, with the graph to the model kept so the
 term regularises the parameters.
 
@@ -35,13 +36,89 @@ Each update should stay close, *in prediction space*, to a slowly moving
 This keeps aggressive updates from wrecking what the pre-trained model knew, the
 "aggressive fine-tuning" failure the paper targets.
 
+What the smoothness term measures
+---------------------------------
+
+Three choices decide whether :math:`\mathcal{R}_s` measures the perturbation at
+all; ``bench/smart_decomposition.py`` measures each on all-MiniLM-L6-v2 with
+cross-encoder heads (``bench/results/smart_decomposition.json``; numbers below are
+SST / Quora / STS, means over three batches of eight).
+
+**How big the perturbation is** (``SmartSettings.projection``). The paper's
+Algorithm 1 starts from :math:`x_i + \nu_i`, :math:`\nu_i \sim N(0, \sigma^2 I)`,
+steps by :math:`\eta` times the gradient over its infinity norm,
+and projects onto the infinity-norm ball of radius :math:`\epsilon` around
+:math:`x_i`; its Section 5 sets :math:`\epsilon = \sigma = 10^{-5}`,
+:math:`\eta = 10^{-3}`, one step. Taken literally (``projection="ball"``), the step
+is a hundred times the radius, so every coordinate lands on the ball's surface:
+:math:`\pm 10^{-5}` against embedding coordinates of order one (a token's largest
+is 2.2 at the median). The divergence it causes, with dropout out of the way, is
+1.2e-9 / 1.3e-9 / 6.9e-9: nothing for :math:`\lambda_s = 1` to train on. The
+authors' reference implementation (github.com/namisan/mt-dnn,
+``mt_dnn/perturbation.py``, ``SmartPerturbation.forward`` and
+``SmartPerturbation._norm_grad``, with ``train.py``'s defaults ``adv_p_norm=inf``,
+``adv_norm_level=0``, ``adv_epsilon=1e-6``) has no radius: after its step it divides
+each token's vector by that token's largest coordinate plus ``adv_epsilon``, which
+is only there to avoid dividing by zero. Every token's perturbation ends with
+infinity norm 1. (mt-dnn's README gives it as the paper's code, so this is
+presumably the size the paper's lambda_s in {1, 3, 5} went with.)
+``projection="token"`` keeps that geometry: the step is the paper's normalised
+gradient, normalised per token, and each token's perturbation is then scaled to
+infinity norm ``token_norm`` (default 1, the reference code's: an L2 norm 0.55 of
+the token's own; R_s 0.23 / 0.26 / 1.45, and 0.023 / 0.025 / 0.12 at 0.1).
+``epsilon`` keeps the paper's value and only the ``"ball"`` projection reads it.
+(The reference code feeds ``embed + noise`` back through the embedding layer as
+``inputs_embeds``, which adds the position and segment embeddings again and
+renormalises; here the perturbed embeddings go straight to the encoder.) With
+``"token"``, steps after the first move a perturbation of size ``token_norm`` by
+``step_size``: they matter only with a step comparable to ``token_norm``.
+
+**Dropout masks** (``SmartSettings.dropout_masks``). In training mode every pass
+draws its own dropout masks, and two passes of the *same* input through different
+masks already differ: without any perturbation, the divergence between them is
+8.4e-3 / 4.5e-3 / 2.9e-2, the size of the whole term the old code trained
+(1.1e-2 / 2.3e-3 / 2.9e-2, independent masks and the 1e-5 clamp): it regularised
+dropout noise. The reference code draws fresh masks too (and recomputes the
+embeddings for its perturbed passes). ``"shared"`` replays the clean pass's masks
+in every perturbed pass (:class:`minbert.train.smoothness.DropoutMasks`), so that what the divergence sees
+is the perturbation's doing alone; ``"independent"`` is the old behaviour, under
+which the ascent also chases the masks (R_s 0.14 / 0.15 / 0.84 against 0.23 /
+0.26 / 1.45 shared, with the token projection).
+
+**Precision.** Under bf16 autocast the perturbed embeddings are rounded to bf16 at
+the first matrix product, which keeps 8 bits of mantissa: 88% of the coordinates
+of a 1e-5 perturbation vanish there, and the rest come out as whole rounding steps,
+so R_s read rounding, not the perturbation. The perturbed passes therefore run with
+autocast off (float32; TF32 matrix products, which would round alike, are off in
+this project), the ascent's backward pass too (autograd runs it under the autocast
+state of the call, not of the forward pass), and when the caller's clean output
+was computed under autocast the clean side of the divergence is computed again in
+float32 with the same masks: comparing a bf16 output with a float32 one would
+measure the rounding instead. On a GPU that costs float32 passes and one more
+forward and backward pass per task.
+
+**Which side is differentiated.** The ascent compares with the clean output
+detached (as the reference code's ``logits.detach()`` does); the final divergence
+keeps the graph through both outputs, as the paper's objective differentiates
+:math:`\ell_s(f(\tilde x; \theta), f(x; \theta))` in both arguments. (The
+reference code's ``SymKlCriterion`` detaches the probabilities weighting each KL
+term and differentiates both log-probabilities; the terms that drops vanish as
+the two outputs meet.)
+
+Every step also logs the *control*: the same divergence with no perturbation,
+under the same mask policy (:func:`minbert.train.smoothness.smoothness_terms`). With shared masks it is 0,
+and the trained term is the perturbation's; with independent masks it is what
+dropout alone contributes.
+
 A training step combines them (per task, in multitask training)::
 
     embedded = bert.embed(input_ids, token_type_ids)
+    masks = DropoutMasks(embedded.device)      # before the clean pass draws its masks
     logits = head(bert.encode(embedded, attention_mask))
     forward_fn = lambda e: head(bert.encode(e, attention_mask))
+    adversarial, control = smoothness_terms(forward_fn, embedded, logits, kind, settings, masks=masks)
     loss = (task_loss(logits, labels)
-            + settings.lambda_s * smoothness_loss(forward_fn, embedded, logits, kind, settings)
+            + settings.lambda_s * adversarial
             + settings.mu * bregman_loss(logits, teacher_logits, kind))
     loss.backward(); optimizer.step(); teacher.update(model)
 
@@ -53,7 +130,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,6 +139,10 @@ from torch import nn
 
 Kind = Literal["multiclass", "binary", "regression"]
 KINDS: tuple[str, ...] = ("multiclass", "binary", "regression")
+# How the perturbation is bounded (see the module docstring).
+PROJECTIONS: tuple[str, ...] = ("token", "ball")
+# Whether the perturbed passes reuse the clean pass's dropout masks.
+DROPOUT_MASKS: tuple[str, ...] = ("shared", "independent")
 
 
 @dataclass(frozen=True)
@@ -70,13 +150,24 @@ class SmartSettings:
     """Hyperparameters of SMART.
 
     Defaults are those of the paper's experiments (section 5, implementation
-    details): perturbation radius ``epsilon`` = 1e-5, initial noise
-    ``noise_std`` (sigma) = 1e-5, ascent step ``step_size`` (eta) = 1e-3, one
+    details) where it gives them: perturbation radius ``epsilon`` = 1e-5, initial
+    noise ``noise_std`` (sigma) = 1e-5, ascent step ``step_size`` (eta) = 1e-3, one
     ascent step (``steps``; the paper's T_x = 1, chosen for speed), ``mu`` = 1 and
     teacher momentum ``beta`` = 0.99. ``lambda_s`` was searched over {1, 3, 5} in
     the paper; 1 is the smallest of those. (The paper raises beta to 0.999 after
     the first 10% of updates; a caller wanting that builds new settings or sets
     :attr:`EmaTeacher.beta` itself.)
+
+    The paper does not say how the perturbation's size compares with the
+    embeddings', nor what happens to dropout in the perturbed passes; the module
+    docstring gives the measurements behind these defaults:
+
+    * ``projection``: ``"token"`` (default), the reference implementation's
+      geometry: each token's perturbation scaled to infinity norm ``token_norm``
+      (default 1, the reference code's); ``"ball"``, the paper's literal clamp to
+      ``[-epsilon, epsilon]``.
+    * ``dropout_masks``: ``"shared"`` (default), the perturbed passes replay the
+      clean pass's dropout masks; ``"independent"``, each draws its own.
 
     ``lambda_s`` = 0 or ``mu`` = 0 switches that term off, so both only need to be
     non-negative. The others must be strictly positive: a zero noise_std starts
@@ -91,12 +182,15 @@ class SmartSettings:
     steps: int = 1
     mu: float = 1.0
     beta: float = 0.99
+    projection: str = "token"
+    token_norm: float = 1.0
+    dropout_masks: str = "shared"
 
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
             raise ValueError(f"SmartSettings.{name} must be {rule}, got {getattr(self, name)!r}")
 
-        for name in ("lambda_s", "epsilon", "noise_std", "step_size", "mu", "beta"):
+        for name in ("lambda_s", "epsilon", "noise_std", "step_size", "mu", "beta", "token_norm"):
             value = getattr(self, name)
             # bool is an int subclass; True as a weight is almost surely a mistake.
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -106,7 +200,7 @@ class SmartSettings:
         for name in ("lambda_s", "mu"):
             if getattr(self, name) < 0:
                 fail(name, ">= 0")
-        for name in ("epsilon", "noise_std", "step_size"):
+        for name in ("epsilon", "noise_std", "step_size", "token_norm"):
             if getattr(self, name) <= 0:
                 fail(name, "> 0")
         if not 0 <= self.beta < 1:
@@ -114,6 +208,10 @@ class SmartSettings:
             fail("beta", "in [0, 1)")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             fail("steps", "an integer >= 1")
+        if self.projection not in PROJECTIONS:
+            fail("projection", f"one of {', '.join(PROJECTIONS)}")
+        if self.dropout_masks not in DROPOUT_MASKS:
+            fail("dropout_masks", f"one of {', '.join(DROPOUT_MASKS)}")
 
 
 # --------------------------------------------------------------------- divergence
@@ -157,114 +255,6 @@ def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
     else:
         per_element = (a - b).square()
     return per_element.reshape(a.shape[0], -1).sum(dim=1).mean()
-
-
-# ------------------------------------------------------ smoothness-inducing term
-
-
-def initial_noise(
-    embedded: torch.Tensor, std: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """The ascent's random start: N(0, std^2) noise shaped like ``embedded``.
-
-    A separate function so a test can draw the same start (same seed) and
-    compare the divergence there with the one the ascent reaches. ``generator``
-    must live on ``embedded``'s device.
-    """
-    noise = torch.randn(embedded.shape, generator=generator, device=embedded.device, dtype=embedded.dtype)
-    return noise * std
-
-
-def adversarial_perturbation(
-    forward_fn: Callable[[torch.Tensor], torch.Tensor],
-    embedded: torch.Tensor,
-    clean_output: torch.Tensor,
-    kind: Kind,
-    settings: SmartSettings,
-    generator: torch.Generator | None = None,
-    start: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Approximate the inner max of R_s: a perturbation in the epsilon ball.
-
-    Projected gradient ascent on the divergence between the perturbed and the
-    clean prediction, the paper's Algorithm 1: start from N(0, sigma^2) noise, and
-    ``steps`` times move the noise by ``step_size`` times its gradient divided by
-    that gradient's infinity norm (per example), then clamp it into
-    ``[-epsilon, epsilon]``, the projection onto the infinity-norm ball.
-
-    Only the noise moves: ``embedded`` and ``clean_output`` are detached here, and
-    the gradient is taken with :func:`torch.autograd.grad` with respect to the
-    noise alone, so the ascent leaves every parameter's ``.grad`` untouched.
-    Returns the final perturbation, detached.
-
-    ``forward_fn`` runs in whatever mode the model is in; during training that
-    means fresh dropout masks per call, as in the paper's implementation.
-
-    ``start`` is the random start, when the caller draws it (data-parallel training
-    draws it for the whole batch, so that each example's start does not depend on
-    how the batch was split); otherwise it is drawn here with ``generator``.
-    """
-    embedded = embedded.detach()
-    target = clean_output.detach()
-    if start is None:
-        noise = initial_noise(embedded, settings.noise_std, generator)
-    elif start.shape != embedded.shape:
-        raise ValueError(
-            f"start has shape {tuple(start.shape)}, the embedding output {tuple(embedded.shape)}"
-        )
-    else:
-        noise = start.to(embedded.dtype)
-    for _ in range(settings.steps):
-        noise.requires_grad_(True)
-        loss = divergence(forward_fn(embedded + noise), target, kind)
-        # A prediction that does not depend on the input (a constant head, say)
-        # has no gradient path to the noise; that is a zero gradient, not an error.
-        grad = None
-        if loss.requires_grad:
-            (grad,) = torch.autograd.grad(loss, noise, allow_unused=True)
-        if grad is None:
-            grad = torch.zeros_like(noise)
-        # Normalising by the infinity norm makes the step size meaningful: the raw
-        # gradient of a divergence this close to its minimum is tiny, and its scale
-        # also depends on the batch size (the divergence is a batch mean). The
-        # norm is per example so one example's scale doesn't shrink another's step.
-        # Its largest coordinate then moves by exactly step_size.
-        scale = grad.abs().reshape(grad.shape[0], -1).amax(dim=1)
-        # A zero gradient (a model that ignores its input) must give a zero step,
-        # not 0/0 = NaN; the smallest normal float changes nothing else.
-        scale = scale.clamp_min(torch.finfo(scale.dtype).tiny)
-        scale = scale.reshape(-1, *([1] * (grad.dim() - 1)))
-        with torch.no_grad():
-            noise = (noise + settings.step_size * grad / scale).clamp(-settings.epsilon, settings.epsilon)
-    return noise.detach()
-
-
-def smoothness_loss(
-    forward_fn: Callable[[torch.Tensor], torch.Tensor],
-    embedded: torch.Tensor,
-    clean_output: torch.Tensor,
-    kind: Kind,
-    settings: SmartSettings,
-    generator: torch.Generator | None = None,
-    start: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """R_s for one batch: the divergence at the adversarial perturbation (a scalar).
-
-    ``forward_fn(embedded)`` maps an embedding batch to the task's predictions (it
-    closes over the attention mask and the task head); ``embedded`` is this
-    batch's embedding output and ``clean_output`` the unperturbed predictions,
-    both still in the graph.
-
-    The returned loss keeps the graph on *both* sides: through the perturbed
-    forward pass (and through ``embedded`` into the embedding layer), and through
-    ``clean_output``. The paper's objective differentiates
-    ``l_s(f(x~; theta), f(x; theta))`` with respect to theta in both arguments,
-    and with a symmetric divergence neither side is privileged, so neither is
-    detached. Only the perturbation itself is a constant here: it was chosen by
-    the ascent, and differentiating through that choice is not part of SMART.
-    """
-    noise = adversarial_perturbation(forward_fn, embedded, clean_output, kind, settings, generator, start)
-    return divergence(forward_fn(embedded + noise), clean_output, kind)
 
 
 # ----------------------------------------------------- Bregman proximal point

@@ -1,0 +1,289 @@
+"""What the report's conclusions rest on: the seed study beside each paired interval,
+each run's training budget, SMART's measured terms, what chose the epochs and learning
+rates, and prose whose numbers come from the metrics (synthetic outputs, shaped as in
+tests/test_report.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from test_report import (
+    CONFIGS,
+    PAPER,
+    _row,
+    _sections,
+    _write_run,
+    report,
+    write_labels,
+    write_multitask,
+)
+
+from minbert import metrics
+from minbert.metrics import METRIC, MULTITASK_TASKS
+from minbert.report import write_report
+
+DIFFERENCE = re.compile(r"^[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fewer_resamples():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(metrics, "BOOTSTRAP_RESAMPLES", 999)
+        yield
+
+
+def _outputs(root: Path, configs: list[str]) -> Path:
+    write_labels(root)
+    write_multitask(root, configs)
+    return root
+
+
+def _seed_rows(config_values: dict[int, float]) -> list[dict]:
+    """Seed-study rows whose every column is the given value for that seed."""
+    return [
+        {"seed": seed, "average": v, **{METRIC[t]: v for t in MULTITASK_TASKS}}
+        for seed, v in config_values.items()
+    ]
+
+
+def _write_seed_study(root: Path, configs: dict[str, dict[int, float]]) -> None:
+    study = {
+        "command": "minbert seed-study",
+        "how": "queues experiments",
+        "seeds": [1, 2, 11711],
+        "configs": {c: _seed_rows(v) for c, v in configs.items()},
+    }
+    (root / "metrics" / "seed-study.json").write_text(json.dumps(study))
+
+
+def _excludes_zero(cell: str) -> bool:
+    low, high = map(float, DIFFERENCE.match(cell.strip("*")).groups())
+    return low > 0 or high < 0
+
+
+def test_an_interval_that_excludes_zero_is_not_bold_when_the_sign_flips_across_seeds(tmp_path):
+    root = _outputs(tmp_path, ["best", "best-adamw"])
+    # Same steps and examples as `best`; higher on seeds 1 and 11711, lower on seed 2.
+    _write_seed_study(
+        root, {"best": {1: 0.5, 2: 0.5, 11711: 0.5}, "best-adamw": {1: 0.6, 2: 0.4, 11711: 0.6}}
+    )
+    table4 = _sections(report(root, tmp_path / "flips"))["Table 4"]
+    delta = _row(table4, "(`best-adamw`)")[-1]
+    assert _excludes_zero(delta), delta  # the interval alone would have made it bold
+    assert not delta.startswith("**") and delta.endswith(" †"), delta
+    assert "interval excludes zero, but the sign changes with the seed: " in table4
+    assert "- `best-adamw` vs `best`: distinguishable" not in table4
+
+    # The same interval with a sign that holds on every seed is distinguishable.
+    _write_seed_study(
+        root, {"best": {1: 0.5, 2: 0.5, 11711: 0.5}, "best-adamw": {1: 0.6, 2: 0.55, 11711: 0.6}}
+    )
+    table4 = _sections(report(root, tmp_path / "holds"))["Table 4"]
+    assert _row(table4, "(`best-adamw`)")[-1] == f"**{delta.removesuffix(' †')}**"
+    assert "- `best-adamw` vs `best`: distinguishable: " in table4
+    assert "the sign holds with every seed of the seed study" in table4  # footnote and lead
+
+
+def test_a_row_with_other_steps_is_not_bold_even_when_the_sign_holds(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best"])
+    _write_seed_study(root, {"baseline": {1: 0.3, 2: 0.3, 11711: 0.3}, "best": {1: 0.5, 2: 0.5, 11711: 0.5}})
+    table2 = _sections(report(root, tmp_path / "report"))["Table 2"]
+    delta = _row(table2, "(`best`)")[-1]
+    assert _excludes_zero(delta) and delta.endswith(" ‡") and not delta.startswith("**"), delta
+    # PCGrad makes one step where round-robin makes three, on the same examples.
+    assert _row(table2, "(`best`)")[-2] == "60 / 4,320"
+    assert _row(table2, "(`baseline`)")[-2] == "180 / 4,320"
+    assert (
+        "- `best` vs `baseline` (budgets differ: 60 optimizer steps against 180; the same 4,320 "
+        "training examples seen): interval excludes zero and the sign holds with every seed, but "
+        "the budgets differ: "
+    ) in table2
+
+
+def test_every_multitask_table_shows_steps_and_examples(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best", "best-round-robin-equal"])
+    sections = _sections(report(root, tmp_path / "report"))
+    for name in ("Table 2", "Table 3", "Table 4"):
+        header = next(line for line in sections[name].splitlines() if line.startswith("|"))
+        assert "| Steps / examples |" in header, name
+    table4 = sections["Table 4"]
+    assert _row(table4, "(`best-round-robin-equal`)")[-2] == "60 / 4,320"
+    assert _row(table4, "(`best-summed`)")[-2] == "not run"  # a row the paper does not have
+    assert _row(table4, "(`best-summed`)")[4] == "—"
+    assert "- `best-round-robin-equal` vs `best`" in table4
+    assert "(budgets differ" not in table4.split("- `best-round-robin-equal` vs `best`")[1].split("\n")[0]
+    assert "`best-round-robin-equal`: epoch 3 of 3, 60 optimizer steps;" in table4
+    assert "(seen over all epochs: SST 1440, Quora 1440, STS 1440)" in table4
+
+
+def test_smart_terms_and_their_control(tmp_path):
+    root = _outputs(tmp_path, ["best", "best-no-smart"])
+    path = root / "metrics" / "multitask" / "best.json"
+    m = json.loads(path.read_text())
+    m["smart"] = {
+        "adversarial": {"sst": 0.0123, "quora": 0.00456, "sts": 0.0789},
+        "adversarial_control": {"sst": 0.0111, "quora": 0.0, "sts": 0.0012},
+    }
+    path.write_text(json.dumps(m))
+    table4 = _sections(report(root, tmp_path / "report"))["Table 4"]
+    assert _row(table4, "| `best` | 0.0123") == [
+        "`best`",
+        "0.0123",
+        "0.0111",
+        "0.00456",
+        "0",
+        "0.0789",
+        "0.0012",
+    ]
+    assert "| `best-no-smart` | 0" not in table4  # SMART off: not in the SMART table
+    assert "The control is the same divergence with no perturbation" in table4
+
+
+def test_a_metrics_file_without_the_new_keys_is_an_error(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best"])
+    path = root / "metrics" / "multitask" / "best.json"
+    m = json.loads(path.read_text())
+    del m["optimizer_steps"], m["smart"]
+    path.write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=r"best\.json: missing key\(s\) optimizer_steps, smart"):
+        report(root, tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+
+
+def _params(tmp_path: Path) -> Path:
+    params = {
+        "scale": "cpu",
+        "scales": {
+            name: {
+                "multitask": {
+                    "validation_examples": {"sst": size, "quora": 2 * size, "sts": size},
+                    "optimizers": {
+                        "adamw": {"lr": lr, "head_lr": lr, "lr_schedule": "constant", "weight_decay": 0.01},
+                        "adamaxw": {
+                            "lr": 1e-4,
+                            "head_lr": 1e-4,
+                            "lr_schedule": "exponential",
+                            "lr_gamma": 0.9,
+                            "weight_decay": 0.01,
+                        },
+                    },
+                }
+            }
+            for name, size, lr in (("cpu", 11, 3e-5), ("gpu", 427, 7e-5), ("paper", 431, 1e-5))
+        },
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path / "params.yaml"
+
+
+def test_what_chose_what(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best"])
+    search = {
+        "command": "minbert lr-search",
+        "runs": [
+            {"scale": "cpu", "config": "concatenation", "optimizer": "adamw", "lr": lr, "head_lr": 1e-3}
+            | {"seed": 11711, "best_epoch": 3, "validation_average": average, "optimizer_steps": 216}
+            for lr, average in ((3e-5, 0.51), (5e-5, 0.6173), (1e-4, 0.42))
+        ],
+        "chosen": {
+            "cpu/adamw": {
+                "scale": "cpu",
+                "optimizer": "adamw",
+                "config": "concatenation",
+                "lr": 5e-5,
+                "head_lr": 1e-3,
+                "validation_average": 0.6173,
+            }
+        },
+    }
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    write_report(
+        root / "metrics", root / "predictions", root / "prepared", PAPER, tmp_path / "r", _params(tmp_path)
+    )
+    section = _sections((tmp_path / "r" / "README.md").read_text())["What chose what"]
+    paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
+    # The scale that ran: its metrics (validation 60 per task); the others: params.yaml.
+    cpu, gpu, scale_paper = (_row(section, f"| `{s}` (") for s in ("cpu", "gpu", "paper"))
+    assert cpu[:2] == ["`cpu` (the runs above)", "SST 60, Quora 60, STS 60"]
+    assert "adamw lr 5e-05, × 0.9 per epoch" in cpu[2]
+    assert gpu[1] == "SST 427, Quora 854, STS 427" and "adamw lr 7e-05 (heads 7e-05), constant" in gpu[2]
+    assert scale_paper[1] == "SST 431, Quora 862, STS 431"
+    for row, scale in ((cpu, "cpu"), (gpu, "gpu"), (scale_paper, "paper")):
+        assert row[3] == paper["learning_rates"][scale]
+    assert "Dev is scored once per configuration" in section
+    assert "the history's `dev_*` columns: SST 100, Quora 100, STS 100" in section
+    # The search: every point, the chosen one bold.
+    assert _row(section, "| 5e-05 |")[6] == "**0.617**"
+    assert _row(section, "| 0.0001 |")[6] == "0.420"
+    assert "The epoch of each run: the epoch with the best validation average." in section
+    # The fixture's runs used lr 5e-05 without a heads' rate: not the search's choice.
+    assert "Note: `baseline` ran adamw lr 5e-05, × 0.9 per epoch, not the search's choice" in section
+
+    (root / "metrics" / "lr-search.json").unlink()
+    section = _sections(report(root, tmp_path / "r2"))["What chose what"]
+    assert "No learning-rate search has been committed" in section
+    assert "`gpu`" not in section  # without params.yaml: the scale that ran only
+
+
+def test_the_papers_silences_quote_the_metrics_not_prose(tmp_path):
+    root = _outputs(tmp_path, ["best", "best-round-robin", "cosine-sts"])
+    history = root / "metrics" / "multitask" / "cosine-sts-history.csv"
+    frame = pd.read_csv(history)
+    frame["dev_sts_pearson"] = [0.8233, 0.8105, 0.79, 0.775]
+    frame.to_csv(history, index=False)
+    path = root / "metrics" / "multitask" / "cosine-sts.json"
+    m = json.loads(path.read_text())
+    m["best_epoch"] = 1
+    path.write_text(json.dumps(m))
+    silent = _sections(report(root, tmp_path / "report"))[
+        "Where the paper is silent, and what this pipeline chose"
+    ]
+    assert "5·cos(u, v)" in silent and "label/5" in silent
+    assert "is 0.823 at epoch 0, the checkpoint before any update, and 0.810 at its chosen epoch 1" in silent
+    assert "`best-round-robin` made 180 optimizer steps over 4,320 training examples" in silent
+    assert "`best-summed` has not been run" in silent
+    assert "training examples SST 480, Quora 480, STS 480; 3 epochs" in silent
+    assert "lambda_s 1" in silent  # SMART's settings as run
+    assert not re.search(r"(?<![\d,])(320|192)\b", silent)  # no training size written as prose
+    assert "{" not in silent
+
+
+def test_an_unknown_fact_in_paper_yaml_is_an_error(tmp_path):
+    root = _outputs(tmp_path, ["best"])
+    paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
+    paper["choices"] = ["Trained {epochs} epochs."]
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(paper), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\{epochs\} is not a known fact"):
+        report(root, tmp_path / "report", tmp_path / "paper.yaml")
+
+
+def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
+    root = _outputs(tmp_path, ["baseline"])
+    (root / "metrics" / "mlm").mkdir(parents=True)
+    pretraining = {
+        "start": "continue",
+        "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
+        "after": {"masked_accuracy": 0.05, "perplexity": 1200.0},
+        "corpus": {"train_sequences": 100, "heldout_sequences": 5},
+        "head": "freshly initialised",
+    }
+    (root / "metrics" / "mlm" / "continue.json").write_text(json.dumps(pretraining))
+    base = json.loads((root / "metrics" / "multitask" / "baseline.json").read_text())
+    scores = _write_run(root, "multitask-mlm/continue-baseline", 0.9, seed=CONFIGS.index("best"))
+    tuned = base | scores | {"pretraining": {"start": "continue"}, "optimizer_steps": 90}
+    (root / "metrics" / "multitask-mlm").mkdir(parents=True)
+    (root / "metrics" / "multitask-mlm" / "continue-baseline.json").write_text(json.dumps(tuned))
+    section = _sections(report(root, tmp_path / "report"))["MLM pretraining before fine-tuning"]
+    header = next(line for line in section.splitlines() if line.startswith("| Configuration"))
+    assert "| Steps / examples |" in header
+    rows = [line for line in section.splitlines() if line.startswith("| `baseline`")]
+    assert [r.split(" | ")[-2] for r in rows] == ["180 / 4,320", "90 / 4,320"]
+    # Far better predictions, outside zero, but no seed study covers MLM and half the steps.
+    delta = rows[1].strip("| ").split(" | ")[-1]
+    assert _excludes_zero(delta) and delta.endswith(" †‡"), delta
+    assert "- `continue-baseline` vs `baseline` (budgets differ: 90 optimizer steps against 180" in section

@@ -1,0 +1,151 @@
+"""What the tables' numbers are chosen on and what each configuration is given: the
+validation split, the heads' learning rate, the carved Quora batch, equal-work ablations."""
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import REPO, TINY
+
+from minbert.data.batches import Sequences, TokenizedTable
+from minbert.data.multitask import epoch_steps
+from minbert.data.validation import carve_validation
+from minbert.model.bert import BertModel
+from minbert.model.multitask import MultitaskBert
+from minbert.pipeline import settings as params
+from minbert.pipeline.multitask import QUORA_OFFICIAL_TRAIN_PAIRS, quora_batch_size
+from minbert.train.optim import build_optimizer, build_scheduler
+
+
+@pytest.fixture
+def committed():
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def table(n: int, groups=None) -> TokenizedTable:
+    seqs = Sequences.from_list([np.array([101, 7 + i % 50, 102]) for i in range(n)])
+    return TokenizedTable([f"id-{i:04d}" for i in range(n)], np.arange(n) % 2, {"input_ids": seqs}, groups)
+
+
+def test_validation_rows_are_never_training_rows():
+    pool, validation = carve_validation(table(100), 20, seed=3)
+    assert len(validation) == 20 and len(pool) == 80
+    assert not set(pool.ids) & set(validation.ids)
+    assert sorted(pool.ids + validation.ids) == table(100).ids
+    # Seeded by the ids alone: the same rows in any order give the same split.
+    again = table(100).subset(np.arange(100)[::-1])
+    assert set(carve_validation(again, 20, seed=3)[1].ids) == set(validation.ids)
+    assert set(carve_validation(table(100), 20, seed=4)[1].ids) != set(validation.ids)
+
+
+def test_validation_takes_whole_groups():
+    groups = np.repeat(np.arange(25), 4)  # 25 groups of 4 rows
+    pool, validation = carve_validation(table(100, groups), 10, seed=0)
+    assert not set(pool.groups) & set(validation.groups)
+    assert len(validation) == 12  # whole groups: at most one group more than asked
+    with pytest.raises(ValueError, match="nothing would be left to train on"):
+        carve_validation(table(10), 10, seed=0)
+
+
+def test_validation_and_dev_are_disjoint_on_the_course_data(shared_data, tmp_path):
+    """The prepared tables: every task's validation rows come from its training split,
+    and no id (nor, for Quora, any question) is shared with its dev split."""
+    import pandas as pd
+
+    from minbert.data.prepare import prepare
+    from minbert.data.quora_split import normalise_question
+
+    committed = yaml.safe_load((REPO / "params.yaml").read_text())
+    data = committed["data"]
+    prepare(
+        str(shared_data),
+        tmp_path,
+        quora_holdout_fraction=data["quora_holdout_fraction"],
+        split_seed=data["split_seed"],
+        skip_ids=data["skip_ids"],
+    )
+    sizes = committed["scales"]["cpu"]["multitask"]["validation_examples"]
+    for task in ("sst", "quora", "sts"):
+        train = pd.read_parquet(tmp_path / f"{task}-train.parquet")
+        dev = pd.read_parquet(tmp_path / f"{task}-dev.parquet")
+        groups = train["group"].to_numpy() if "group" in train else None
+        tokenized = TokenizedTable(
+            train["id"].tolist(),
+            None,
+            {"input_ids": Sequences.from_list([np.array([1])] * len(train))},
+            groups,
+        )
+        _, validation = carve_validation(tokenized, sizes[task], committed["seed"])
+        assert not set(validation.ids) & set(dev["id"]), task
+        if task == "quora":
+            held = train[train["id"].isin(validation.ids)]
+            questions = {normalise_question(q) for c in ("sentence1", "sentence2") for q in held[c]}
+            dev_questions = {normalise_question(q) for c in ("sentence1", "sentence2") for q in dev[c]}
+            assert not questions & dev_questions
+
+
+def test_heads_learn_at_their_own_rate_decayed_with_the_encoder():
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel(TINY), "siamese-concat", "cross-encoder", 0.1, "mean")
+    optimizer = build_optimizer("adamaxw", model, lr=1e-5, weight_decay=0.01, head_lr=1e-3)
+    rates = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            rates[id(p)] = group["lr"]
+    assert {rates[id(p)] for p in model.encoder.parameters() if p.requires_grad} == {1e-5}
+    assert {rates[id(p)] for p in model.heads.parameters()} == {1e-3}
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == sum(
+        p.requires_grad for p in model.parameters()
+    )
+    scheduler = build_scheduler("exponential", optimizer, gamma=0.9)
+    optimizer.step()  # no gradients: changes nothing, keeps the scheduler's order check quiet
+    scheduler.step()
+    assert sorted({round(g["lr"], 12) for g in optimizer.param_groups}) == [9e-6, 9e-4]
+    # Without head_lr, one rate for everything (the paper's setting).
+    plain = build_optimizer("adamw", model, lr=1e-5, weight_decay=0.01)
+    assert {g["lr"] for g in plain.param_groups} == {1e-5}
+
+
+def _steps_and_examples(settings, n: int = 192) -> tuple[int, dict]:
+    lengths = {t: np.full(n, 10) for t in ("sst", "quora", "sts")}
+    steps = epoch_steps(
+        lengths,
+        settings.batch_size,
+        np.random.default_rng(0),
+        one_task_per_step=settings.gradient == "round-robin",
+    )
+    seen = {t: sum(len(s[t]) for s in steps if t in s) for t in lengths}
+    return len(steps), seen
+
+
+def test_fair_ablations_match_pcgrads_work(committed):
+    """`best-summed` and `best-round-robin-equal` make the optimizer steps and see the
+    examples of `best` (PCGrad); the paper's round-robin row makes three times the steps."""
+    best = _steps_and_examples(params.multitask_settings(committed, "best"))
+    assert _steps_and_examples(params.multitask_settings(committed, "best-summed")) == best
+    assert _steps_and_examples(params.multitask_settings(committed, "best-round-robin-equal")) == best
+    paper_row = _steps_and_examples(params.multitask_settings(committed, "best-round-robin"))
+    assert paper_row[0] == 3 * best[0]
+    summed = params.multitask_settings(committed, "best-summed")
+    assert (summed.gradient, summed.smart is not None, summed.optimizer) == ("summed", True, "adamaxw")
+
+
+def test_paper_scale_quora_batch_keeps_the_papers_batches_per_epoch(committed):
+    committed["scale"] = "paper"
+    settings = params.multitask_settings(committed, "baseline")
+    carved = {"quora_split": {"kind": "carved-from-dev", "train_pairs": 16170}}
+    batch = quora_batch_size(settings, carved)
+    assert batch == 4
+    # Batches per epoch of each task on the data a paper-scale run trains on.
+    sizes = {"sst": 8544, "sts": 6040}
+    paper = {t: n / settings.batch_size[t] for t, n in sizes.items()}
+    paper["quora"] = QUORA_OFFICIAL_TRAIN_PAIRS / 36
+    ours = {**paper, "quora": (16170 - settings.validation_examples["quora"]) / batch}
+    for task in paper:
+        assert ours[task] / ours["sst"] == pytest.approx(paper[task] / paper["sst"], rel=0.05), task
+    # The unscaled 36 would repeat Quora's carved pairs about 9.5 times per SST epoch.
+    assert paper["sst"] / (16170 / 36) > 9
+    assert quora_batch_size(settings, {"quora_split": {"kind": "official"}}) == 36
+    committed["scale"] = "cpu"
+    cpu = params.multitask_settings(committed, "baseline")
+    assert quora_batch_size(cpu, carved) == cpu.batch_size["quora"]  # a subset: the batch as set
