@@ -60,7 +60,7 @@ def controls_section(
 
     for name, run in multitask.items():
         scored = multitask_scored(evidence, "multitask", name, run)
-        sst = paired("sst", scored.labels["sst"], scored.predictions["sst"], base.predictions["sst"])
+        sst = evidence.difference(scored, base, "sst")
         add(
             _check(name, "SST acc above the majority class", run["sst_accuracy"], "majority class", sst),
             f"`{name}` SST",
@@ -73,7 +73,7 @@ def controls_section(
             f"`{name}` Quora",
         )
         if run["settings"]["sts_head"] == COSINE_HEAD:
-            sts = paired("sts", scored.labels["sts"], scored.predictions["sts"], base.predictions["sts"])
+            sts = evidence.difference(scored, base, "sts")
             add(
                 _check(
                     name,
