@@ -84,6 +84,7 @@ def test_paper_scale_is_section_4_3(committed):
     assert multitask["batch_size"] == {"sst": 2, "quora": 36, "sts": 2}
     assert multitask["train_examples"] == {"sst": 0, "quora": 0, "sts": 0}
     assert multitask["history_examples"] == {"dev": 0, "train": 0}
+    assert multitask["head_warmup"]["epochs"] == 0  # the paper trains fresh heads with the encoder
     adamw, adamaxw = multitask["optimizers"]["adamw"], multitask["optimizers"]["adamaxw"]
     assert (adamw["lr"], adamw["lr_schedule"]) == (1e-5, "constant")
     assert (adamaxw["lr"], adamaxw["lr_schedule"], adamaxw["lr_gamma"]) == (1e-4, "exponential", 0.9)

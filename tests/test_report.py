@@ -525,3 +525,8 @@ def test_controls_section_checks_each_run_against_its_control(outputs, tmp_path)
     verdicts = {line.split("|")[-2].strip() for line in section.splitlines() if line.startswith("| ")}
     assert verdicts - {"Met"} <= {"yes", "no: below", "no: not separated"}
     assert ("Not met:" in section) == any(v.startswith("no") for v in verdicts)
+    # Each unmet accuracy check says how much of dev its run answers one way.
+    missed_sst = [line for line in rows if not line.rstrip(" |").endswith("yes")]
+    assert len(re.findall(r"SST \(predicts class \d for \d+% of the dev examples\)", section)) == len(
+        missed_sst
+    )

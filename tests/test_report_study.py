@@ -244,7 +244,10 @@ def test_the_papers_silences_quote_the_metrics_not_prose(tmp_path):
         "Where the paper is silent, and what this pipeline chose"
     ]
     assert "5·cos(u, v)" in silent and "label/5" in silent
-    assert "is 0.823 at epoch 0, the checkpoint before any update, and 0.810 at its chosen epoch 1" in silent
+    assert (
+        "is 0.823 at epoch 0, the checkpoint before any encoder update, and 0.810 at its chosen epoch 1"
+        in silent
+    )
     assert "`best-round-robin` made 180 optimizer steps over 4,320 training examples" in silent
     assert "`best-summed` has not been run" in silent
     assert "training examples SST 480, Quora 480, STS 480; 3 epochs" in silent

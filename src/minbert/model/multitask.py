@@ -58,14 +58,23 @@ class MultitaskBert(nn.Module):
     def embed(self, batch: Batch) -> torch.Tensor:
         return self.encoder.embed(batch.ids, batch.token_types)
 
-    def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
-        """Task output from an embedding output (SMART perturbs the latter)."""
+    def pooled(self, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        """The vectors the heads read, one per sequence of ``batch`` (a siamese batch:
+        the first sentences' rows, then the second sentences')."""
+        embedded = self.embed(batch) if embedded is None else embedded
         attention = batch.mask if batch.padded else None  # no mask: SDPA's fastest kernel
-        pooled = pool(self.encoder.encode(embedded, attention), batch.mask, self.pooling)
+        return pool(self.encoder.encode(embedded, attention), batch.mask, self.pooling)
+
+    def head_output(self, task: str, pooled: torch.Tensor) -> torch.Tensor:
+        """The task head on pooled vectors laid out as :meth:`pooled` gives them."""
         if self.is_siamese(task):
             u, v = pooled.chunk(2)
             return self.heads[task](u, v)
         return self.heads[task](pooled)
+
+    def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
+        """Task output from an embedding output (SMART perturbs the latter)."""
+        return self.head_output(task, self.pooled(batch, embedded))
 
     def forward(self, task: str, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
         # One entry point for every training pass (SMART's perturbed ones included),

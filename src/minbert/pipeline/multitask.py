@@ -158,6 +158,8 @@ def _run(
         "examples_seen": result.examples_seen,
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,
+        # Heads fitted on the frozen checkpoint before fine-tuning, per task.
+        "head_warmup": result.head_warmup,
         "dev_examples": {t: len(ids) for t, ids in result.dev_ids.items()},
         # The fixed slices the history (and the choice of epoch) scores every epoch.
         "history_examples": result.history_examples,

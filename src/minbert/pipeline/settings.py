@@ -19,6 +19,7 @@ from minbert.device import DEVICES
 from minbert.metrics import MULTITASK_TASKS
 from minbert.model.heads import PAIR_HEADS, POOLINGS, STS_OUTPUTS
 from minbert.pipeline.schema import DATA_SCHEMA, ParamsError, Partial, check, read
+from minbert.train.head_warmup import HeadWarmup
 from minbert.train.mlm import STARTS as MLM_STARTS
 from minbert.train.mlm import MlmSettings
 from minbert.train.multitask_step import GRADIENT_MODES, MultitaskSettings
@@ -75,6 +76,7 @@ _SCALE = {
         "validation_examples": _PER_MULTITASK_TASK,
         "carved_quora_batch": ("fixed", "paper-proportions"),
         "history_examples": {"dev": int, "train": int},
+        "head_warmup": {"epochs": int, "lr": _NUMBER, "tasks": [tuple(MULTITASK_TASKS)]},
         "test_predictions": bool,
         "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
     },
@@ -268,6 +270,11 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
         validation_examples=dict(sized["validation_examples"]),
         carved_quora_batch=sized["carved_quora_batch"],
         history_examples=dict(sized["history_examples"]),
+        head_warmup=HeadWarmup(
+            epochs=sized["head_warmup"]["epochs"],
+            lr=float(sized["head_warmup"]["lr"]),
+            tasks=tuple(sized["head_warmup"]["tasks"]),
+        ),
         test_predictions=sized["test_predictions"],
         eval_batch_size=common["eval_batch_size"],
         dropout=float(sized["dropout"]),

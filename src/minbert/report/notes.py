@@ -169,6 +169,28 @@ def _sizes(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     )
 
 
+def _warmup(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
+    settings = usual(
+        {
+            c: "none"
+            if not (m["settings"].get("head_warmup") or {}).get("epochs")
+            else (
+                f"up to {m['settings']['head_warmup']['epochs']} passes over the pooled training "
+                f"vectors at lr {m['settings']['head_warmup']['lr']:g}"
+            )
+            for c, m in runs.items()
+        }
+    )
+    kept: dict[str, list[int]] = {}
+    for m in runs.values():
+        for task, w in (m.get("head_warmup") or {}).items():
+            kept.setdefault(task, []).append(w["epochs_kept"])
+    if not kept:
+        return settings
+    ranges = {t: f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}" for t, k in kept.items()}
+    return f"{settings}; passes kept (lowest validation loss), over the runs: {per_task(ranges)}"
+
+
 def _steps(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     if config not in runs:
         return f"`{config}` has not been run"
@@ -189,12 +211,19 @@ def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     best, pearson = runs[config]["best_epoch"], history.dev_sts_pearson
     return (
         f"`{config}`'s dev-slice STS Pearson (its history) is {pearson[0]:.3f} at epoch 0, the "
-        f"checkpoint before any update, and {pearson[best]:.3f} at its chosen epoch {best}"
+        f"checkpoint before any encoder update, and {pearson[best]:.3f} at its chosen epoch {best}"
     )
 
 
 # Each returns a phrase; those in PER_CONFIG name a configuration: {steps best}.
-FACTS = {"smart": _smart, "optimizers": _optimizers, "sizes": _sizes, "steps": _steps, "cosine": _cosine}
+FACTS = {
+    "smart": _smart,
+    "optimizers": _optimizers,
+    "sizes": _sizes,
+    "steps": _steps,
+    "cosine": _cosine,
+    "warmup": _warmup,
+}
 PER_CONFIG = ("steps", "cosine")
 FACT = re.compile(r"\{(\w+)(?: ([\w-]+))?\}")
 

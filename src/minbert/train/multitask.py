@@ -20,9 +20,11 @@ and a Bregman proximal term against a momentum teacher to each task's loss; the
 history logs the task losses and the two SMART terms apart.
 
 Each run first sets aside a validation split of every task's training rows
-(``minbert.data.validation``) and trains on rows drawn from the rest. It is scored
-before its first update (epoch 0) and after every epoch on the validation split and
-on fixed slices of the dev and training sets (the history); the best epoch by the
+(``minbert.data.validation``) and trains on rows drawn from the rest; with a head
+warm-up (``minbert.train.head_warmup``) the heads are first fitted on the frozen
+checkpoint. It is scored before its first encoder update (epoch 0) and after every
+epoch on the validation split and on fixed slices of the dev and training sets (the
+history); the best epoch by the
 validation average is then scored once on the full dev sets, which give the
 reported numbers, and predicts the test sets. Dev never chooses anything: its slice
 only draws the curves of the figures.
@@ -47,6 +49,7 @@ from minbert.metrics import AVERAGE, METRIC, fixed
 from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
+from minbert.train.head_warmup import warm_up_heads
 from minbert.train.loop import BestEpoch, cpu_copy, epoch_progress
 from minbert.train.multitask_step import MultitaskSettings, MultitaskStep
 from minbert.train.objective import LOSS_PARTS
@@ -65,6 +68,7 @@ class MultitaskResult:
     train_examples: dict[str, int] = field(default_factory=dict)
     history_examples: dict[str, dict[str, int]] = field(default_factory=dict)
     validation_examples: dict[str, int] = field(default_factory=dict)
+    head_warmup: dict[str, dict] = field(default_factory=dict)  # per task: minbert.train.head_warmup
     optimizer_steps: int = 0  # over all epochs
     examples_seen: dict[str, int] = field(default_factory=dict)  # training rows consumed, all epochs
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
@@ -181,11 +185,26 @@ def train_multitask(
         dev = score(data.slices["dev"])[0] if score_dev else {}
         return score(data.validation)[0], dev, score(data.slices["train"])[0]
 
+    result = MultitaskResult()
+    # Rank 0 reads the saved state and hands it to the others: on several machines
+    # only its disk is sure to have it.
+    saved = world.broadcast(resume.load() if resume and world.is_main else None)
+    if saved is None:  # before the optimizer and SMART's teacher copy the heads
+        result.head_warmup = warm_up_heads(
+            model,
+            data.train,
+            data.validation,
+            settings.head_warmup,
+            {t: b * world.size for t, b in settings.batch_size.items()},  # the global batch
+            settings.eval_batch_size,
+            settings.weight_decay,
+            device,
+            settings.seed,
+        )
     train_step = MultitaskStep(settings, model, data.train, device, world)
     optimizer, teacher = train_step.optimizer, train_step.teacher
     scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
 
-    result = MultitaskResult()
     best = BestEpoch()
     lengths = {t: d.lengths for t, d in data.train.items()}
     global_batch = {t: settings.batch_size[t] * world.size for t in TASKS}
@@ -195,9 +214,6 @@ def train_multitask(
     global_step = 0
     seen = dict.fromkeys(TASKS, 0)
     first_epoch = 1
-    # Rank 0 reads the saved state and hands it to the others: on several machines
-    # only its disk is sure to have it.
-    saved = world.broadcast(resume.load() if resume and world.is_main else None)
     if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -209,8 +225,9 @@ def train_multitask(
         best.load_state_dict(saved["best"])
         global_step, seen = saved["global_step"], saved["examples_seen"]
         first_epoch = saved["epoch"] + 1
+        result.head_warmup = saved.get("head_warmup", {})
     else:
-        # Epoch 0: the checkpoint with freshly initialised heads, before any update.
+        # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
         result.history.append(history_row(0, None, {}, *score_slices()))
     bar, job = epoch_progress(
         "multitask", settings.epochs, steps_per_epoch, first_epoch, quiet=not world.is_main
@@ -272,6 +289,7 @@ def train_multitask(
                         "history": result.history,
                         "conflicts": result.conflicts,
                         "best": best.state_dict(),
+                        "head_warmup": result.head_warmup,
                     }
                 )
     model.load_state_dict(best.weights)

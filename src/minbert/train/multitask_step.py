@@ -24,6 +24,7 @@ from minbert.distributed import World
 from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.heads import POOLINGS, STS_OUTPUTS
 from minbert.model.multitask import MultitaskBert
+from minbert.train.head_warmup import HeadWarmup
 from minbert.train.loop import NonFiniteGuard
 from minbert.train.objective import LOSS_PARTS, smart_start, task_objective
 from minbert.train.optim import build_optimizer
@@ -64,6 +65,8 @@ class MultitaskSettings:
     # ("fixed"), or scale it to keep the paper's batches per epoch
     # ("paper-proportions", see ``minbert.pipeline.multitask.quora_batch_size``).
     carved_quora_batch: str = "fixed"
+    # Heads fitted on the frozen checkpoint before fine-tuning (``minbert.train.head_warmup``).
+    head_warmup: HeadWarmup = HeadWarmup()
 
     def __post_init__(self) -> None:
         if self.gradient not in GRADIENT_MODES:
@@ -91,7 +94,8 @@ class MultitaskSettings:
         """The settings back from their ``asdict`` form (a resolved settings file)."""
         values = dict(values)
         smart = values.pop("smart")
-        return cls(**values, smart=None if smart is None else SmartSettings(**smart))
+        warmup = HeadWarmup(**values.pop("head_warmup", {}))
+        return cls(**values, smart=None if smart is None else SmartSettings(**smart), head_warmup=warmup)
 
 
 class MultitaskStep:

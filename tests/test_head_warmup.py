@@ -1,0 +1,151 @@
+# ruff: noqa: F811  (the fixtures imported from test_multitask are parameters here)
+"""The head warm-up: heads fitted on the frozen checkpoint's pooled vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_multitask import run_in, tiny_params, tokenized  # noqa: F401  (fixtures)
+
+from minbert.data.batches import TokenizedTable
+from minbert.data.multitask import TaskData
+from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.model.bert import BertModel
+from minbert.model.multitask import MultitaskBert, task_loss
+from minbert.pipeline import settings as params_module
+from minbert.train.head_warmup import HeadWarmup, pooled_vectors, warm_up_heads
+
+
+def _model_and_data(tokenized, checkpoint, paraphrase_head="siamese-concat-diff", sts_head="siamese-cosine"):
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel.from_pretrained(checkpoint), paraphrase_head, sts_head, 0.1, "mean")
+    data = {
+        t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
+        for t in TASKS
+    }
+    return model, data
+
+
+def test_pooled_vectors_match_the_model_in_row_order(tokenized, tiny_checkpoint):
+    model, data = _model_and_data(tokenized, tiny_checkpoint)
+    model.eval()
+    for task in ("sst", "quora"):
+        vectors = pooled_vectors(model, task, data[task], 5, torch.device("cpu"))
+        rows = np.array([3, 0, 7])
+        with torch.no_grad():
+            direct = model.pooled(data[task].batch(rows))
+        if model.is_siamese(task):
+            direct = torch.stack(direct.chunk(2), dim=1)
+        torch.testing.assert_close(vectors[rows], direct, atol=1e-5, rtol=1e-5)
+
+
+def test_warm_up_fits_the_heads_and_leaves_encoder_and_random_state_alone(tokenized, tiny_checkpoint):
+    model, data = _model_and_data(tokenized, tiny_checkpoint)
+    encoder = {k: v.clone() for k, v in model.encoder.state_dict().items()}
+    heads = {k: v.clone() for k, v in model.heads.state_dict().items()}
+    state = torch.get_rng_state()
+    report = warm_up_heads(
+        model,
+        data,
+        data,  # validation = training rows: the fit must lower this loss
+        HeadWarmup(epochs=30, lr=1e-2),
+        {"sst": 8, "quora": 6, "sts": 4},
+        7,
+        0.01,
+        torch.device("cpu"),
+        seed=3,
+    )
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(v, encoder[k]) for k, v in model.encoder.state_dict().items())
+    # The cosine head has no parameters: nothing to fit.
+    assert set(report) == {"sst", "quora"}
+    for task in ("sst", "quora"):
+        assert report[task]["epochs_kept"] > 0
+        assert report[task]["validation_loss_after"] < report[task]["validation_loss_before"]
+        moved = [
+            not torch.equal(v, heads[k]) for k, v in model.heads.state_dict().items() if k.startswith(task)
+        ]
+        assert all(moved)
+        # The kept heads give the reported loss.
+        model.eval()
+        with torch.no_grad():
+            output = model(task, data[task].batch(np.arange(len(data[task]))))
+        loss = task_loss(task, output, data[task].labels(np.arange(len(data[task])))).item()
+        assert loss == pytest.approx(report[task]["validation_loss_after"], abs=1e-3)
+    # Seeded: the same call fits the same heads.
+    again, _ = _model_and_data(tokenized, tiny_checkpoint)
+    warm_up_heads(
+        again,
+        data,
+        data,
+        HeadWarmup(30, 1e-2),
+        {"sst": 8, "quora": 6, "sts": 4},
+        7,
+        0.01,
+        torch.device("cpu"),
+        3,
+    )
+    assert all(torch.equal(v, again.heads.state_dict()[k]) for k, v in model.heads.state_dict().items())
+
+
+def test_no_warm_up_changes_nothing(tokenized, tiny_checkpoint):
+    model, data = _model_and_data(tokenized, tiny_checkpoint)
+    heads = {k: v.clone() for k, v in model.heads.state_dict().items()}
+    assert (
+        warm_up_heads(
+            model, data, data, HeadWarmup(0), {t: 4 for t in TASKS}, 7, 0.01, torch.device("cpu"), 0
+        )
+        == {}
+    )
+    assert all(torch.equal(v, heads[k]) for k, v in model.heads.state_dict().items())
+
+
+def test_a_stage_with_warm_up_records_it_and_starts_epoch_0_from_fitted_heads(
+    tmp_path, tokenized, tiny_params
+):
+    """Epoch 0 (no encoder update yet) scores the fitted heads: its validation losses are
+    the warm-up's, and the metrics file records the warm-up per task."""
+    import pandas as pd
+
+    tiny_params["scales"]["cpu"]["multitask"]["head_warmup"] = {
+        "epochs": 20,
+        "lr": 1e-2,
+        "tasks": ["sst", "quora", "sts"],
+    }
+    metrics = run_in(tmp_path, params_module.validate(tiny_params), "siamese-diff", tokenized)
+    warmup = metrics["head_warmup"]
+    assert set(warmup) == set(TASKS)
+    history = pd.read_csv(tmp_path / "metrics" / "siamese-diff-history.csv")
+    for task in TASKS:
+        assert history.loc[0, f"val_loss_{task}"] == pytest.approx(
+            warmup[task]["validation_loss_after"], abs=1e-3
+        )
+
+
+def test_head_warmup_is_checked():
+    with pytest.raises(ValueError, match="head warm-up"):
+        HeadWarmup(epochs=-1)
+    with pytest.raises(ValueError, match="head warm-up"):
+        HeadWarmup(epochs=3, lr=0)
+
+
+def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
+    model, data = _model_and_data(tokenized, tiny_checkpoint, sts_head="siamese-concat")
+    heads = {k: v.clone() for k, v in model.heads.state_dict().items()}
+    report = warm_up_heads(
+        model,
+        data,
+        data,
+        HeadWarmup(10, 1e-2, ("sst",)),
+        {t: 4 for t in TASKS},
+        7,
+        0.0,
+        torch.device("cpu"),
+        0,
+    )
+    assert set(report) == {"sst"}
+    for k, v in model.heads.state_dict().items():
+        assert torch.equal(v, heads[k]) == (not k.startswith("sst")), k
+    with pytest.raises(ValueError, match="not among"):
+        HeadWarmup(3, 1e-3, ("sst", "imdb"))
