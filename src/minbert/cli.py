@@ -265,5 +265,88 @@ def seed_study(
     typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")
 
 
+# ----------------------------------------------------------------------------- offline GPU nodes
+
+
+@command()
+def bundle(
+    out: Path = typer.Argument(..., help="A new directory for the bundle."),
+    data: Path | None = typer.Option(
+        None, "--data", help="The course CSV files (default: as `prepare` finds them)."
+    ),
+) -> None:
+    """Pack what an offline node needs: the code at HEAD, the course CSV files and the
+    checkpoint of params.yaml as an fp16 copy (loaded into fp32 there)."""
+    from minbert.data.prepare import resolve_source
+    from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.offline.bundle import make_bundle
+    from minbert.pipeline.settings import load
+
+    params = load(Path("params.yaml"))
+    data_dir = data or resolve_source(params["data"]["source"])
+    if data_dir is None:
+        raise FileNotFoundError("no local course files to bundle: give --data DIR")
+    described = make_bundle(
+        Path("."), out, data_dir, resolve_checkpoint(params["checkpoint"]), params["checkpoint"]
+    )
+    size = sum((out / name).stat().st_size for name in described["files"])
+    typer.echo(
+        f"{out}: commit {described['commit'][:12]}, {len(described['files'])} files, {size / 2**20:.1f} MiB"
+    )
+
+
+@command("offline-run")
+def offline_run(
+    bundle_dir: Path = typer.Argument(..., help="The bundle (`minbert bundle`)."),
+    out: Path = typer.Option(..., "--out", help="Where the packed results go (at most 8 files of 16 MiB)."),
+    stage: list[str] = typer.Option(
+        [], "--stage", help="A stage or a group of dvc.yaml (repeat); none: all."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY.PATH=VALUE of params.yaml (repeat), e.g. scale=gpu."
+    ),
+) -> None:
+    """Run dvc.yaml's stages without DVC (an offline GPU node), in its order, from a
+    bundle, and pack what they wrote. Runs in the repository root:
+    `PYTHONPATH=src python -m minbert offline-run BUNDLE --out OUT --set scale=gpu`."""
+    from minbert.offline.runner import run_offline
+
+    overrides = {}
+    for item in set_:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        overrides[key] = value
+    index = run_offline(Path("."), bundle_dir, out, stage, overrides, log=console.log)
+    typer.echo(f"{out}: {len(index['stages'])} stages on {index['device']}, {len(index['parts'])} part(s)")
+
+
+@command("gpu-unpack")
+def gpu_unpack(
+    index: Path = typer.Argument(..., help="gpu-results.json, with its parts beside it."),
+    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+) -> None:
+    """Unpack an offline run's results into the GPU results folder, with their provenance."""
+    from minbert.offline.results import unpack
+
+    provenance = unpack(index, into)
+    typer.echo(f"{into}: {len(provenance['files'])} files from commit {provenance['commit'][:12]}")
+
+
+@command("gpu-status")
+def gpu_status(
+    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+) -> None:
+    """Which stages of the GPU results are stale against the current code and params
+    (as `dvc status` does for the CPU results); exit status 1 when any is."""
+    from minbert.offline.results import status
+
+    found = status(into)
+    for s in found:
+        typer.echo(f"{s.stage}: {'current' if s.current else 'stale: ' + '; '.join(s.reasons)}")
+    if not all(s.current for s in found):
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

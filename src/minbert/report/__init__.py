@@ -145,7 +145,7 @@ def write_report(
     sections += [
         "## Controls: what each number is measured against",
         "",
-        controls_section(multitask, sentiment, zero_shot, evidence),
+        controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir),
         "",
     ]
     if paper.get("choices"):

@@ -16,9 +16,12 @@ whole for Quora) and says whether the interval clears it:
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from minbert.metrics import Interval, paired
+import numpy as np
+import pandas as pd
+
+from minbert.metrics import METRIC, METRIC_TITLE, Interval, paired
 from minbert.report.cells import md_header, md_row, multitask_scored
 from minbert.report.evidence import Evidence
 
@@ -52,10 +55,29 @@ def _most_predicted(predictions: np.ndarray, what: str) -> str:
     return f"predicts {what} {answer_text} for {counts[top] / counts.sum():.0%} of the dev examples"
 
 
+def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
+    """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
+    its chosen epoch, from its history: where a head lost what it had."""
+    path = None if multitask_dir is None else Path(multitask_dir) / f"{run['config']}-history.csv"
+    column = f"val_{METRIC[task]}"
+    if path is None or not path.is_file():
+        return ""
+    history = pd.read_csv(path).set_index("epoch")
+    if column not in history.columns:
+        return ""
+    course = " → ".join(f"{v:.2f}" for v in history[column])
+    return f"; validation {METRIC_TITLE[task]} by epoch {course}, epoch {run['best_epoch']} chosen"
+
+
 def controls_section(
-    multitask: dict[str, dict], sentiment: list[dict], zero_shot: dict | None, evidence: Evidence
+    multitask: dict[str, dict],
+    sentiment: list[dict],
+    zero_shot: dict | None,
+    evidence: Evidence,
+    multitask_dir: Path | None = None,
 ) -> str:
-    """The controls table, and one line naming every check that is not met."""
+    """The controls table, and one line naming every check that is not met (with the
+    run's answers on dev and, from its history, its validation score by epoch)."""
     if zero_shot is None:
         return "No zero-shot stage output (`metrics/zero-shot.json`): the controls need it."
     base = multitask_scored(evidence, "zero-shot", "", zero_shot)
@@ -72,14 +94,16 @@ def controls_section(
         sst = evidence.difference(scored, base, "sst")
         add(
             _check(name, "SST acc above the majority class", run["sst_accuracy"], "majority class", sst),
-            f"`{name}` SST ({_most_predicted(scored.predictions['sst'], 'class')})",
+            f"`{name}` SST ({_most_predicted(scored.predictions['sst'], 'class')}"
+            f"{_validation_course(multitask_dir, run, 'sst')})",
         )
         labels, groups = scored.labels["quora"], scored.groups.get("quora")
         constant = np.zeros_like(labels)
         quora = paired("quora", labels, scored.predictions["quora"], constant, groups=groups)
         add(
             _check(name, "Quora acc above always not-duplicate", run["quora_accuracy"], "always 0", quora),
-            f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')})",
+            f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')}"
+            f"{_validation_course(multitask_dir, run, 'quora')})",
         )
         if run["settings"]["sts_head"] == COSINE_HEAD:
             sts = evidence.difference(scored, base, "sts")
@@ -124,8 +148,11 @@ def controls_section(
             + "; ".join(missed)
             + ". At this budget (a few hundred training examples per task, 3 epochs) these "
             "numbers do not measure a learned head for that task: a run that gives most dev "
-            "examples one answer scores about that answer's share; the tables' comparisons on "
-            "them compare noise around the control."
+            "examples one answer scores about that answer's share, and the validation scores "
+            "by epoch (epoch 0: the untouched encoder, its heads fresh or fitted on it) show "
+            "whether the head never learned or fine-tuning took away what it had; the epoch is "
+            "chosen by the average of the three tasks. The tables' comparisons on these cells "
+            "compare noise around the control."
         )
     else:
         lines.append("Every check is met.")
