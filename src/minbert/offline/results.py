@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from minbert.offline.runner import INDEX_FORMAT, effective_params
+from minbert.offline.runner import INDEX_FORMAT, effective_params, file_hashes
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -33,7 +33,7 @@ def unpack(index_file: Path, into: Path) -> dict:
     index = json.loads(index_file.read_text(encoding="utf-8"))
     if index.get("format") != INDEX_FORMAT:
         raise ValueError(f"{index_file}: format {index.get('format')!r}, expected {INDEX_FORMAT!r}")
-    blob = b""
+    parts = []
     for part in index["parts"]:
         path = index_file.parent / part["file"]
         if not path.is_file():
@@ -41,9 +41,9 @@ def unpack(index_file: Path, into: Path) -> dict:
         data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != part["sha256"]:
             raise ValueError(f"{path}: sha256 differs from {index_file.name}'s (damaged in transfer?)")
-        blob += data
+        parts.append(data)
     into = Path(into)
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(parts)), mode="r:gz") as tar:
         members = tar.getmembers()
         for member in members:
             target = (into / member.name).resolve()
@@ -79,8 +79,6 @@ def _comparable(params: dict) -> dict:
 
 def status(into: Path, repo: Path = Path(".")) -> list[StageStatus]:
     """Each stage of the committed GPU results: current, or stale and why."""
-    from minbert.data.download import sha256_file
-
     path = Path(into) / PROVENANCE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no GPU results here (`minbert gpu-unpack` writes them)")
@@ -90,14 +88,14 @@ def status(into: Path, repo: Path = Path(".")) -> list[StageStatus]:
         provenance["params"]
     )
     checkpoint_changed = now.get("checkpoint") != provenance["checkpoint"]["name"]
+    now_hashes = file_hashes(Path(repo), {name for s in provenance["stages"] for name in s["sources"]})
     found = []
     for stage in provenance["stages"]:
         reasons = []
         for name, digest in stage["sources"].items():
-            file = Path(repo) / name
-            if not file.is_file():
+            if name not in now_hashes:
                 reasons.append(f"{name} is gone")
-            elif sha256_file(file) != digest:
+            elif now_hashes[name] != digest:
                 reasons.append(f"{name} changed")
         if params_changed:
             reasons.append("params.yaml changed")

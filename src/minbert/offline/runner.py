@@ -13,6 +13,7 @@ sha256 of every source file it ran (``minbert.offline.results`` reads it back).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -65,10 +66,12 @@ def _command(stage: Stage) -> list[str]:
     return args
 
 
-def sources(repo: Path, stage: Stage) -> dict[str, str]:
+def file_hashes(repo: Path, names: set[str]) -> dict[str, str]:
+    """The sha256 of each file named (relative to ``repo``), each file read once
+    however many stages run it."""
     from minbert.data.download import sha256_file
 
-    return {name: sha256_file(repo / name) for name in stage.source_files}
+    return {name: sha256_file(repo / name) for name in sorted(names) if (repo / name).is_file()}
 
 
 def device_description() -> dict:
@@ -110,15 +113,18 @@ def run_offline(
             ran.append({"stage": stage.name, "cmd": stage.cmd, "seconds": round(seconds, 1)})
     finally:
         params_file.write_text(original, encoding="utf-8")
+    hashes = file_hashes(repo, {name for s in stages for name in s.source_files})
     record = {
         "format": INDEX_FORMAT,
         "commit": described["commit"],
         "bundle_uncommitted_changes": described["uncommitted_changes"],
         "checkpoint": described["checkpoint"],
-        "overrides": {k: v for k, v in overrides.items()},
+        "overrides": dict(overrides),
         "params": params,
         **device_description(),
-        "stages": [{**r, "sources": sources(repo, s)} for r, s in zip(ran, stages)],
+        "stages": [
+            {**r, "sources": {name: hashes[name] for name in s.source_files}} for r, s in zip(ran, stages)
+        ],
     }
     return pack(repo, stages, Path(out), record)
 
@@ -138,8 +144,6 @@ def pack(repo: Path, stages: list[Stage], out: Path, record: dict) -> dict:
     """The stages' outputs as one gzipped tar cut into parts, and the index that lists
     the parts with their sha256 and ``record``; every JSON metrics file gets the
     checkpoint copy and commit it was produced with."""
-    import hashlib
-
     files = _outputs(repo, stages)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
