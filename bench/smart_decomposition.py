@@ -178,11 +178,9 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             embedded = model.embed(batch)
             masks = DropoutMasks("cpu") if settings.dropout_masks == "shared" else None
-            clean = model(task, batch, embedded)
-            loss, control = smoothness_terms(
+            _, loss, control = smoothness_terms(
                 forward_fn(task, batch, bf16_inside),
                 embedded,
-                clean,
                 DIVERGENCE[task],
                 settings,
                 start=start,

@@ -248,3 +248,65 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
     assert "error: params.yaml: unknown key 'optimiser'" in done.stderr
     debug = resolve(MINBERT_DEBUG="1")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_version_names_the_package_and_torch():
+    from importlib.metadata import version
+
+    done = subprocess.run(
+        [sys.executable, "-m", "minbert", "--version"], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0
+    assert f"minbert {version('minbert')} (torch {torch.__version__})" in done.stdout + done.stderr
+
+
+def test_evaluate_reads_prepared_tables_and_checks_labels_first(model_dir, tmp_path):
+    import pandas as pd
+
+    labelled = _sst_file(tmp_path / "dev.csv", rows=60)
+    scores = {name: tmp_path / f"{name}.json" for name in ("csv", "parquet")}
+    from_csv = runner.invoke(
+        app, ["evaluate", str(model_dir), "--task", "sst", str(labelled), "-o", str(scores["csv"])]
+    )
+    assert from_csv.exit_code == 0, from_csv.output
+    # The same rows as a prepared Parquet table (as data/prepared holds the Quora
+    # held-out pairs): the same score.
+    table = tmp_path / "sst-dev.parquet"
+    pd.DataFrame(
+        {
+            "id": [f"s{i}" for i in range(60)],
+            "sentence": [f"A {'good' if i % 2 else 'bad'} film ." for i in range(60)],
+            "label": [i % 5 for i in range(60)],
+            "line": list(range(2, 62)),
+        }
+    ).to_parquet(table)
+    from_parquet = runner.invoke(
+        app, ["evaluate", str(model_dir), "--task", "sst", str(table), "-o", str(scores["parquet"])]
+    )
+    assert from_parquet.exit_code == 0, from_parquet.output
+    values = {name: json.loads(path.read_text())["value"] for name, path in scores.items()}
+    assert values["csv"] == values["parquet"]
+    # A Parquet table of another task, binary input: one line each.
+    _assert_one_line_error(
+        runner.invoke(app, ["evaluate", str(model_dir), "--task", "quora", str(table)]),
+        "no column 'sentence1'",
+    )
+    blob = tmp_path / "blob.csv"
+    blob.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" + bytes(range(256)) * 50)
+    result = runner.invoke(app, ["evaluate", str(model_dir), "--task", "sst", str(blob)])
+    _assert_one_line_error(result, "a binary file")
+    assert len(result.output.strip().splitlines()) <= 2
+    # Labels are checked before any prediction: an unlabelled file fails before the
+    # (here missing) model is even read.
+    unlabelled = _sst_file(tmp_path / "test.csv", labelled=False)
+    _assert_one_line_error(
+        runner.invoke(app, ["evaluate", str(tmp_path / "no-model"), "--task", "sst", str(unlabelled)]),
+        "no label column 'sentiment'",
+    )
+    # Two classes scored as five-class SST (CFIMDB's 0/1): scored, with a warning.
+    binary = _write(
+        tmp_path / "cfimdb.csv",
+        "\tid\tsentence\tsentiment\n" + "".join(f"{i}\tc{i}\tA film .\t{i % 2}\n" for i in range(60)),
+    )
+    warned = runner.invoke(app, ["evaluate", str(model_dir), "--task", "sst", str(binary)])
+    assert warned.exit_code == 0 and "two-class file" in " ".join(warned.output.split())

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from minbert.train.pcgrad import (
+    GRAM_CHUNK,
+    PCGrad,
     conflict_stats,
     pcgrad_backward,
     project_conflicting,
-    shared_task_gradients,
-    write_flat_gradient,
 )
 
 
@@ -205,19 +205,6 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([g.reshape(-1) for g in tensors])
 
 
-def test_shared_task_gradients_match_separate_backward_passes():
-    model, x, y_a, y_b = make_problem()
-    shared = model.shared_params()
-    expected = [flat(manual_grads(model, x, y_a, y_b, task, shared)) for task in (0, 1)]
-    got = shared_task_gradients(model.losses(x, y_a, y_b), shared)
-    assert len(got) == 2
-    for g, e in zip(got, expected):
-        assert torch.allclose(g, e, atol=1e-6)
-    # Task B never touches scale_a: its slice of B's gradient is zero, not an error.
-    assert torch.equal(got[1][-3:], torch.zeros(3))
-    assert all(p.grad is None for p in model.parameters())
-
-
 def test_pcgrad_backward_writes_projected_shared_and_plain_head_grads():
     model, x, y_a, y_b = make_problem()
     shared = model.shared_params()
@@ -261,17 +248,31 @@ def test_pcgrad_backward_without_heads_and_with_a_graphless_loss():
     assert stats["conflicts"] == 0 and model.head_a.weight.grad is None
 
 
-def test_write_flat_gradient_overwrites_and_does_not_alias():
-    a, b = nn.Parameter(torch.zeros(2, 2)), nn.Parameter(torch.zeros(3))
-    b.grad = torch.ones(3)
-    vec = torch.arange(7.0)
-    write_flat_gradient(vec, [a, b])
-    assert torch.equal(a.grad, torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
-    assert torch.equal(b.grad, torch.tensor([4.0, 5.0, 6.0]))
-    vec.zero_()
-    assert a.grad.sum() == 6.0
-    with pytest.raises(ValueError, match="expected"):
-        write_flat_gradient(torch.zeros(6), [a, b])
+def test_shared_gradients_are_views_of_one_buffer_reused_every_step():
+    model, x, y_a, y_b = make_problem()
+    shared = model.shared_params()
+    heads = [list(model.head_a.parameters()), list(model.head_b.parameters())]
+    pcgrad = PCGrad(shared, heads, torch.Generator().manual_seed(0))
+    pcgrad(model.losses(x, y_a, y_b))
+    first = [p.grad.clone() for p in shared]
+    buffer = pcgrad.combined.untyped_storage().data_ptr()
+    assert all(p.grad.untyped_storage().data_ptr() == buffer for p in shared)
+    model.zero_grad(set_to_none=True)
+    # A second step on other data writes into the same buffer, and says so in .grad.
+    pcgrad(model.losses(x * 2, y_a, y_b))
+    assert any(not torch.equal(p.grad, g) for p, g in zip(shared, first))
+    assert torch.equal(torch.cat([p.grad.reshape(-1) for p in shared]), pcgrad.combined)
+
+
+def test_gram_matrix_over_many_chunks_is_accurate():
+    # Longer than two chunks and not a multiple of one: the chunked products and the
+    # rest, against float64.
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(2 * GRAM_CHUNK + 1234, generator=gen) for _ in range(3)]
+    grads[1] = grads[1] - 0.5 * grads[0]
+    out = project_conflicting(grads, torch.Generator().manual_seed(2))
+    expected = reference_pcgrad(grads, orders_for_seed(2, 3))
+    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_non_tensor_gradient_is_a_type_error():
@@ -282,9 +283,9 @@ def test_non_tensor_gradient_is_a_type_error():
 def test_loss_and_parameter_validation():
     p = nn.Parameter(torch.ones(2))
     with pytest.raises(ValueError, match="losses"):
-        shared_task_gradients([], [p])
+        pcgrad_backward([], [p])
     with pytest.raises(ValueError, match="shared parameters"):
-        shared_task_gradients([p.sum()], [])
+        pcgrad_backward([p.sum()], [])
     with pytest.raises(ValueError, match="scalar"):
         pcgrad_backward([p * 2], [p])
     with pytest.raises(ValueError, match="both shared and a task head"):
@@ -301,3 +302,35 @@ def test_random_many_task_gradients_match_the_vector_algorithm(seed):
     expected = reference_pcgrad(grads, orders_for_seed(seed, 5))
     assert out.dtype == torch.float64
     assert torch.allclose(out, expected, atol=1e-12)
+
+
+def test_flattened_pcgrad_on_a_bert_encoder_matches_the_vector_algorithm():
+    # The three multitask losses of a tiny BERT: PCGrad's flattened step against the
+    # paper's algorithm on each task's gradient, in float64, to 1e-6.
+    from conftest import TINY
+    from test_smart_measured import tiny_batch
+
+    from minbert.model.bert import BertModel
+    from minbert.model.multitask import MultitaskBert, task_loss
+
+    torch.manual_seed(4)  # a draw whose task gradients conflict
+    # Eval mode: no dropout, so every pass over a batch gives the same gradient.
+    model = MultitaskBert(BertModel(TINY), "cross-encoder", "cross-encoder", 0.0, "pooler").eval()
+    batches = {task: tiny_batch(task, seed=40 + k) for k, task in enumerate(("sst", "quora", "sts"))}
+
+    def losses():
+        return [task_loss(task, model(task, batch), labels) for task, (batch, labels) in batches.items()]
+
+    shared = [p for p in model.encoder.parameters() if p.requires_grad]
+    heads = [list(model.heads[t].parameters()) for t in ("sst", "quora", "sts")]
+    per_task = []
+    for loss in losses():
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        per_task.append(flat(torch.zeros_like(p) if p.grad is None else p.grad for p in shared))
+    model.zero_grad(set_to_none=True)
+    stats = pcgrad_backward(losses(), shared, heads, generator=torch.Generator().manual_seed(4))
+    expected = reference_pcgrad(per_task, orders_for_seed(4, 3))
+    got = flat(p.grad for p in shared).double()
+    assert stats["conflicts"] >= 2  # the surgery had something to do
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item())

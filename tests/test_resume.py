@@ -131,3 +131,28 @@ def test_resume_state_refuses_code_executing_pickles(tmp_path):
 
     (tmp_path / "x.pt").write_bytes(pickle.dumps({"key": "k", "state": Evil()}))
     assert ResumePoint(tmp_path, "x", "k").load() is None
+
+
+def test_generator_states_carry_every_cuda_generator(monkeypatch):
+    # No GPU here: the CUDA calls are stood in for, to check what is saved and restored.
+    import numpy as np
+
+    from minbert.train.resume import generator_states, restore_generators
+
+    devices = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [d.clone() for d in devices])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: restored.extend(states))
+    extra = torch.Generator().manual_seed(3)
+    state = generator_states(np.random.default_rng(0), extra)
+    assert [s.tolist() for s in state["cuda"]] == [[1, 2], [3]]
+    expected = torch.rand(2, generator=extra)
+    restore_generators(state, np.random.default_rng(1), extra)
+    assert [s.tolist() for s in restored] == [[1, 2], [3]]
+    assert torch.equal(torch.rand(2, generator=extra), expected)
+    # A state from a machine with another number of devices is refused, not half-restored.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="2 CUDA generator state"):
+        restore_generators(state, np.random.default_rng(1), extra)

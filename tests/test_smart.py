@@ -13,7 +13,7 @@ from torch import nn
 
 from minbert.model.bert import BertModel
 from minbert.train.smart import KINDS, PROJECTIONS, EmaTeacher, SmartSettings, bregman_loss, divergence
-from minbert.train.smoothness import adversarial_perturbation, initial_noise, project, smoothness_loss
+from minbert.train.smoothness import adversarial_perturbation, initial_noise, project, smoothness_terms
 
 BATCH, SEQ, HIDDEN = 4, 5, 8
 OUTPUTS = {"multiclass": 3, "binary": 1, "regression": 1}
@@ -180,17 +180,21 @@ def test_constant_model_has_zero_smoothness_loss(kind, projection):
     weight = nn.Parameter(torch.zeros(HIDDEN))
     embedded = torch.randn(BATCH, SEQ, HIDDEN)
     settings = SmartSettings(epsilon=0.1, noise_std=0.1, step_size=0.1, steps=2, projection=projection)
+
+    def copies(e: torch.Tensor) -> torch.Tensor:  # the constant, once per copy of the batch
+        return torch.cat([constant] * (e.shape[0] // BATCH))
+
     forward_fns = [
-        lambda e: constant,  # ignores its input entirely
-        lambda e: constant + 0 * weight.sum(),  # a graph, but none to the input
-        lambda e: constant + 0 * (e * weight).sum(),  # uses the input: a zero gradient
+        copies,  # ignores its input entirely
+        lambda e: copies(e) + 0 * weight.sum(),  # a graph, but none to the input
+        lambda e: copies(e) + 0 * (e * weight).sum(),  # uses the input: a zero gradient
     ]
     for fn in forward_fns:
         noise = adversarial_perturbation(fn, embedded, fn(embedded), kind, settings)
         assert torch.isfinite(noise).all()
-        loss = smoothness_loss(fn, embedded, fn(embedded), kind, settings)
-        assert loss.dim() == 0
-        assert abs(loss.item()) < 1e-12
+        clean, loss, control = smoothness_terms(fn, embedded, kind, settings)
+        assert loss.dim() == 0 and clean.shape == constant.shape
+        assert abs(loss.item()) < 1e-12 and control.item() == 0.0
 
 
 @pytest.mark.parametrize(
@@ -248,14 +252,14 @@ def test_smoothness_loss_trains_the_model_but_the_ascent_leaves_no_grad():
     input_ids = torch.randint(1, config.vocab_size, (3, 6))
     attention_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0]])
 
-    def forward_fn(e: torch.Tensor) -> torch.Tensor:
-        return head(bert.encode(e, attention_mask).pooler_output)
+    def forward_fn(e: torch.Tensor) -> torch.Tensor:  # any number of stacked copies
+        return head(bert.encode(e, attention_mask.repeat(e.shape[0] // 3, 1)).pooler_output)
 
     embedded = bert.embed(input_ids)
-    clean = forward_fn(embedded)
-    clean.retain_grad()
     settings = SmartSettings(epsilon=1e-2, noise_std=1e-2, step_size=1e-1, steps=2)
-    loss = smoothness_loss(forward_fn, embedded, clean, "multiclass", settings)
+    clean, loss, _ = smoothness_terms(forward_fn, embedded, "multiclass", settings)
+    clean.retain_grad()
+    torch.testing.assert_close(clean, forward_fn(embedded))
     params = list(bert.named_parameters()) + list(head.named_parameters())
     assert all(p.grad is None for _, p in params), "the ascent wrote to a parameter's .grad"
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from minbert.data.multitask import Batch
 from minbert.model.bert import BertModel
+from minbert.model.heads import SentimentClassifier
 from minbert.model.multitask import MultitaskBert
 from minbert.train.objective import DIVERGENCE, LOSS_PARTS, task_objective
 from minbert.train.smart import PROJECTIONS, EmaTeacher, SmartSettings, divergence
@@ -26,7 +27,6 @@ from minbert.train.smoothness import (
     adversarial_perturbation,
     initial_noise,
     project,
-    smoothness_loss,
     smoothness_terms,
 )
 
@@ -154,9 +154,8 @@ def test_perturbed_passes_run_in_float32_under_bf16_autocast(projection):
         embedded = model.embed(batch)
         masks = DropoutMasks(CPU)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            clean = fn(embedded)
-            loss, control = smoothness_terms(
-                fn, embedded, clean, "multiclass", settings, start=start, masks=masks
+            clean, loss, control = smoothness_terms(
+                fn, embedded, "multiclass", settings, start=start, masks=masks
             )
             noise = adversarial_perturbation(
                 fn, embedded, clean, "multiclass", settings, start=start, masks=masks
@@ -168,11 +167,11 @@ def test_perturbed_passes_run_in_float32_under_bf16_autocast(projection):
 
     log = _linear_autocast_log(model)
     bf16_loss, bf16_control, clean16, perturbed16 = smoothness(autocast=True)
-    assert clean16.dtype == torch.bfloat16  # autocast did reach the model
-    # SMART's own passes ran with autocast off: the clean pass and the caller's two
-    # passes at the end ran with it on; every other Linear call was float32.
-    layers = sum(isinstance(m, nn.Linear) for m in model.modules()) - 2  # the other tasks' heads
-    assert log.count(True) == 3 * layers
+    # SMART's own passes ran with autocast off: only the caller's two passes at the end
+    # ran the encoder with it on (the head never: it runs in float32); every other
+    # Linear call was float32.
+    layers = sum(isinstance(m, nn.Linear) for m in model.encoder.modules())
+    assert log.count(True) == 2 * layers
     assert log.count(False) > 0
     # The perturbation changes the outputs, with shared masks and no control left...
     assert bf16_loss > 0 and bf16_control == 0.0
@@ -184,6 +183,57 @@ def test_perturbed_passes_run_in_float32_under_bf16_autocast(projection):
         # divergence then sees is rounding (or nothing), not the perturbation.
         old = divergence(perturbed16, clean16, "multiclass").item()
         assert not 0.1 * fp32_loss < old < 10 * fp32_loss
+
+
+def test_heads_run_in_float32_under_bf16_autocast():
+    model = tiny_model().eval()
+    log = _linear_autocast_log(model.heads)
+    encoder_log = _linear_autocast_log(model.encoder)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = {task: model(task, tiny_batch(task)[0]) for task in TASKS}
+        batch = tiny_batch("sst")[0]
+        classifier = SentimentClassifier(model.encoder, 5, 0.1).eval()
+        outputs["sentiment"] = classifier(batch.ids, batch.mask)
+    assert any(encoder_log) and not any(log)  # the encoder ran under autocast, the heads did not
+    for task, output in outputs.items():
+        assert output.dtype == torch.float32, task
+    # The STS scores (5 * sigmoid) are float32 values, not points of bf16's grid.
+    scores = outputs["sts"]
+    assert (scores != scores.bfloat16().float()).all()
+    assert ((scores > 0) & (scores < 5)).all()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_smart_objective_runs_in_float32_under_bf16_autocast(task):
+    # Under SMART every pass of the objective (clean, ascent, perturbed, control and the
+    # teacher's) runs with autocast off: the same numbers as without autocast.
+    model = tiny_model()
+    teacher = EmaTeacher(model, 0.99)
+    batch, labels = tiny_batch(task)
+
+    def run(smart: SmartSettings | None, autocast: bool) -> tuple[torch.Tensor, list[bool]]:
+        log: list[bool] = []
+        handles = [
+            m.register_forward_pre_hook(lambda m, args: log.append(torch.is_autocast_enabled("cpu")))
+            for net in (model, teacher.module)
+            for m in net.modules()
+            if isinstance(m, nn.Linear)
+        ]
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _, parts = task_objective(model, model, teacher, smart, task, batch, labels, CPU, None)
+        for h in handles:
+            h.remove()
+        return parts, log
+
+    smart_bf16, log = run(SmartSettings(), autocast=True)
+    smart_fp32, _ = run(SmartSettings(), autocast=False)
+    assert log and not any(log)
+    assert smart_bf16[ADVERSARIAL] > 0
+    assert torch.equal(smart_bf16, smart_fp32)
+    # Without SMART the autocast does reach the encoder: the check above can fail.
+    _, plain = run(None, autocast=True)
+    assert any(plain)
 
 
 # ------------------------------------------------------------ projections
@@ -237,12 +287,10 @@ def test_smoothness_grows_with_the_token_norm():
         torch.manual_seed(0)
         embedded = model.embed(batch)
         masks = DropoutMasks(CPU)
-        clean = model("sts", batch, embedded)
         settings = dataclasses.replace(SmartSettings(), token_norm=token_norm)
-        values.append(
-            smoothness_loss(
-                lambda e: model("sts", batch, e), embedded, clean, "regression", settings, masks=masks
-            ).item()
+        _, loss, _ = smoothness_terms(
+            lambda e: model("sts", batch, e), embedded, "regression", settings, masks=masks
         )
+        values.append(loss.item())
     assert 0 < values[0] < values[1] < values[2]
     assert values[0] < 1e-6 * values[2]

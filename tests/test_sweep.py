@@ -131,3 +131,33 @@ def test_seed_study_takes_only_runs_of_the_same_parameters_and_their_own_seed():
     assert [r["seed"] for r in study["b"]] == [2, 11711]
     with pytest.raises(ValueError, match="no finished run of configuration 'c'"):
         seed_study(runs, params, ["c"])
+
+
+def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(monkeypatch, capsys):
+    # `dvc exp run` in the workspace leaves an experiment with no queue state: it counts
+    # when it has results; queued, running and failed ones do not, and each is named.
+    import dvc.api
+
+    from minbert.pipeline import sweep
+
+    rows = [
+        {"rev": "workspace", "typ": "workspace"},
+        {"rev": "base", "typ": "baseline", "Experiment": None},
+        {"rev": "e1", "typ": "branch_commit", "Experiment": "in-workspace", "State": None},
+        {"rev": "e2", "typ": "branch_commit", "Experiment": "queued-ok", "State": "Success"},
+        {"rev": "e3", "typ": "branch_commit", "Experiment": "broken", "State": "Failed"},
+        {"rev": "e4", "typ": "branch_commit", "Experiment": "waiting", "State": "Queued"},
+        {"rev": "e5", "typ": "branch_commit", "Experiment": "empty", "State": None},
+    ]
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: rows)
+
+    def read_run(repo, rev, name):
+        metrics = {} if rev == "e5" else {"multitask/best": {"average": 0.5}}
+        return Run(name, {"seed": rev}, metrics)
+
+    monkeypatch.setattr(sweep, "read_run", read_run)
+    runs = sweep.collect_runs()
+    assert [r.name for r in runs] == ["base", "in-workspace", "queued-ok"]
+    out = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "broken is failed: left out" in out and "waiting is queued: left out" in out
+    assert "empty has no metrics files: left out" in out

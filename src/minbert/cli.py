@@ -30,8 +30,23 @@ MULTITASK = ("sst", "quora", "sts")
 _debug = {"on": False}
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        import torch
+
+        console.print(f"minbert {version('minbert')} (torch {torch.__version__})")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error.")) -> None:
+def main(
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline."""
     _debug["on"] = debug
 
@@ -48,6 +63,18 @@ def command(name: str | None = None):
         return app.command(name)(run)
 
     return wrap
+
+
+def _known_bad_rows(file: Path) -> dict[str, str] | None:
+    """The rows of a course file that ``params.yaml`` (in the working directory) lists as
+    known to be broken (``data.skip_ids``), left out as the data stage leaves them out."""
+    import yaml
+
+    params = Path("params.yaml")
+    if not params.is_file():
+        return None
+    skip = (yaml.safe_load(params.read_text(encoding="utf-8")) or {}).get("data", {}).get("skip_ids", {})
+    return skip.get(Path(file).name)
 
 
 def _task(task: str, allowed=tuple(TASKS)) -> str:
@@ -148,7 +175,8 @@ def predict(
             shown = " | ".join(row[c] for c in TASKS[task].text_columns)
             typer.echo(f"{predicting.describe(task, value)}\t{shown}")
         return
-    predicted = predictor.predict(predicting.read_input(file, task), task, str(file), show_progress=True)
+    frame = predicting.read_input(file, task, _known_bad_rows(file))
+    predicted = predictor.predict(frame, task, str(file), show_progress=True)
     if out is None:
         for i, value in zip(predicted.ids, predicted.predictions):
             typer.echo(f"{i}\t{predicting.describe(task, value)}")
@@ -166,15 +194,23 @@ def evaluate(
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ) -> None:
     """Score a fine-tuned multitask model on a labelled file: accuracy (SST, Quora) or
-    Pearson's r (STS) with a 95% bootstrap interval over the file's examples."""
+    Pearson's r (STS) with a 95% bootstrap interval over the file's examples.
+
+    FILE may be a course file (its known-bad rows, listed in params.yaml, left out), a
+    CSV/TSV with named columns, or a table the data stage prepared: the Quora pairs the
+    pipeline holds out are data/prepared/quora-dev.parquet."""
     from rich.table import Table
 
     from minbert.atomic import atomic_write_text
     from minbert.pipeline import predict as predicting
 
     task = _task(task, MULTITASK)
+    frame = predicting.read_input(file, task, _known_bad_rows(file))
+    warning = predicting.check_labels(frame, task, str(file))  # before the predictions, not after
+    if warning:
+        console.print(f"warning: {warning}")
     predictor = predicting.Predictor(model, device)
-    predicted = predictor.predict(predicting.read_input(file, task), task, str(file), show_progress=True)
+    predicted = predictor.predict(frame, task, str(file), show_progress=True)
     result, summary = predicting.score(predicted)
     summary["model"] = str(model)
     table = Table(title=f"{model} on {file}")

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert.model.dropout import Dropout, attention
+
 
 @dataclass
 class BertConfig:
@@ -89,7 +91,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         seq_len = input_ids.shape[1]
@@ -143,9 +145,7 @@ class BertSelfAttention(nn.Module):
             q, k, v = (heads(proj(x)) for proj in (self.query, self.key, self.value))
         else:
             q, k, v = (heads(y) for y in self.qkv(x).split(h, dim=-1))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        y = attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)
         return y.transpose(1, 2).reshape(b, t, h)
 
 
@@ -175,7 +175,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(y)))

@@ -37,10 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from minbert.model.bert import BertModel, BertOutput
+from minbert.model.dropout import Dropout
 
 
 def _mean_of_real_tokens(output: BertOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    hidden = output.last_hidden_state
+    hidden = output.last_hidden_state.float()  # summed in float32, whatever autocast gave
     if attention_mask is None:
         return hidden.mean(dim=1)
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -60,12 +61,24 @@ def pool(output: BertOutput, attention_mask: torch.Tensor | None, pooling: str) 
     return POOLINGS[pooling](output, attention_mask)
 
 
+def run_head(head: nn.Module, *features: torch.Tensor) -> torch.Tensor:
+    """``head(*features)`` in float32, with autocast off.
+
+    Under bf16 autocast a head's linear layer would round its logits to 8 bits of
+    mantissa before the loss upcasts them, and ``5 * sigmoid`` would put the STS
+    scores on a grid 0.016-0.031 apart near 2.5-4.5. A head is a few thousand
+    multiply-adds: float32 costs nothing measurable.
+    """
+    with torch.autocast(features[0].device.type, enabled=False):
+        return head(*(f.float() for f in features))
+
+
 class ClassificationHead(nn.Module):
     """Dropout then a linear layer: logits for ``num_classes`` classes."""
 
     def __init__(self, hidden_size: int, num_classes: int, dropout: float) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear = nn.Linear(hidden_size, num_classes)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -84,7 +97,8 @@ class SentimentClassifier(nn.Module):
         self.head = ClassificationHead(encoder.config.hidden_size, num_classes, dropout)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.head(pool(self.encoder(input_ids, attention_mask), attention_mask, self.pooling))
+        pooled = pool(self.encoder(input_ids, attention_mask), attention_mask, self.pooling)
+        return run_head(self.head, pooled)
 
 
 # How a linear head's logit becomes an STS score (see the module docstring).
@@ -111,7 +125,7 @@ class SiameseLinearHead(nn.Module):
     ) -> None:
         super().__init__()
         self.parts, self.output = parts, output
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear = nn.Linear(hidden_size * len(parts), 1)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -151,7 +165,7 @@ class CrossEncoderHead(nn.Module):
     def __init__(self, hidden_size: int, dropout: float, output: str = "linear") -> None:
         super().__init__()
         self.output = output
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear = nn.Linear(hidden_size, 1)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:

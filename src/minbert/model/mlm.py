@@ -84,14 +84,17 @@ class BertForMaskedLM(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Vocabulary logits, at every position or only at the boolean mask ``positions``.
+        """Vocabulary logits, at every position or only at ``positions``, flat indices
+        into the batch's tokens (row by row).
 
         Pretraining asks only for the masked positions: projecting 15% of the
         tokens onto a 30k vocabulary instead of all of them is most of the head's cost.
         """
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
         if positions is not None:
-            hidden = hidden[positions]
+            # An index, not a boolean mask: selecting by a mask on a GPU makes the host
+            # wait for the device to count the chosen positions.
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
         return self.head(hidden)
 
     @classmethod

@@ -23,7 +23,7 @@ from minbert.data.multitask import Batch
 from minbert.metrics import as_written
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import CheckpointError, save_pretrained
-from minbert.model.heads import ClassificationHead, build_pair_head, pool
+from minbert.model.heads import ClassificationHead, build_pair_head, pool, run_head
 
 
 class MultitaskBert(nn.Module):
@@ -60,26 +60,40 @@ class MultitaskBert(nn.Module):
 
     def pooled(self, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors the heads read, one per sequence of ``batch`` (a siamese batch:
-        the first sentences' rows, then the second sentences')."""
+        the first sentences' rows, then the second sentences'). ``embedded`` may hold
+        several copies of the batch's embedding output stacked one after the other
+        (SMART's clean and perturbed copies): the vectors then come copy after copy."""
         embedded = self.embed(batch) if embedded is None else embedded
-        attention = batch.mask if batch.padded else None  # no mask: SDPA's fastest kernel
-        return pool(self.encoder.encode(embedded, attention), batch.mask, self.pooling)
+        copies = _copies(embedded, batch)
+        mask = batch.mask if copies == 1 else batch.mask.repeat(copies, 1)
+        attention = mask if batch.padded else None  # no mask: SDPA's fastest kernel
+        return pool(self.encoder.encode(embedded, attention), mask, self.pooling)
 
-    def head_output(self, task: str, pooled: torch.Tensor) -> torch.Tensor:
-        """The task head on pooled vectors laid out as :meth:`pooled` gives them."""
+    def head_output(self, task: str, pooled: torch.Tensor, copies: int = 1) -> torch.Tensor:
+        """The task head on pooled vectors laid out as :meth:`pooled` gives them, for
+        ``copies`` stacked copies of a batch (outputs copy after copy)."""
         if self.is_siamese(task):
-            u, v = pooled.chunk(2)
-            return self.heads[task](u, v)
-        return self.heads[task](pooled)
+            u, v = pooled.unflatten(0, (copies, 2, -1)).unbind(1)  # each (copies, pairs, hidden)
+            return run_head(self.heads[task], u.flatten(0, 1), v.flatten(0, 1))
+        return run_head(self.heads[task], pooled)
 
     def from_embedded(self, task: str, batch: Batch, embedded: torch.Tensor) -> torch.Tensor:
-        """Task output from an embedding output (SMART perturbs the latter)."""
-        return self.head_output(task, self.pooled(batch, embedded))
+        """Task output from an embedding output (SMART perturbs the latter), or from
+        several stacked copies of it."""
+        return self.head_output(task, self.pooled(batch, embedded), _copies(embedded, batch))
 
     def forward(self, task: str, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
         # One entry point for every training pass (SMART's perturbed ones included),
         # so that under DistributedDataParallel each goes through its forward.
         return self.from_embedded(task, batch, self.embed(batch) if embedded is None else embedded)
+
+
+def _copies(embedded: torch.Tensor, batch: Batch) -> int:
+    """How many copies of ``batch``'s rows ``embedded`` stacks."""
+    rows = batch.mask.shape[0]
+    if embedded.shape[0] % rows:
+        raise ValueError(f"an embedding output of {embedded.shape[0]} rows for a batch of {rows}")
+    return embedded.shape[0] // rows
 
 
 def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

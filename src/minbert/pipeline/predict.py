@@ -64,11 +64,83 @@ class Predictor:
         return Predicted(task, table.ids, predictions[task], table.labels, source)
 
 
-def read_input(path: str | Path, task: str) -> pd.DataFrame:
-    """A course file of ``task``, or a plain CSV/TSV file with named columns (told apart
-    by the header: a course file's first column is pandas's unnamed index)."""
+def read_input(path: str | Path, task: str, skip_ids: dict[str, str] | None = None) -> pd.DataFrame:
+    """A course file of ``task``, a plain CSV/TSV file with named columns (told apart
+    by the header: a course file's first column is pandas's unnamed index), or a table
+    the data stage prepared (``data/prepared/<task>-<split>.parquet``, e.g. the Quora
+    pairs the pipeline holds out). ``skip_ids`` (``{id: reason}``) are a course file's
+    rows known to be broken, left out as the data stage leaves them out."""
     path = Path(path)
-    return read_task_csv(path, TASKS[task], named=not _is_course_file(path))
+    head = _head(path)
+    if head.startswith(PARQUET_MAGIC):
+        return _read_prepared(path, task)
+    if b"\0" in head:
+        raise ValueError(f"{path}: a binary file, not a text table (course, CSV, TSV) or Parquet")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A sample cut mid-character at its end still decodes up to there.
+        if exc.start < len(head) - 4:
+            raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}) nor a Parquet table") from None
+    course = _is_course_file(path)
+    return read_task_csv(path, TASKS[task], named=not course, skip_ids=skip_ids if course else None)
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def _head(path: Path, size: int = 8192) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    except OSError:
+        return b""  # let the reader report the file as missing or unreadable
+
+
+def _read_prepared(path: Path, task: str) -> pd.DataFrame:
+    """A prepared Parquet table of ``task``: its id, text and (when labelled) label columns."""
+    spec = TASKS[task]
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several kinds for a damaged file
+        raise ValueError(f"{path}: not a readable Parquet table ({exc.__class__.__name__}: {exc})") from None
+    wanted = ["id", *spec.text_columns]
+    missing = [c for c in wanted if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: no column {', '.join(map(repr, missing))}: not a prepared {task} table "
+            f"(its columns: {', '.join(frame.columns)})"
+        )
+    keep = wanted + [c for c in ("label", "line") if c in frame.columns]
+    return frame[keep].reset_index(drop=True)
+
+
+def check_labels(frame: pd.DataFrame, task: str, source: str) -> str | None:
+    """Refuse, before any prediction, a file with no labels or labels outside the task's
+    range; a warning (or None) when the labels fit the range but not the task's shape
+    (a two-class file scored as five-class SST, e.g. CFIMDB's)."""
+    spec = TASKS[task]
+    if "label" not in frame.columns:
+        raise ValueError(f"{source}: no label column {spec.label_column!r}, so there is nothing to score")
+    labels = frame["label"].to_numpy()
+    if spec.label_kind == "class":
+        bad = (labels < 0) | (labels >= spec.num_classes) | (labels != np.round(labels))
+        allowed = f"the classes 0..{spec.num_classes - 1}"
+    else:
+        low, high = spec.score_range
+        bad = (labels < low) | (labels > high)
+        allowed = f"scores in [{low}, {high}]"
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        where = f"line {frame['line'].iloc[first]}" if "line" in frame.columns else f"row {first + 1}"
+        raise ValueError(f"{source}: {where}: label {labels[first]!r} is not one of {allowed} of task {task}")
+    used = set(np.unique(labels).tolist())
+    if spec.label_kind == "class" and spec.num_classes > 2 and len(labels) >= 50 and len(used) <= 2:
+        return (
+            f"{source}: only labels {sorted(used)} in {len(labels)} rows, for {spec.num_classes}-class "
+            f"{task}: is this a two-class file (CFIMDB's, say)? Its score is not {task}'s."
+        )
+    return None
 
 
 def _is_course_file(path: Path) -> bool:

@@ -133,13 +133,19 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
     return Run(name, params, metrics)
 
 
-def collect_runs(repo: Path = Path(".")) -> list[Run]:
-    """The baseline commit and its finished experiments, as DVC lists them.
+# Queue states of experiments that have no results (yet, or ever).
+UNFINISHED = ("Queued", "Running", "Failed")
 
-    Experiments still queued, running or failed, and a baseline never reproduced,
-    have no results and are left out (and named on the way, so that a short sweep
-    is never mistaken for a full one).
-    Runs with identical parameters (an experiment that repeats the baseline) count once.
+
+def collect_runs(repo: Path = Path(".")) -> list[Run]:
+    """The baseline commit and its experiments with results, as DVC lists them.
+
+    Experiments run in the workspace (``dvc exp run``) have no queue state and count
+    once they hold metrics files, like queued ones that succeeded. Experiments still
+    queued, running or failed, and any run without metrics files (a baseline never
+    reproduced), are left out, each named with the reason on the way, so that a short
+    sweep is never mistaken for a full one. Runs with identical parameters (an
+    experiment that repeats the baseline) count once.
     """
     from dvc.api import exp_show
 
@@ -150,8 +156,9 @@ def collect_runs(repo: Path = Path(".")) -> list[Run]:
         if row.get("rev") == "workspace":
             continue
         name = row.get("Experiment") or row["rev"]
-        if row.get("typ") != "baseline" and row.get("State") != "Success":
-            console.log(f"experiment {name} is {row.get('State')}: left out")
+        state = row.get("State")
+        if row.get("typ") != "baseline" and state in UNFINISHED:
+            console.log(f"experiment {name} is {state.lower()}: left out")
             continue
         run = read_run(repo, row["rev"], name)
         if not run.metrics:

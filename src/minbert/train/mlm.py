@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from minbert.data.batches import length_bucketed_batches, pad
 from minbert.data.corpus import SOURCES, Corpus
 from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
-from minbert.device import compute_context
+from minbert.device import compute_context, to_device
 from minbert.metrics import fixed
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
@@ -96,14 +96,38 @@ def split_corpus(corpus: Corpus, settings: MlmSettings) -> tuple[Corpus, Corpus]
 
 @dataclass
 class MaskedBatch:
+    """A padded batch with its masked-token labels (``IGNORE`` where nothing is
+    predicted). Built on the host, which also finds the chosen positions (flat indices
+    into the batch's tokens) and their targets: on a GPU, finding them there from a
+    boolean mask would make the host wait for the device in every step."""
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     token_type_ids: torch.Tensor
     labels: torch.Tensor
+    positions: torch.Tensor | None = None
+    targets: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.positions is None:
+            flat = self.labels.reshape(-1)
+            self.positions = (flat != IGNORE).nonzero().squeeze(1)
+            self.targets = flat[self.positions]
+        self.count = len(self.positions)  # known on the host wherever the tensors are
 
     def to(self, device: torch.device) -> MaskedBatch:
         return MaskedBatch(
-            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.token_type_ids, self.labels))
+            *(
+                to_device(t, device)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.token_type_ids,
+                    self.labels,
+                    self.positions,
+                    self.targets,
+                )
+            )
         )
 
 
@@ -127,16 +151,15 @@ def masked_batches(
     return out
 
 
-def mlm_loss(model: BertForMaskedLM, batch: MaskedBatch) -> tuple[torch.Tensor, int, int]:
-    """Mean cross-entropy over the chosen positions only, with their count and hits."""
-    chosen = batch.labels != IGNORE
-    logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, positions=chosen)
-    targets = batch.labels[chosen]
-    if targets.numel() == 0:
-        return logits.sum() * 0.0, 0, 0
-    loss = F.cross_entropy(logits.float(), targets)
-    hits = int((logits.argmax(-1) == targets).sum())
-    return loss, int(targets.numel()), hits
+def mlm_loss(model: BertForMaskedLM, batch: MaskedBatch) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """Mean cross-entropy over the chosen positions only, with their count and the
+    number predicted right (a tensor on the batch's device: nothing here waits for it)."""
+    logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, positions=batch.positions)
+    if batch.count == 0:
+        return logits.sum() * 0.0, 0, torch.zeros((), dtype=torch.long, device=logits.device)
+    loss = F.cross_entropy(logits.float(), batch.targets)
+    hits = (logits.argmax(-1) == batch.targets).sum()
+    return loss, batch.count, hits
 
 
 @torch.inference_mode()
@@ -148,7 +171,7 @@ def evaluate_mlm(model: BertForMaskedLM, batches: list[MaskedBatch], device: tor
             loss, n, h = mlm_loss(model, batch.to(device))
         total_loss += float(loss) * n
         total += n
-        hits += h
+        hits += int(h)
     mean = total_loss / max(total, 1)
     return {
         "masked_accuracy": fixed(hits / max(total, 1)),
@@ -212,7 +235,8 @@ def train_mlm(
             # Dynamic masking: a generator per epoch, so every epoch has new masks.
             generator = torch.Generator().manual_seed(settings.seed * 1000 + epoch)
             order = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
-            loss_sum, batches = 0.0, 0
+            # Summed on the device in float64 (the host's own precision), read once an epoch.
+            loss_sum, batches = torch.zeros((), dtype=torch.float64, device=device), 0
             for rows in order:
                 batch = masked_batches(train, [rows], vocab, generator, settings.mask_prob)[0].to(device)
                 with compute_context(device):
@@ -224,10 +248,13 @@ def train_mlm(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
                 optimizer.step()
                 scheduler.step()
-                loss_sum += loss.item()
+                loss_sum += loss.detach().double()
                 batches += 1
                 step += 1
-                bar.update(job, advance=1, status=f"epoch {epoch} loss {loss.item():.3f}")
+                # The newest loss the guard has checked: on a GPU, the step before this one.
+                last = "…" if guard.last is None else f"{float(guard.last):.3f}"
+                bar.update(job, advance=1, status=f"epoch {epoch} loss {last}")
+            loss_sum = float(loss_sum)
             heldout_metrics = evaluate_mlm(model, heldout_batches, device)
             history.append(
                 {

@@ -54,6 +54,7 @@ from minbert.train.loop import BestEpoch, cpu_copy, epoch_progress
 from minbert.train.multitask_step import MultitaskSettings, MultitaskStep
 from minbert.train.objective import LOSS_PARTS
 from minbert.train.optim import build_scheduler
+from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
 
 
@@ -240,16 +241,17 @@ def train_multitask(
             lr = optimizer.param_groups[0]["lr"]
             # Loss sums stay on the device (no host synchronisation for the log).
             sums = torch.zeros(len(TASKS), len(LOSS_PARTS), device=device)
+            grams: list[tuple[int, torch.Tensor]] = []  # PCGrad's, read once the epoch is done
             counts = np.zeros(len(TASKS))
             steps = epoch_steps(lengths, global_batch, rng, one_task_per_step=one_task_per_step)
             for step, rows_by_task in enumerate(steps):
-                step_losses, stats = train_step(rows_by_task, epoch, step)
+                step_losses, gram = train_step(rows_by_task, epoch, step)
                 sums += step_losses
                 counts += [t in rows_by_task for t in TASKS]
                 for t, rows in rows_by_task.items():
                     seen[t] += len(rows)
-                if stats is not None:
-                    result.conflicts.append(_conflict_row(epoch, global_step, stats))
+                if gram is not None:
+                    grams.append((global_step, gram))
                 global_step += 1
                 last = train_step.guard.last
                 bar.update(
@@ -258,6 +260,7 @@ def train_multitask(
                     status=f"epoch {epoch} loss {'…' if last is None else f'{last[:, 0].sum():.3f}'}",
                 )
             train_step.flush()
+            result.conflicts += _conflict_rows(epoch, grams)
             scheduler.step()
             means = (sums.cpu().numpy() / counts[:, None]).tolist()
             losses = {
@@ -314,10 +317,17 @@ def conflict_columns() -> list[str]:
     return ["epoch", "step", "conflicts", "pairs", *pairs]
 
 
-def _conflict_row(epoch: int, step: int, stats: dict) -> dict:
-    cos = stats["cosines"]
-    row = {"epoch": epoch, "step": step, "conflicts": stats["conflicts"], "pairs": stats["pairs"]}
-    for i in range(len(TASKS)):
-        for j in range(i + 1, len(TASKS)):
-            row[f"cos_{TASKS[i]}_{TASKS[j]}"] = fixed(cos[i, j])
-    return row
+def _conflict_rows(epoch: int, grams: list[tuple[int, torch.Tensor]]) -> list[dict]:
+    """The conflict log of an epoch's PCGrad steps, from their Gram matrices (one
+    transfer to the host for the whole epoch)."""
+    if not grams:
+        return []
+    rows, pairs = [], len(TASKS) * (len(TASKS) - 1) // 2
+    for (step, _), gram in zip(grams, torch.stack([g for _, g in grams]).cpu()):
+        cos, conflicts = gram_stats(gram)
+        row = {"epoch": epoch, "step": step, "conflicts": conflicts, "pairs": pairs}
+        for i in range(len(TASKS)):
+            for j in range(i + 1, len(TASKS)):
+                row[f"cos_{TASKS[i]}_{TASKS[j]}"] = fixed(cos[i, j])
+        rows.append(row)
+    return rows

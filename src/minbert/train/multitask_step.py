@@ -28,7 +28,7 @@ from minbert.train.head_warmup import HeadWarmup
 from minbert.train.loop import NonFiniteGuard
 from minbert.train.objective import LOSS_PARTS, smart_start, task_objective
 from minbert.train.optim import build_optimizer
-from minbert.train.pcgrad import pcgrad_backward
+from minbert.train.pcgrad import PCGrad
 from minbert.train.smart import EmaTeacher, SmartSettings
 
 GRADIENT_MODES = ("round-robin", "summed", "pcgrad")
@@ -150,6 +150,11 @@ class MultitaskStep:
         )
         self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
         self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
+        self.pcgrad = (
+            PCGrad(self.shared, self.heads, self.pcgrad_generator, world.all_reduce_mean_)
+            if settings.gradient == "pcgrad"
+            else None
+        )
         # SMART's random starts, drawn for whole global batches: alike on every rank.
         self.smart_generator = torch.Generator(device).manual_seed(settings.seed)
         # Checks each step's losses (global means) and names the examples of a bad one.
@@ -168,10 +173,11 @@ class MultitaskStep:
 
         Returns a (task, LOSS_PARTS) tensor on the device: each trained task's mean
         loss and SMART terms over its global batch (zeros for the other tasks) and,
-        with PCGrad, the conflict statistics of the task gradients. A non-finite loss
+        with PCGrad, the Gram matrix of the task gradients (on the device; nothing in
+        the step waits for the host). A non-finite loss
         raises :class:`NonFiniteLoss` (on a GPU, during the next call or :meth:`flush`).
         """
-        world, smart, stats = self.world, self.settings.smart, None
+        world, smart, gram = self.world, self.settings.smart, None
         objectives, rows_used = [], {}
         local = torch.zeros(len(TASKS), len(LOSS_PARTS), device=self.device)
         with self.no_sync():
@@ -215,14 +221,8 @@ class MultitaskStep:
                 step_losses /= world.size
             self.guard.push(step_losses, (epoch, step, rows_used), local)
             self.optimizer.zero_grad(set_to_none=True)
-            if self.settings.gradient == "pcgrad":
-                stats = pcgrad_backward(
-                    objectives,
-                    self.shared,
-                    self.heads,
-                    generator=self.pcgrad_generator,
-                    reduce=world.all_reduce_mean_,
-                )
+            if self.pcgrad is not None:
+                gram = self.pcgrad(objectives)
             else:
                 torch.stack(objectives).sum().backward()
         if self.settings.grad_clip > 0:
@@ -230,7 +230,7 @@ class MultitaskStep:
         self.optimizer.step()
         if self.teacher is not None:
             self.teacher.update(self.model)
-        return step_losses, stats
+        return step_losses, gram
 
     def flush(self) -> None:
         """Check the last step's losses (at the end of an epoch)."""

@@ -44,11 +44,25 @@ def smart_start(
     width) and this rank keeps its own rows and its own width: each example starts
     from the same noise however the batch is split across processes.
     """
-    stacked = np.concatenate([positions, positions + len(rows)]) if data.siamese else positions
     width = -(-int(data.lengths[rows].max()) // multiple) * multiple
     shape = (len(rows) * (2 if data.siamese else 1), width, hidden)
     noise = torch.randn(shape, generator=generator, device=generator.device) * std
-    return noise[torch.from_numpy(stacked).to(noise.device), : batch.ids.shape[1]]
+    # This rank's rows as slices (every size-th row from its rank, or a lone row):
+    # an index tensor would be a blocking copy from the host in every step.
+    mine = _as_slice(positions)
+    if data.siamese:
+        first, second = noise[: len(rows)], noise[len(rows) :]
+        return torch.cat([first[mine], second[mine]])[:, : batch.ids.shape[1]]
+    return noise[mine, : batch.ids.shape[1]]
+
+
+def _as_slice(positions: np.ndarray) -> slice:
+    """``positions``, an increasing arithmetic progression, as the slice that selects it."""
+    step = int(positions[1] - positions[0]) if len(positions) > 1 else 1
+    as_slice = slice(int(positions[0]), int(positions[-1]) + 1, step)
+    if step < 1 or not np.array_equal(positions, np.arange(as_slice.start, as_slice.stop, step)):
+        raise ValueError(f"a rank's positions in its batch must be evenly spaced, got {positions.tolist()}")
+    return as_slice
 
 
 def task_objective(
@@ -74,19 +88,25 @@ def task_objective(
         # After the embedding layer (its output is reused, masks and all), before the
         # clean pass draws the encoder's and the head's masks.
         masks = DropoutMasks(embedded.device) if shared else None
-        output = net(task, batch, embedded)
-    loss = task_loss(task, output, labels)
+        if smart is None:
+            output = net(task, batch, embedded)
     if smart is None:
+        loss = task_loss(task, output, labels)
         zero = torch.zeros((), device=loss.device)
         return loss, torch.stack([loss.detach(), zero, zero, zero])
     kind = DIVERGENCE[task]
-    with compute_context(device):
-        # Under autocast the perturbed passes turn it off themselves (float32).
-        adversarial, control = smoothness_terms(
-            lambda e: net(task, batch, e), embedded, output, kind, smart, start=start, masks=masks
+    # SMART compares outputs in float32 (bf16 would round its perturbation away, see
+    # minbert.train.smart): its passes, the clean one among them (stacked with the
+    # perturbed copy, it serves the task loss too), run with autocast off. The teacher's
+    # targets are float32 too: early on the teacher is the student, and bf16 rounding
+    # would be most of the Bregman term.
+    with compute_context(device), torch.autocast(device.type, enabled=False):
+        output, adversarial, control = smoothness_terms(
+            lambda e: net(task, batch, e), embedded, kind, smart, start=start, masks=masks
         )
         with torch.no_grad():
             target = teacher.module(task, batch).float()
-    bregman = bregman_loss(output.float(), target, kind)
+    loss = task_loss(task, output, labels)
+    bregman = bregman_loss(output, target, kind)
     objective = loss + smart.lambda_s * adversarial + smart.mu * bregman
     return objective, torch.stack([loss, adversarial, control, bregman]).detach()

@@ -4,8 +4,9 @@ A stage killed mid-run (a lost machine, a Ctrl-C, an out-of-memory kill) leaves 
 output for DVC to record, so ``dvc repro`` simply runs it again; the training loop
 then finds its last saved state and continues from the next epoch. Everything
 that decides what happens next is in the state: model, optimizer and scheduler
-states, the random generators (torch's global generator for dropout, the numpy
-generator that orders batches, any extra torch generator such as PCGrad's) and the
+states, the random generators (torch's global generator for dropout, on a GPU every
+CUDA device's, the numpy generator that orders batches, any extra torch generator such
+as PCGrad's) and the
 results so far. So a resumed run ends with exactly the numbers of a run that was
 never interrupted (tested).
 
@@ -39,9 +40,13 @@ def fingerprint(**parts: Any) -> str:
 
 
 def generator_states(numpy_rng: np.random.Generator, *torch_generators: torch.Generator) -> dict:
+    """Every random state a run draws from: numpy's, torch's CPU generator, every CUDA
+    device's default generator (dropout masks on a GPU draw from it) and the run's own
+    ``torch_generators``."""
     return {
         "numpy": numpy_rng.bit_generator.state,
         "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "generators": [g.get_state() for g in torch_generators],
     }
 
@@ -51,7 +56,16 @@ def restore_generators(
 ) -> None:
     numpy_rng.bit_generator.state = state["numpy"]
     torch.set_rng_state(state["torch"])
-    for g, s in zip(torch_generators, state["generators"]):
+    cuda = state.get("cuda", [])
+    if cuda:
+        if not torch.cuda.is_available() or torch.cuda.device_count() != len(cuda):
+            raise ValueError(
+                f"the resume state holds {len(cuda)} CUDA generator state(s) and this machine "
+                f"has {torch.cuda.device_count() if torch.cuda.is_available() else 0} device(s): "
+                "a run resumes on the kind of machine it started on"
+            )
+        torch.cuda.set_rng_state_all(cuda)
+    for g, s in zip(torch_generators, state["generators"], strict=True):
         g.set_state(s)
 
 

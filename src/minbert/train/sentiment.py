@@ -35,7 +35,7 @@ from minbert.data.batches import (
 )
 from minbert.data.tasks import TASKS
 from minbert.data.validation import carve_validation
-from minbert.device import compute_context
+from minbert.device import compute_context, to_device
 from minbert.evaluate.sentiment import encode_pooled, predict_logits
 from minbert.metrics import accuracy, fixed
 from minbert.model.bert import BertModel
@@ -186,7 +186,10 @@ def _epoch_loop(
             lr = optimizer.param_groups[0]["lr"]
             train_loss, train_acc = run_epoch(
                 epoch,
-                lambda loss, epoch=epoch: bar.update(job, advance=1, status=f"epoch {epoch} loss {loss:.3f}"),
+                # The newest loss the guard has checked (on a GPU, one step behind).
+                lambda loss, epoch=epoch: bar.update(
+                    job, advance=1, status=f"epoch {epoch} loss {'…' if loss is None else f'{loss:.3f}'}"
+                ),
             )
             (val_loss, val_acc), (dev_loss, dev_acc) = evaluate()
             scheduler.step()
@@ -224,6 +227,16 @@ def _epoch_loop(
     return result
 
 
+def _epoch_sums(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """An epoch's loss and correct-answer sums, kept on the device and read once the
+    epoch is done (reading them every step would make the host wait for the device).
+    The loss sum is float64, the precision the host would have summed in."""
+    return (
+        torch.zeros((), dtype=torch.float64, device=device),
+        torch.zeros((), dtype=torch.long, device=device),
+    )
+
+
 def _guard(task: str) -> NonFiniteGuard:
     return NonFiniteGuard(
         lambda step, loss: (
@@ -259,19 +272,19 @@ def _train_head_on_features(
     def run_epoch(epoch, tick):
         head.train()
         order = torch.from_numpy(rng.permutation(len(train)))
-        total, correct = 0.0, 0
+        total, correct = _epoch_sums(device)
         for step, rows in enumerate(order.split(settings.batch_size)):
-            x, y = feats["train"][rows].to(device), y_train[rows].to(device)
+            x, y = to_device(feats["train"][rows], device), to_device(y_train[rows], device)
             logits = head(x)
             loss = F.cross_entropy(logits, y)
             guard.push(loss, (epoch, step, [train.ids[i] for i in rows.tolist()]))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.item() * len(rows)
-            correct += int((logits.argmax(-1) == y).sum())
-            tick(loss.item())
-        return total / len(train), correct / len(train)
+            total += loss.detach().double() * len(rows)
+            correct += (logits.argmax(-1) == y).sum()
+            tick(guard.last)
+        return float(total) / len(train), int(correct) / len(train)
 
     @torch.inference_mode()
     def logits_of(name):
@@ -324,29 +337,29 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
 
     def run_epoch(epoch, tick):
         model.train()
-        total, correct = 0.0, 0
+        total, correct = _epoch_sums(device)
         batches = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
         for step, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
-            batch_loss = 0.0
+            batch_loss = torch.zeros((), dtype=torch.float64, device=device)
             # Pieces under the token budget, gradients accumulated: the same update as
             # the whole batch at once (the loss is the batch mean), in bounded memory.
             for rows in split_by_tokens(batch, lengths, settings.max_tokens):
                 ids, mask = pad(seqs, rows)
-                y = torch.as_tensor(train.labels[rows], dtype=torch.long, device=device)
+                y = to_device(torch.as_tensor(train.labels[rows], dtype=torch.long), device)
                 with compute_context(device):
-                    logits = model(ids.to(device), mask.to(device))
+                    logits = model(to_device(ids, device), to_device(mask, device))
                 loss = F.cross_entropy(logits.float(), y, reduction="sum") / len(batch)
                 guard.push(loss, (epoch, step, [train.ids[i] for i in batch]))
                 loss.backward()
-                batch_loss += loss.item()
-                correct += int((logits.argmax(-1) == y).sum())
+                batch_loss += loss.detach().double()
+                correct += (logits.argmax(-1) == y).sum()
             if settings.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
             optimizer.step()
             total += batch_loss * len(batch)
-            tick(batch_loss)
-        return total / len(train), correct / len(train)
+            tick(guard.last)
+        return float(total) / len(train), int(correct) / len(train)
 
     def evaluate():
         scores = []

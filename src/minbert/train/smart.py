@@ -18,10 +18,9 @@ perturbation lives in the continuous space right after the embeddings) and
 :math:`\ell_s` is a symmetric divergence: symmetric KL for classification,
 squared error for regression. The inner max is approximated by a few steps of
 normalised gradient ascent from a small random start
-(``minbert.train.smoothness.adversarial_perturbation``); ``smoothness_loss`` there
-then evaluates
-:math:`\ell_s` at the perturbation found, with the graph to the model kept so the
-term regularises the parameters.
+(``minbert.train.smoothness.adversarial_perturbation``); ``smoothness_terms`` there
+then evaluates :math:`\ell_s` at the perturbation found, with the graph to the model
+kept so the term regularises the parameters.
 
 **Bregman proximal point term** :math:`\mathcal{D}_{breg}`, weight :math:`\mu`.
 Each update should stay close, *in prediction space*, to a slowly moving
@@ -91,11 +90,10 @@ of a 1e-5 perturbation vanish there, and the rest come out as whole rounding ste
 so R_s read rounding, not the perturbation. The perturbed passes therefore run with
 autocast off (float32; TF32 matrix products, which would round alike, are off in
 this project), the ascent's backward pass too (autograd runs it under the autocast
-state of the call, not of the forward pass), and when the caller's clean output
-was computed under autocast the clean side of the divergence is computed again in
-float32 with the same masks: comparing a bf16 output with a float32 one would
-measure the rounding instead. On a GPU that costs float32 passes and one more
-forward and backward pass per task.
+state of the call, not of the forward pass). The clean pass is one of them (stacked
+with the perturbed copy), so every output a divergence compares is float32 (comparing
+a bf16 output with a float32 one would measure the rounding), and the training
+objective (``minbert.train.objective``) runs the teacher's pass in float32 too.
 
 **Which side is differentiated.** The ascent compares with the clean output
 detached (as the reference code's ``logits.detach()`` does); the final divergence
@@ -106,24 +104,26 @@ term and differentiates both log-probabilities; the terms that drops vanish as
 the two outputs meet.)
 
 Every step also logs the *control*: the same divergence with no perturbation,
-under the same mask policy (:func:`minbert.train.smoothness.smoothness_terms`). With shared masks it is 0,
-and the trained term is the perturbation's; with independent masks it is what
-dropout alone contributes.
+under the same mask policy (:func:`minbert.train.smoothness.smoothness_terms`). With
+shared masks it is 0, and the trained term is the perturbation's; with independent
+masks it is what dropout alone contributes.
 
-A training step combines them (per task, in multitask training)::
+A training step combines them (per task, in multitask training;
+``minbert.train.objective.task_objective``)::
 
-    embedded = bert.embed(input_ids, token_type_ids)
-    masks = DropoutMasks(embedded.device)      # before the clean pass draws its masks
-    logits = head(bert.encode(embedded, attention_mask))
-    forward_fn = lambda e: head(bert.encode(e, attention_mask))
-    adversarial, control = smoothness_terms(forward_fn, embedded, logits, kind, settings, masks=masks)
+    embedded = model.embed(batch)
+    masks = DropoutMasks(embedded.device)      # before any pass draws its masks
+    forward_fn = lambda e: model(task, batch, e)   # e may stack several copies
+    logits, adversarial, control = smoothness_terms(forward_fn, embedded, kind, settings, masks=masks)
     loss = (task_loss(logits, labels)
             + settings.lambda_s * adversarial
             + settings.mu * bregman_loss(logits, teacher_logits, kind))
     loss.backward(); optimizer.step(); teacher.update(model)
 
 where ``teacher_logits`` come from the same batch run through ``teacher.module``
-under ``torch.no_grad()``.
+under ``torch.no_grad()``. ``smoothness_terms`` runs the clean and the perturbed
+pass as one pass over the two copies stacked (``minbert.model.dropout`` gives them
+one set of dropout masks).
 """
 
 from __future__ import annotations
@@ -286,6 +286,8 @@ class EmaTeacher:
         for p in self.module.parameters():
             p.grad = None  # deepcopy copies any .grad the student had
         self._param_names = [name for name, _ in self.module.named_parameters()]
+        self._params = list(self.module.parameters())
+        self._buffers = list(self.module.buffers())
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -296,12 +298,13 @@ class EmaTeacher:
         named = list(model.named_parameters())
         if [name for name, _ in named] != self._param_names:
             raise ValueError("EmaTeacher.update: the model's parameters are not the teacher's")
-        teacher_params = list(self.module.parameters())
         # lerp(t, s, w) = t + w (s - t) = (1 - w) t + w s, so w = 1 - beta; one
-        # fused call over all tensors rather than a Python loop of ~200 kernels.
-        torch._foreach_lerp_(teacher_params, [p.detach() for _, p in named], 1.0 - self.beta)
-        for mine, theirs in zip(self.module.buffers(), model.buffers(), strict=True):
-            mine.copy_(theirs)
+        # fused call over all tensors rather than a Python loop of ~200 kernels (no
+        # gradient is recorded here, so the student's parameters need no detach).
+        torch._foreach_lerp_(self._params, [p for _, p in named], 1.0 - self.beta)
+        theirs = list(model.buffers())
+        if theirs:
+            torch._foreach_copy_(self._buffers, theirs)
 
 
 def bregman_loss(student_output: torch.Tensor, teacher_output: torch.Tensor, kind: Kind) -> torch.Tensor:

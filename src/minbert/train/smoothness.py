@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from minbert.model.dropout import tiled
 from minbert.train.smart import Kind, SmartSettings, divergence
 
 
@@ -41,21 +42,39 @@ class DropoutMasks:
         """
         cuda = self.cuda_state is not None
         with torch.random.fork_rng(devices=[self.device] if cuda else [], device_type="cuda"):
-            torch.set_rng_state(self.cpu_state)
-            if cuda:
-                torch.cuda.set_rng_state(self.cuda_state, self.device)
+            self.rewind()
             yield
+
+    def rewind(self) -> None:
+        """Put the global random state back to the saved one, for the pass that draws
+        the masks for the training's own stream (which then goes on from there)."""
+        torch.set_rng_state(self.cpu_state)
+        if self.cuda_state is not None:
+            torch.cuda.set_rng_state(self.cuda_state, self.device)
 
 
 def _perturbed_pass(
-    forward_fn: Callable[[torch.Tensor], torch.Tensor], embedded: torch.Tensor, masks: DropoutMasks | None
+    forward_fn: Callable[[torch.Tensor], torch.Tensor],
+    embedded: torch.Tensor,
+    masks: DropoutMasks | None,
+    copies: int = 1,
+    replay: bool = True,
 ) -> torch.Tensor:
-    """``forward_fn(embedded)`` as SMART's perturbed passes run it: in float32 with
-    autocast off (a perturbation added to order-one embeddings does not survive
-    bf16's 8-bit mantissa), with the clean pass's dropout masks when ``masks`` is
-    given. The output is float32."""
-    replay = masks.replay() if masks is not None else contextlib.nullcontext()
-    with torch.autocast(embedded.device.type, enabled=False), replay:
+    """``forward_fn(embedded)`` as SMART's passes run it: in float32 with autocast off (a
+    perturbation added to order-one embeddings does not survive bf16's 8-bit mantissa).
+    With ``masks`` (shared masks), the pass starts from the saved random state (replayed
+    and put back, or with ``replay`` False rewound and left to go on) and draws its masks
+    for one copy of the batch, however many ``copies`` ``embedded`` stacks
+    (``minbert.model.dropout.tiled``). The output is float32."""
+    if masks is None:
+        state = contextlib.nullcontext()
+    elif replay:
+        state = masks.replay()
+    else:
+        masks.rewind()
+        state = contextlib.nullcontext()
+    tiling = tiled(copies) if masks is not None else contextlib.nullcontext()
+    with torch.autocast(embedded.device.type, enabled=False), state, tiling:
         return forward_fn(embedded.float()).float()
 
 
@@ -165,86 +184,49 @@ def adversarial_perturbation(
     return noise.detach()
 
 
-def _smoothness(
-    forward_fn: Callable[[torch.Tensor], torch.Tensor],
-    embedded: torch.Tensor,
-    clean_output: torch.Tensor,
-    kind: Kind,
-    settings: SmartSettings,
-    generator: torch.Generator | None,
-    start: torch.Tensor | None,
-    masks: DropoutMasks | None,
-    control: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if torch.is_autocast_enabled(embedded.device.type):
-        # The caller's clean output went through bf16 products; against a float32
-        # perturbed output the divergence would measure that rounding. The clean
-        # side again, in float32 with the same masks (and the graph kept).
-        reference = _perturbed_pass(forward_fn, embedded, masks)
-    else:
-        reference = clean_output.float()
-    noise = adversarial_perturbation(forward_fn, embedded, reference, kind, settings, generator, start, masks)
-    loss = divergence(_perturbed_pass(forward_fn, embedded + noise, masks), reference, kind)
-    if not control:
-        return loss, None
-    with torch.no_grad():
-        zero = divergence(_perturbed_pass(forward_fn, embedded, masks), reference, kind)
-    return loss, zero
-
-
-def smoothness_loss(
-    forward_fn: Callable[[torch.Tensor], torch.Tensor],
-    embedded: torch.Tensor,
-    clean_output: torch.Tensor,
-    kind: Kind,
-    settings: SmartSettings,
-    generator: torch.Generator | None = None,
-    start: torch.Tensor | None = None,
-    masks: DropoutMasks | None = None,
-) -> torch.Tensor:
-    """R_s for one batch: the divergence at the adversarial perturbation (a scalar).
-
-    ``forward_fn(embedded)`` maps an embedding batch to the task's predictions (it
-    closes over the attention mask and the task head); ``embedded`` is this
-    batch's embedding output and ``clean_output`` the unperturbed predictions,
-    both still in the graph. ``masks``, taken before the clean pass, makes every
-    perturbed pass reuse its dropout masks (``dropout_masks="shared"``).
-
-    The returned loss keeps the graph on *both* sides: through the perturbed
-    forward pass (and through ``embedded`` into the embedding layer), and through
-    ``clean_output`` (or, under autocast, through its float32 recomputation). The
-    paper's objective differentiates ``l_s(f(x~; theta), f(x; theta))`` with
-    respect to theta in both arguments, and with a symmetric divergence neither
-    side is privileged, so neither is detached. Only the perturbation itself is a
-    constant here: it was chosen by the ascent, and differentiating through that
-    choice is not part of SMART.
-    """
-    loss, _ = _smoothness(
-        forward_fn, embedded, clean_output, kind, settings, generator, start, masks, control=False
-    )
-    return loss
-
-
 def smoothness_terms(
     forward_fn: Callable[[torch.Tensor], torch.Tensor],
     embedded: torch.Tensor,
-    clean_output: torch.Tensor,
     kind: Kind,
     settings: SmartSettings,
     generator: torch.Generator | None = None,
     start: torch.Tensor | None = None,
     masks: DropoutMasks | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """R_s as :func:`smoothness_loss` computes it, and its control (detached).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The clean output, R_s and its control for one batch.
 
-    The control is the same divergence with *no* perturbation: one more pass of
-    the unperturbed embeddings, under the same mask policy and precision, without
-    a graph. It is the part of R_s that is not the perturbation's doing: 0 with
-    shared masks (where the passes are the same computation), the divergence
-    dropout alone causes with independent ones. Logged beside R_s, it shows what
-    the trained term is made of.
+    ``forward_fn(embedded)`` maps an embedding output to the task's predictions (it
+    closes over the attention mask and the task head) and accepts several copies of
+    the batch stacked along the first dimension (outputs copy after copy);
+    ``embedded`` is this batch's embedding output, in the graph. ``masks``, taken
+    before any pass of the batch, makes every pass use the same dropout masks
+    (``dropout_masks="shared"``). Four passes, all float32:
+
+    1. the clean output without a graph: the ascent's target and the control's;
+    2. the ascent (:func:`adversarial_perturbation`), a forward and a backward pass to
+       the perturbation;
+    3. one pass over the clean and the perturbed copies stacked, with the graph: the
+       clean output (returned, for the task loss and the Bregman term) and R_s, the
+       divergence between the two halves. It keeps the graph on *both* sides, as the
+       paper's objective differentiates ``l_s(f(x~; theta), f(x; theta))`` in both
+       arguments (with a symmetric divergence neither side is privileged); only the
+       perturbation is a constant, chosen by the ascent;
+    4. none more for the control: the divergence between pass 3's clean half and pass
+       1, the same divergence with no perturbation, detached. It is the part of R_s that
+       is not the perturbation's doing: 0 with shared masks (up to the rounding of a
+       stacked batch), what dropout alone causes with independent ones.
+
+    Stacking pass 3 rather than running the clean and the perturbed pass apart halves
+    the operators a GPU launches for them (``bench/step_ops.py``); with shared masks
+    the stacked copies draw one set of masks (``minbert.model.dropout``).
     """
-    loss, control = _smoothness(
-        forward_fn, embedded, clean_output, kind, settings, generator, start, masks, control=True
-    )
-    return loss, control
+    embedded32 = embedded.float()
+    with torch.no_grad():
+        target = _perturbed_pass(forward_fn, embedded32, masks)
+    noise = adversarial_perturbation(forward_fn, embedded32, target, kind, settings, generator, start, masks)
+    # The pass that draws this step's masks for the training's stream (the others replayed them).
+    both = _perturbed_pass(forward_fn, torch.cat([embedded32, embedded32 + noise]), masks, 2, replay=False)
+    clean, perturbed = both.chunk(2)
+    with torch.no_grad():
+        control = divergence(clean, target, kind)
+    return clean, divergence(perturbed, clean, kind), control
