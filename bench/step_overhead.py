@@ -6,7 +6,7 @@ configuration's batch sizes (default ``baseline`` at the ``cpu`` scale, siamese
 pair heads) and is run four ways, interleaved on the same model:
 
 * ``plain``: one batch of every task, the sum of the three losses, one backward (``summed``);
-* ``pcgrad``: ``pcgrad_backward`` (one backward per task, gradient surgery);
+* ``pcgrad``: ``PCGrad`` (one backward per task, gradient surgery);
 * ``smart``: ``summed`` with SMART (SMART settings from params.yaml,
   ``--smart-steps`` ascent steps, default 1) and the teacher update;
 * ``pcgrad+smart``: both.

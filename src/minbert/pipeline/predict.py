@@ -82,7 +82,7 @@ def read_input(path: str | Path, task: str, skip_ids: dict[str, str] | None = No
         # A sample cut mid-character at its end still decodes up to there.
         if exc.start < len(head) - 4:
             raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}) nor a Parquet table") from None
-    course = _is_course_file(path)
+    course = _is_course_file(head)
     return read_task_csv(path, TASKS[task], named=not course, skip_ids=skip_ids if course else None)
 
 
@@ -143,12 +143,11 @@ def check_labels(frame: pd.DataFrame, task: str, source: str) -> str | None:
     return None
 
 
-def _is_course_file(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            first = handle.readline().lstrip("\ufeff")
-    except OSError:
-        return True  # let the course reader report the file as missing or unreadable
+def _is_course_file(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a course file: its header's first field is
+    empty (or ``0``). An unreadable file (no bytes) counts as one, so that the course
+    reader reports it as missing or unreadable."""
+    first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").lstrip("\ufeff")
     return first.split("\t", 1)[0] in ("", "0")
 
 
