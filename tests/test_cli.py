@@ -172,6 +172,7 @@ def test_evaluate_scores_a_labelled_file_with_an_interval(model_dir, tmp_path):
 def _assert_one_line_error(result, *fragments):
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output and "error: " in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
     for fragment in fragments:
         assert fragment in result.output, (fragment, result.output)
 
@@ -245,7 +246,8 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
 
     done = resolve()
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "error: params.yaml: unknown key 'optimiser'" in done.stderr
+    assert done.stderr.startswith("error: params.yaml: unknown key 'optimiser'")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     debug = resolve(MINBERT_DEBUG="1")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 

@@ -29,6 +29,7 @@ from minbert.distributed import World
 from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.pipeline import resolve
 from minbert.pipeline import settings as params_module
+from minbert.results import read_result
 
 CONFIGS = ["baseline", "summed", "best"]  # round-robin, summed losses, PCGrad + SMART
 
@@ -138,7 +139,7 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
     _torchrun(REPO / "stages" / "multitask.py", "best-no-smart", cwd=tmp_path)
-    metrics = yaml.safe_load((tmp_path / "metrics" / "multitask" / "best-no-smart.json").read_text())
+    metrics = read_result(tmp_path / "metrics" / "multitask" / "best-no-smart.json")
     assert metrics["processes"] == 2 and metrics["device"].startswith("2 x cpu")
     assert metrics["batch_size"] == {"sst": 4, "quora": 3, "sts": 2}
     for task in TASKS:

@@ -22,6 +22,7 @@ from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.pipeline import multitask
 from minbert.pipeline import settings as params_module
 from minbert.pipeline.settings import resolve_multitask
+from minbert.results import read_result
 
 
 def run_stage(params: dict, config: str, *args, **kwargs) -> dict:
@@ -203,11 +204,13 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
 )
 def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
     metrics = run_in(tmp_path, tiny_params, config, tokenized)
-    for key in ("sst_accuracy", "quora_accuracy", "sts_pearson"):
+    for key in TASKS:
         assert -1 <= metrics[key] <= 1
-    assert metrics["average"] == pytest.approx(
-        np.mean([metrics["sst_accuracy"], metrics["quora_accuracy"], metrics["sts_pearson"]]), abs=2e-4
-    )
+    assert metrics["average"] == pytest.approx(np.mean([metrics[t] for t in TASKS]), abs=2e-4)
+    # The metrics file holds the numbers a user compares; the record beside it the rest.
+    numbers = json.loads((tmp_path / "metrics" / f"{config}.json").read_text())
+    assert set(numbers) == {*TASKS, "average", "epoch", "steps"}
+    assert read_result(tmp_path / "metrics" / f"{config}.json") == json.loads(json.dumps(metrics))
     # Reported numbers are on the full dev sets; the history scores fixed slices.
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
     assert metrics["history_examples"] == {
@@ -220,7 +223,7 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     trained = history[history.epoch > 0]
     # The epoch is chosen on the validation split (6 training rows per task set aside).
     assert metrics["validation_examples"] == {"sst": 6, "quora": 6, "sts": 6}
-    assert trained.loc[trained.val_average.idxmax(), "epoch"] == metrics["best_epoch"]
+    assert trained.loc[trained.val_average.idxmax(), "epoch"] == metrics["epoch"]
     for column in ("val_average", "dev_average", "train_average", "dev_loss_sts", "train_sts_pearson"):
         assert history[column].notna().all(), column
     smart = metrics["settings"]["smart"] is not None
@@ -240,7 +243,7 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     # task's per round-robin step; every task gets as many batches as the one with most.
     batches = max(-(-18 // b) for b in tiny_params["scales"]["cpu"]["multitask"]["batch_size"].values())
     per_step = 1 if metrics["settings"]["gradient"] == "pcgrad" else len(TASKS)
-    assert metrics["optimizer_steps"] == 2 * batches * per_step
+    assert metrics["steps"] == 2 * batches * per_step
     assert set(metrics["examples_seen"]) == set(TASKS) and min(metrics["examples_seen"].values()) >= 2 * 18
     for task in TASKS:
         assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
@@ -329,7 +332,7 @@ def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params
 def test_same_seed_gives_identical_metrics_files(tmp_path, tokenized, tiny_params):
     for run in ("a", "b"):
         run_in(tmp_path / run, tiny_params, "best", tokenized)
-    for name in ("best.json", "best-history.csv", "best-conflicts.csv"):
+    for name in ("best.json", "best-run.json", "best-history.csv", "best-conflicts.csv"):
         assert (tmp_path / "a" / "metrics" / name).read_bytes() == (
             tmp_path / "b" / "metrics" / name
         ).read_bytes()
@@ -353,9 +356,14 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
         "vocab.txt",
         "heads.safetensors",
         "minbert.json",
+        "README.md",
     }
     model, info = load_multitask(directory)
-    assert info["dev"]["average"] == metrics["average"] and info["best_epoch"] == metrics["best_epoch"]
+    assert info["dev"]["average"] == metrics["average"] and info["best_epoch"] == metrics["epoch"]
+    # The model card: its dev scores with intervals, as the metrics file has them.
+    card = (directory / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: minbert") and f"`multitask@{config}`" in card
+    assert f"| Average | {metrics['average']:.4f} | [" in card and f"minbert predict {directory}" in card
     assert info["max_length"]["sst"] == tiny_params["scales"]["cpu"]["max_length"]["sst"]
     tables = {t: TokenizedTable.read(tokenized / "tok" / f"{t}-dev.parquet") for t in TASKS}
     data = {t: TaskData(t, table, model.is_siamese(t)) for t, table in tables.items()}

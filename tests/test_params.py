@@ -1,6 +1,7 @@
 """params.yaml: the committed file is valid, and mistakes are named before work starts."""
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -145,7 +146,73 @@ def test_mlm_settings_per_start(committed):
 
 def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     """`dvc exp run -S lr=3e-5` writes `3e-05`, a float in YAML 1.2 (PyYAML's 1.1 reads a string)."""
-    text = (REPO / "params.yaml").read_text().replace("adamw: {lr: 1.0e-4,", "adamw: {lr: 3e-05,", 1)
-    (tmp_path / "params.yaml").write_text(text)
+    from dvc.utils.serialize import modify_yaml
+
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    with modify_yaml(tmp_path / "params.yaml") as data:  # what `dvc exp run -S` calls
+        data["scales"]["cpu"]["multitask"]["optimizers"]["adamw"]["lr"] = 3e-5
+    assert "lr: 3e-05" in (tmp_path / "params.yaml").read_text()
     loaded = params.load(tmp_path / "params.yaml")
     assert loaded["scales"]["cpu"]["multitask"]["optimizers"]["adamw"]["lr"] == 3e-05
+
+
+def _leaves(node, path=()):
+    """Every scalar of a parameters mapping with its key path."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    elif not isinstance(node, list):
+        yield path, node
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        (("optimizer",), "adamaxw"),
+        (("configs", "best", "optimizer"), "adamw"),
+        (("scales", "cpu", "multitask", "optimizers", "adamw", "lr"), 3e-5),
+        (("scales", "gpu", "sentiment", "head_lr"), 1e-4),
+        (("mlm", "starts", "scratch", "hidden_size"), 128),
+    ],
+)
+def test_dvc_set_rewrites_one_line(tmp_path, path, value):
+    """`dvc exp run -S key=value` writes params.yaml back through DVC's YAML writer:
+    the committed style must come back unchanged but for the one line set (a style
+    the writer reflows, such as a long inline `{...}` mapping or `null`, would leave a
+    diff of many lines for a one-value ablation)."""
+    from dvc.utils.serialize import modify_yaml
+
+    text = (REPO / "params.yaml").read_text()
+    copy_ = tmp_path / "params.yaml"
+    copy_.write_text(text)
+    with modify_yaml(copy_) as data:  # what `dvc exp run -S` calls
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    changed = [
+        (old, new) for old, new in zip(text.splitlines(), copy_.read_text().splitlines()) if old != new
+    ]
+    assert len(text.splitlines()) == len(copy_.read_text().splitlines())
+    assert len(changed) == 1 and path[-1] in changed[0][1], changed
+
+
+def test_dvc_round_trip_keeps_every_line():
+    from io import StringIO
+
+    from dvc.utils.serialize._yaml import _dump, parse_yaml_for_update
+
+    text = (REPO / "params.yaml").read_text()
+    out = StringIO()
+    _dump(parse_yaml_for_update(text, "params.yaml"), out)
+    assert out.getvalue() == text
+    # and every value survives (nothing rounded or retyped by the round trip)
+    assert dict(_leaves(yaml.safe_load(out.getvalue()))) == dict(_leaves(yaml.safe_load(text)))
+
+
+@pytest.mark.parametrize("name", ["best-run", "two words", "-lead", "x.y"])
+def test_run_names_are_file_names_no_record_can_shadow(committed, name):
+    bad = copy.deepcopy(committed)
+    bad["configs"][name] = {}
+    with pytest.raises(params.ParamsError, match=f"configs.{re.escape(name)}: a run's name"):
+        params.validate(bad)

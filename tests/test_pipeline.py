@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 
 from minbert.pipeline.settings import resolve_all, validate
+from minbert.results import read_result
 
 ROWS = 48
 
@@ -72,6 +74,7 @@ def make_project(root: Path, shared_data: Path, checkpoint: Path, rows: int, edi
     _run(["git", "init", "-q"], root)
     _run(["dvc", "init", "-q"], root)
     _run(["dvc", "config", "core.analytics", "false"], root)
+    shutil.copytree(REPO / ".dvc" / "plots", root / ".dvc" / "plots")  # the plots' template
     return root
 
 
@@ -108,8 +111,8 @@ def pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
 def test_repro_produces_every_output(pipeline):
     runs = ["sst-last-layer", "sst-full", "cfimdb-last-layer", "cfimdb-full"]
     for run in runs:
-        metrics = json.loads((pipeline / "metrics" / "sentiment" / f"{run}.json").read_text())
-        assert 0 <= metrics["dev_accuracy"] <= 1
+        metrics = read_result(pipeline / "metrics" / "sentiment" / f"{run}.json")
+        assert 0 <= metrics["accuracy"] <= 1
         # All training rows but the 4 of the validation split that chooses the epoch.
         assert metrics["train_examples"] == ROWS - 4 and metrics["validation_examples"] == 4
         assert metrics["dev_examples"] == ROWS
@@ -123,7 +126,7 @@ def test_repro_produces_every_output(pipeline):
     assert {"prepare", "tokenize", "zero-shot", "report", "sentiment@sst-full"} <= set(lock["stages"])
     configs = yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]
     for config in configs:
-        metrics = json.loads((pipeline / "metrics" / "multitask" / f"{config}.json").read_text())
+        metrics = read_result(pipeline / "metrics" / "multitask" / f"{config}.json")
         assert metrics["data_split"]["quora"]["kind"] == "carved-from-dev"
         assert metrics["dev_examples"]["sst"] == ROWS  # the full dev set, not the history's slice
         # Settings travel through the resolve stage's file in their own order.
@@ -131,18 +134,25 @@ def test_repro_produces_every_output(pipeline):
         assert f"multitask@{config}" in lock["stages"]
         history = pd.read_csv(pipeline / "metrics" / "multitask" / f"{config}-history.csv")
         assert history.epoch.tolist() == [0, 1, 2]
-    zero_shot = json.loads((pipeline / "metrics" / "zero-shot.json").read_text())
-    assert zero_shot["dev_examples"]["sts"] == ROWS and -1 <= zero_shot["sts_pearson"] <= 1
+    zero_shot = read_result(pipeline / "metrics" / "zero-shot.json")
+    assert zero_shot["dev_examples"]["sts"] == ROWS and -1 <= zero_shot["sts"] <= 1
     for figure in ("figure2-loss.png", "figure3-average.png", "figure-conflicts.png"):
         assert (pipeline / "report" / figure).stat().st_size > 10_000
+    # The report opens with its setup and findings, and names every configuration.
+    assert report.startswith("# minbert results") and report.index("## Setup at a glance") < report.index(
+        "## Findings"
+    ) < report.index("## Table 1")
+    for config in configs:
+        assert f"`{config}`" in report.split("## How each number was produced")[1]
+    assert (pipeline / "models" / "multitask" / "best" / "README.md").is_file()  # the model card
 
 
 def test_mlm_pretraining_runs_by_default_and_feeds_fine_tuning(pipeline):
     lock = yaml.safe_load((pipeline / "dvc.lock").read_text())
     assert {"mlm@continue", "multitask-mlm@continue-baseline"} <= set(lock["stages"])
-    pretraining = json.loads((pipeline / "metrics" / "mlm" / "continue.json").read_text())
+    pretraining = read_result(pipeline / "metrics" / "mlm" / "continue.json")
     assert pretraining["after"]["masked_tokens"] == pretraining["before"]["masked_tokens"] > 0
-    tuned = json.loads((pipeline / "metrics" / "multitask-mlm" / "continue-baseline.json").read_text())
+    tuned = read_result(pipeline / "metrics" / "multitask-mlm" / "continue-baseline.json")
     assert tuned["pretraining"]["start"] == "continue"
     assert "MLM continue" in tuned["checkpoint"]["name"]
     assert (pipeline / "models" / "mlm" / "continue" / "model.safetensors").is_file()
@@ -153,11 +163,37 @@ def test_mlm_pretraining_runs_by_default_and_feeds_fine_tuning(pipeline):
     assert rows[0].endswith("| (parent) |") and "[" in rows[1].split("|")[-2]
 
 
-def test_status_is_clean_and_metrics_show(pipeline):
+# What each stage's metrics file holds (minbert.results): the numbers a user compares.
+METRICS_KEYS = {
+    "multitask": {"sst", "quora", "sts", "average", "epoch", "steps"},
+    "multitask-mlm": {"sst", "quora", "sts", "average", "epoch", "steps"},
+    "sentiment": {"accuracy", "epoch", "steps"},
+    "mlm": {"accuracy", "steps"},
+}
+
+
+def test_status_is_clean_and_metrics_show_fits_a_terminal(pipeline):
     status = _run(["dvc", "status", "--json"], pipeline)
     assert json.loads(status) == {}
-    shown = _run(["dvc", "metrics", "show", "--json"], pipeline)
-    assert "dev_accuracy" in shown
+    shown = json.loads(_run(["dvc", "metrics", "show", "--json"], pipeline))
+    files = next(iter(shown.values()))["data"]
+    assert len(files) == 1 + 4 + len(yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]) + 2
+    for path, content in files.items():
+        folder = "zero-shot" if path == "metrics/zero-shot.json" else path.split("/")[1]
+        keys = {"sst", "quora", "sts", "average"} if folder == "zero-shot" else METRICS_KEYS[folder]
+        assert set(content["data"]) == keys, path
+    # Every configuration's average, in a table no wider than a 120-column terminal.
+    env = {**tool_env(), "COLUMNS": "120"}
+    table = subprocess.run(
+        ["dvc", "metrics", "show"], cwd=pipeline, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert max(map(len, table.splitlines())) <= 120, table
+    header, *rows = table.splitlines()
+    average = header.index("average")
+    configs = yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]
+    for config in configs:
+        row = next(r for r in rows if r.startswith(f"metrics/multitask/{config}.json "))
+        assert re.match(r"\d\.\d+", row[average:]), row
 
 
 def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
@@ -223,6 +259,73 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
     )
     text = _run(["dvc", "metrics", "diff"], pipeline)
     assert "metrics/multitask/baseline.json" in text and "average" in text
+
+
+def test_compare_renders_every_configuration_within_a_terminal(pipeline):
+    """`minbert compare` (the README's `dvc exp show` recipe) after the experiment above:
+    a table per metric, every configuration's average for each experiment, 120 columns."""
+    env = {**tool_env(), "COLUMNS": "120"}
+    done = subprocess.run(["minbert", "compare"], cwd=pipeline, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 120, done.stdout
+    average = done.stdout[done.stdout.index("Average") :]
+    for config in yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]:
+        row = next(line for line in average.splitlines() if f"multitask/{config} " in line)
+        assert len(re.findall(r"\d\.\d{4}", row)) >= 2, row  # the baseline and the experiment
+    assert "optimizer=adamaxw" in done.stdout  # what the experiment changed
+
+
+def _status(pipeline: Path) -> dict:
+    return json.loads(_run(["dvc", "status", "--json"], pipeline))
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("+optimzer=adamaxw", "error: params.yaml: unknown key 'optimzer'"),
+        ("optimizer=sgd", "error: params.yaml: optimizer = 'sgd' is not one of"),
+    ],
+)
+def test_a_typo_or_a_rejected_value_stops_the_experiment_and_keeps_the_results(pipeline, setting, message):
+    """`resolve` tracks the whole params.yaml: an unknown key (DVC's own suggestion for a
+    typo is `-S +key=value`) reruns it and fails with the check's error. Its outputs
+    persist, so nothing downstream goes stale: only params.yaml, as DVC left it, differs."""
+    _run(["git", "checkout", "--", "."], pipeline)  # the committed results, whatever ran before
+    _run(["dvc", "checkout", "--force"], pipeline)
+    assert _status(pipeline) == {}
+    settings = {p: p.read_bytes() for p in sorted((pipeline / "data" / "settings").rglob("*.json"))}
+    try:
+        done = subprocess.run(
+            ["dvc", "exp", "run", "-S", setting], cwd=pipeline, env=tool_env(), capture_output=True, text=True
+        )
+        assert done.returncode != 0 and message in done.stdout + done.stderr, done.stdout + done.stderr
+        assert {p: p.read_bytes() for p in settings} == settings
+        assert set(_status(pipeline)) == {"resolve"}  # its params changed; every output is in place
+        _run(["git", "checkout", "--", "params.yaml"], pipeline)
+        assert _status(pipeline) == {}
+    finally:
+        _run(["git", "checkout", "--", "."], pipeline)
+
+
+def test_plots_overlay_the_configurations_and_none_is_empty(pipeline):
+    plots = json.loads(_run(["dvc", "plots", "show", "--json"], pipeline))["data"]
+    configs = set(yaml.safe_load((pipeline / "params.yaml").read_text())["configs"])
+    pcgrad = {
+        c
+        for c, o in yaml.safe_load((pipeline / "params.yaml").read_text())["configs"].items()
+        if o.get("gradient") == "pcgrad"
+    }
+    assert {"dev-average", "sst-loss", "pcgrad-conflicts"} <= set(plots)
+    for name, renders in plots.items():
+        (render,) = renders
+        values = render["content"]["data"]["values"]
+        assert values, name  # no empty plot
+        y = render["content"]["encoding"]["y"]["field"]
+        assert all(row[y] != "" for row in values), name  # an empty cell would be drawn as 0
+        drawn = {row["config"] for row in values}
+        assert drawn == (pcgrad if name == "pcgrad-conflicts" else configs), name
+        assert render["content"]["encoding"]["color"]["field"] == "config"
 
 
 def _stages_a_change_reaches(pipeline: Path, edit) -> set[str]:

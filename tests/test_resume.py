@@ -103,7 +103,7 @@ def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
     assert 1 <= saved["epoch"] < 6
 
     assert "resumed from" in _finish(_start(setup, kind, name, cut, state.parent))
-    for suffix in (".json", "-history.csv"):
+    for suffix in (".json", "-run.json", "-history.csv"):
         assert (cut / "metrics" / f"{name}{suffix}").read_text() == (
             whole / "metrics" / f"{name}{suffix}"
         ).read_text()

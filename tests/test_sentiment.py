@@ -17,6 +17,7 @@ from minbert.model.bert import BertModel
 from minbert.pipeline import sentiment
 from minbert.pipeline import settings as params_module
 from minbert.pipeline.settings import resolve_sentiment
+from minbert.results import read_result
 from minbert.train.loop import NonFiniteLoss
 from minbert.train.sentiment import train_sentiment
 
@@ -68,15 +69,20 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
     metrics = run_stage(
         tiny_params, run, tokenized, tmp_path / "metrics", tmp_path / "pred", resume_dir=tmp_path / "resume"
     )
-    saved = json.loads((tmp_path / "metrics" / f"{run}.json").read_text())
+    saved = read_result(tmp_path / "metrics" / f"{run}.json")
     assert saved == metrics
+    assert set(json.loads((tmp_path / "metrics" / f"{run}.json").read_text())) == {
+        "accuracy",
+        "epoch",
+        "steps",
+    }
     history = pd.read_csv(tmp_path / "metrics" / f"{run}-history.csv")
     assert history.epoch.tolist() == list(range(metrics["epochs"] + 1))  # epoch 0: before training
     assert np.isnan(history.train_loss[0]) and not history.dev_accuracy.isna().any()
     trained = history[history.epoch > 0]
     # The epoch is chosen on the validation split (4 training rows set aside), never on dev.
     best = trained.loc[trained.val_accuracy.idxmax()]
-    assert metrics["best_epoch"] == best.epoch and metrics["dev_accuracy"] == pytest.approx(best.dev_accuracy)
+    assert metrics["epoch"] == best.epoch and metrics["accuracy"] == pytest.approx(best.dev_accuracy)
     assert metrics["train_examples"] == 32 and metrics["dev_examples"] == 12
     assert metrics["validation_examples"] == 4
     assert metrics["checkpoint"]["sha256"] and metrics["seed"] == tiny_params["seed"]
@@ -87,7 +93,7 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
     # The dev predictions are those of the best epoch: they reproduce its accuracy.
     table = TokenizedTable.read(tokenized / "sst-dev.parquet")
     acc = np.mean([int(dev[i]) == y for i, y in zip(table.ids, table.labels)])
-    assert round(acc, 4) == metrics["dev_accuracy"]  # written at 4 decimals
+    assert round(acc, 4) == metrics["accuracy"]  # written at 4 decimals
     first_line = (tmp_path / "pred" / run / "dev-out.csv").read_text().splitlines()[0]
     assert first_line == "id \t Predicted_Sentiment "
 

@@ -18,13 +18,8 @@ def _run_of(name, seed, optimizer, average, acc):
         name,
         {"seed": seed, "optimizer": optimizer, "smart": {"enabled": False}},
         {
-            "multitask/baseline": {
-                "sst_accuracy": acc,
-                "quora_accuracy": 0.7,
-                "sts_pearson": 0.5,
-                "average": average,
-            },
-            "sentiment/sst-full": {"dev_accuracy": acc},
+            "multitask/baseline": {"sst": acc, "quora": 0.7, "sts": 0.5, "average": average},
+            "sentiment/sst-full": {"accuracy": acc},
         },
     )
 
@@ -111,9 +106,9 @@ def test_seed_study_takes_only_runs_of_the_same_parameters_and_their_own_seed():
         metrics = {
             f"multitask/{c}": {
                 "seed": s,
-                "sst_accuracy": 0.4,
-                "quora_accuracy": 0.7,
-                "sts_pearson": 0.5,
+                "sst": 0.4,
+                "quora": 0.7,
+                "sts": 0.5,
                 "average": 0.5 + s / 1e5,
             }
             for c, s in config_seeds.items()

@@ -65,18 +65,6 @@ def command(name: str | None = None):
     return wrap
 
 
-def _known_bad_rows(file: Path) -> dict[str, str] | None:
-    """The rows of a course file that ``params.yaml`` (in the working directory) lists as
-    known to be broken (``data.skip_ids``), left out as the data stage leaves them out."""
-    import yaml
-
-    params = Path("params.yaml")
-    if not params.is_file():
-        return None
-    skip = (yaml.safe_load(params.read_text(encoding="utf-8")) or {}).get("data", {}).get("skip_ids", {})
-    return skip.get(Path(file).name)
-
-
 def _task(task: str, allowed=tuple(TASKS)) -> str:
     if task not in allowed:
         console.print(f"--task {task!r} is not one of {', '.join(allowed)}")
@@ -175,7 +163,7 @@ def predict(
             shown = " | ".join(row[c] for c in TASKS[task].text_columns)
             typer.echo(f"{predicting.describe(task, value)}\t{shown}")
         return
-    frame = predicting.read_input(file, task, _known_bad_rows(file))
+    frame = predicting.read_input(file, task, predicting.known_bad_rows(file))
     predicted = predictor.predict(frame, task, str(file), show_progress=True)
     if out is None:
         for i, value in zip(predicted.ids, predicted.predictions):
@@ -205,7 +193,7 @@ def evaluate(
     from minbert.pipeline import predict as predicting
 
     task = _task(task, MULTITASK)
-    frame = predicting.read_input(file, task, _known_bad_rows(file))
+    frame = predicting.read_input(file, task, predicting.known_bad_rows(file))
     warning = predicting.check_labels(frame, task, str(file))  # before the predictions, not after
     if warning:
         console.print(f"warning: {warning}")
@@ -247,6 +235,26 @@ def sweep_report(
     typer.echo(text)
     if out is not None:
         atomic_write_text(out, text + "\n")
+
+
+@command()
+def compare(
+    metric: list[str] = typer.Option(
+        None,
+        "--metric",
+        help="A metrics-file key to compare (repeat); default: sst, quora, sts, average, accuracy.",
+    ),
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
+) -> None:
+    """Compare DVC experiments: one table per metric, a row per run, a column per experiment.
+
+    Reads `dvc exp show --json` (the committed baseline and its experiments) and prints,
+    for each metric, every run's value in each experiment, then the parameters each
+    experiment changed. As many experiments as fit the terminal's width are shown.
+    """
+    from minbert.pipeline.compare import print_comparison
+
+    print_comparison(repo, metric or None)
 
 
 @command("lr-search")

@@ -32,11 +32,11 @@ def report_errors(debug: bool | None = None):
     except _reported() as exc:
         if debug:
             raise
-        message = str(exc).strip() or exc.__class__.__name__
-        print(
-            f"error: {message}\n(run with --debug, or MINBERT_DEBUG=1 for a stage, to see the traceback)",
-            file=sys.stderr,
-        )
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = "; ".join(lines) or exc.__class__.__name__
+        # One line, whatever the message held: `minbert --debug` / MINBERT_DEBUG=1 show
+        # the traceback instead (README, `minbert --help`).
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

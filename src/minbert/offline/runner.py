@@ -29,6 +29,7 @@ import yaml
 
 from minbert.offline.bundle import read_bundle
 from minbert.offline.stages import Stage, read_stages, select
+from minbert.results import is_record
 
 MAX_FILES = 8  # parts and the index together
 MAX_BYTES = 16 * 1024 * 1024
@@ -142,15 +143,15 @@ def _outputs(repo: Path, stages: list[Stage]) -> list[Path]:
 
 def pack(repo: Path, stages: list[Stage], out: Path, record: dict) -> dict:
     """The stages' outputs as one gzipped tar cut into parts, and the index that lists
-    the parts with their sha256 and ``record``; every JSON metrics file gets the
-    checkpoint copy and commit it was produced with."""
+    the parts with their sha256 and ``record``; every run's record (``minbert.results``)
+    gets the checkpoint copy and commit it was produced with."""
     files = _outputs(repo, stages)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in files:
             name = path.relative_to(repo).as_posix()
             data = path.read_bytes()
-            if name.startswith("metrics/") and name.endswith(".json"):
+            if name.startswith("metrics/") and is_record(name):
                 content = json.loads(data)
                 if isinstance(content, dict):
                     content["offline_run"] = {

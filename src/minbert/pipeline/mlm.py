@@ -15,12 +15,13 @@ from minbert.distributed import require_single_process
 from minbert.errors import reported
 from minbert.model.checkpoint import TRAINING_DATA_FILE, describe_checkpoint, resolve_checkpoint
 from minbert.pipeline import outputs
+from minbert.results import ACCURACY, STEPS, write_result
 from minbert.train.mlm import MlmSettings, build_model, train_mlm
 
 
 def run(resolved: dict, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
     """Pretrain (``resolved``: ``minbert.pipeline.settings.resolve_mlm``) and write a
-    checkpoint directory plus metrics."""
+    checkpoint directory, its metrics file and record (``minbert.results``)."""
     require_single_process("mlm")
     pin_cpu_kernels()
     tokenized_dir, out_dir, metrics_dir = map(Path, (tokenized_dir, out_dir, metrics_dir))
@@ -41,13 +42,19 @@ def run(resolved: dict, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -
         # A continued checkpoint keeps the record of what its base was trained on.
         if start == "continue" and (checkpoint_dir / TRAINING_DATA_FILE).is_file():
             shutil.copyfile(checkpoint_dir / TRAINING_DATA_FILE, tmp / TRAINING_DATA_FILE)
-    metrics = {
+    numbers = {
+        ACCURACY: result.after["masked_accuracy"],
+        STEPS: result.optimizer_steps,
+    }
+    record = {
         "start": start,
         "base_checkpoint": source if start == "continue" else None,
         "head": model.head_report,
         "model": model.config.to_json_dict() if start == "scratch" else None,
+        # Held-out masked-token accuracy, perplexity and loss before and after pretraining,
+        # on the same masked positions (the accuracy after it: the metrics file's).
         "before": result.before,
-        "after": result.after,
+        "after": {k: v for k, v in result.after.items() if k != "masked_accuracy"},
         "corpus": result.corpus,
         "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
         "scale": resolved["scale"],
@@ -55,8 +62,8 @@ def run(resolved: dict, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -
         "device": describe(device),
     }
     outputs.write_history(metrics_dir / f"{start}-history.csv", result.history)
-    outputs.write_metrics(metrics_dir / f"{start}.json", metrics)
-    return metrics
+    write_result(metrics_dir, start, numbers, record)
+    return {**record, **numbers}
 
 
 @reported

@@ -24,6 +24,8 @@ from minbert.model.bert import BertModel
 from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.model.multitask import save_multitask
 from minbert.pipeline import outputs
+from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
+from minbert.results import EPOCH, STEPS, write_result
 from minbert.train.multitask import conflict_columns, train_multitask
 from minbert.train.multitask_step import MultitaskSettings
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
@@ -143,25 +145,27 @@ def _run(
         settings, BertModel.from_pretrained(checkpoint_dir), tables, device, resume=resume, world=world
     )
 
-    metrics = {
-        "config": config,
+    numbers = {
         # The best epoch on the full dev sets.
-        **{METRIC[t]: fixed(result.dev[METRIC[t]]) for t in MULTITASK_TASKS},
+        **{t: fixed(result.dev[METRIC[t]]) for t in MULTITASK_TASKS},
         AVERAGE: fixed(result.dev[AVERAGE]),
-        "best_epoch": result.best_epoch,
+        EPOCH: result.best_epoch,
+        STEPS: result.optimizer_steps,
+    }
+    record = {
+        "config": config,
         "epochs": settings.epochs,
         "selection": (
             "the epoch (1 or later) with the best average on the validation split, set aside "
             "from the training rows (never trained on); dev is scored once, with that epoch"
         ),
-        "optimizer_steps": result.optimizer_steps,
         "examples_seen": result.examples_seen,
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,
         # Heads fitted on the frozen checkpoint before fine-tuning, per task.
         "head_warmup": result.head_warmup,
         "dev_examples": {t: len(ids) for t, ids in result.dev_ids.items()},
-        # The fixed slices the history (and the choice of epoch) scores every epoch.
+        # The fixed slices the history scores every epoch (figures only).
         "history_examples": result.history_examples,
         "data_split": {
             "sst": "course train / dev",
@@ -188,15 +192,15 @@ def _run(
         # The last epoch's mean smoothness term as trained, and the same term with no
         # perturbation (the control: what remains is not the perturbation's doing).
         last = result.history[-1]
-        metrics["smart"] = {
+        record["smart"] = {
             part: {t: last[f"train_{part}_{t}"] for t in MULTITASK_TASKS}
             for part in ("adversarial", "adversarial_control")
         }
     if not world.is_main:
-        return metrics
+        return {**record, **numbers}
     if result.conflicts:
         conflicts = pd.DataFrame(result.conflicts)
-        metrics["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
+        record["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
     for task in MULTITASK_TASKS:
         outputs.write_predictions(
             predictions_dir / name / f"{task}-dev-out.csv",
@@ -217,19 +221,23 @@ def _run(
             "max_length": resolved["max_length"],
             "eval_batch_size": settings.eval_batch_size,
             "best_epoch": result.best_epoch,
-            "dev": {k: metrics[k] for k in (*(METRIC[t] for t in MULTITASK_TASKS), AVERAGE)},
-            "dev_examples": metrics["dev_examples"],
+            "dev": {k: numbers[k] for k in (*MULTITASK_TASKS, AVERAGE)},
+            "dev_examples": record["dev_examples"],
             "checkpoint": checkpoint,
             "scale": resolved["scale"],
             "seed": settings.seed,
         }
+        card = model_card(
+            name, numbers, record, dev_intervals(result, tables), (models_dir / name).as_posix()
+        )
         with atomic_directory(models_dir / name) as directory:
             save_multitask(result.model.to("cpu"), directory, checkpoint_dir / "vocab.txt", info)
+            (directory / MODEL_CARD).write_text(card, encoding="utf-8")
     outputs.write_history(metrics_dir / f"{name}-history.csv", result.history)
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, conflict_columns())
-    outputs.write_metrics(metrics_dir / f"{name}.json", metrics)
+    write_result(metrics_dir, name, numbers, record)
     resume.clear()
-    return metrics
+    return {**record, **numbers}
 
 
 @reported

@@ -1,7 +1,8 @@
-"""The files stages write: metrics JSON, per-epoch histories, per-step conflict logs and
-the course-format prediction files, each written atomically (``minbert.atomic``) so
-an interrupted stage leaves nothing DVC could take for a result; and the resolved
-settings files the ``resolve`` stage writes for the others to read."""
+"""The files stages write besides their metrics files and records (``minbert.results``):
+per-epoch histories, per-step conflict logs and the course-format prediction files,
+each written atomically (``minbert.atomic``) so an interrupted stage leaves nothing
+DVC could take for a result; and the resolved settings files the ``resolve`` stage
+writes for the others to read."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ __all__ = [
     "read_settings",
     "write_conflicts",
     "write_history",
-    "write_metrics",
     "write_predictions",
 ]
 
@@ -30,10 +30,6 @@ def read_settings(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no resolved settings (run `dvc repro resolve`)")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def write_metrics(path: Path, metrics: dict) -> None:
-    atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
 
 
 def history_csv(rows: Sequence[dict]) -> str:

@@ -26,6 +26,7 @@ from minbert.device import choose_device
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.metrics import METRIC_TITLE, Interval, interval
 from minbert.model.multitask import load_multitask
+from minbert.pipeline.schema import read as read_params
 
 MULTITASK = ("sst", "quora", "sts")
 SST_CLASSES = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")
@@ -62,6 +63,14 @@ class Predictor:
             self.model, data, self.info["eval_batch_size"], self.device, show_progress=show_progress
         )
         return Predicted(task, table.ids, predictions[task], table.labels, source)
+
+
+def known_bad_rows(file: Path, params_file: Path = Path("params.yaml")) -> dict[str, str] | None:
+    """The rows of a course file that ``params_file`` (in the working directory) lists as
+    known to be broken (``data.skip_ids``), left out as the data stage leaves them out."""
+    if not params_file.is_file():
+        return None
+    return read_params(params_file).get("data", {}).get("skip_ids", {}).get(Path(file).name)
 
 
 def read_input(path: str | Path, task: str, skip_ids: dict[str, str] | None = None) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.pipeline import outputs
+from minbert.results import ACCURACY, EPOCH, STEPS, write_result
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 from minbert.train.resume import ResumePoint, fingerprint
 from minbert.train.sentiment import SentimentSettings, train_sentiment
@@ -29,7 +30,8 @@ def run(
     """Train one run (``resolved``: ``minbert.pipeline.settings.resolve_sentiment``) and
     write every output.
 
-    Writes ``metrics_dir/<run>.json`` (the numbers and how they were produced),
+    Writes ``metrics_dir/<run>.json`` (the numbers) and ``<run>-run.json`` (how they
+    were produced, ``minbert.results``),
     ``metrics_dir/<run>-history.csv`` (per-epoch rows for plots) and the course-format
     dev and test predictions under ``predictions_dir/<run>/``. Training state is
     saved to ``resume_dir`` after every epoch; a rerun after an interruption resumes.
@@ -60,12 +62,15 @@ def run(
     result = train_sentiment(
         settings, encoder, tables["train"], tables["dev"], tables.get("test"), device, resume=resume
     )
-    metrics = {
+    numbers = {
+        ACCURACY: fixed(result.dev_accuracy),
+        EPOCH: result.best_epoch,
+        STEPS: result.optimizer_steps,
+    }
+    record = {
         "run": run,
         "task": settings.task,
         "mode": settings.mode,
-        "dev_accuracy": fixed(result.dev_accuracy),
-        "best_epoch": result.best_epoch,
         "epochs": settings.epochs,
         "selection": "the epoch (1 or later) with the best accuracy on the validation split, "
         "set aside from the training rows (never trained on); dev is scored with that epoch",
@@ -97,9 +102,9 @@ def run(
             result.test_predictions.tolist(),
         )
     outputs.write_history(metrics_dir / f"{run}-history.csv", result.history)
-    outputs.write_metrics(metrics_dir / f"{run}.json", metrics)
+    write_result(metrics_dir, run, numbers, record)
     resume.clear()
-    return metrics
+    return {**record, **numbers}
 
 
 @reported

@@ -9,6 +9,7 @@ they configure (``minbert.train``); this module imports them, never the reverse.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from minbert.device import DEVICES
 from minbert.metrics import MULTITASK_TASKS
 from minbert.model.heads import PAIR_HEADS, POOLINGS, STS_OUTPUTS
 from minbert.pipeline.schema import DATA_SCHEMA, ParamsError, Partial, check, read
+from minbert.results import RECORD_SUFFIX
 from minbert.train.head_warmup import HeadWarmup
 from minbert.train.mlm import STARTS as MLM_STARTS
 from minbert.train.mlm import MlmSettings
@@ -155,8 +157,20 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+# A run's name becomes a DVC stage name and file names (``<name>.json``, and its record
+# ``<name>-run.json``, minbert.results): no name may be another's record.
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
 def validate(params: dict, source: str = "params.yaml") -> dict:
     check(params, SCHEMA, "", source)
+    for group, names in (("configs", params["configs"]), ("sentiment.runs", params["sentiment"]["runs"])):
+        for name in names:
+            if not _RUN_NAME.match(str(name)) or str(name).endswith(RECORD_SUFFIX[: -len(".json")]):
+                raise ParamsError(
+                    f"{source}: {group}.{name}: a run's name must be letters, digits, '-' and '_' "
+                    f"and must not end in '{RECORD_SUFFIX[: -len('.json')]}' (it names its files)"
+                )
     if params["scale"] not in params["scales"]:
         raise ParamsError(f"{source}: scale = {params['scale']!r} is not one of {sorted(params['scales'])}")
     if params["launcher"].split()[:1] not in (["python"], ["torchrun"]):

@@ -26,20 +26,18 @@ from pathlib import Path
 
 import yaml
 
+from minbert.metrics import AVERAGE, METRIC_TITLE, MULTITASK_TASKS
+from minbert.results import ACCURACY, RECORD_SUFFIX, is_record
+
 # DVC as this Python runs it, whether or not its environment is activated.
 DVC = (sys.executable, "-m", "dvc")
 
-# The numbers a sweep reports, by metrics folder: name in the metrics file, title.
-_MULTITASK = [
-    ("sst_accuracy", "SST acc"),
-    ("quora_accuracy", "Quora acc"),
-    ("sts_pearson", "STS Pearson"),
-    ("average", "Average"),
-]
+# The numbers a sweep reports, by metrics folder: key in the metrics file, title.
+_MULTITASK = [(t, METRIC_TITLE[t]) for t in MULTITASK_TASKS] + [(AVERAGE, "Average")]
 RESULTS = {
     "multitask": _MULTITASK,
     "multitask-mlm": _MULTITASK,
-    "sentiment": [("dev_accuracy", "dev acc")],
+    "sentiment": [(ACCURACY, "dev acc")],
 }
 
 
@@ -49,7 +47,7 @@ class Run:
 
     name: str
     params: dict
-    metrics: dict[str, dict]  # "multitask/baseline" -> the metrics file's content
+    metrics: dict[str, dict]  # "multitask/baseline" -> its metrics file joined with its record
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -123,13 +121,18 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def read_run(repo: Path, rev: str, name: str) -> Run:
-    """The parameters and metrics files committed at ``rev``."""
+    """The parameters and the runs' results (metrics file and record) committed at ``rev``."""
     params = yaml.safe_load(_git(repo, "show", f"{rev}:params.yaml"))
+    paths = set(_git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines())
     metrics = {}
-    for path in _git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines():
-        if path.endswith(".json"):
+    for path in sorted(paths):
+        record = path[: -len(".json")] + RECORD_SUFFIX
+        if path.endswith(".json") and not is_record(path) and record in paths:
             folder, file = path.split("/")[-2:]
-            metrics[f"{folder}/{file[: -len('.json')]}"] = json.loads(_git(repo, "show", f"{rev}:{path}"))
+            metrics[f"{folder}/{file[: -len('.json')]}"] = {
+                **json.loads(_git(repo, "show", f"{rev}:{record}")),
+                **json.loads(_git(repo, "show", f"{rev}:{path}")),
+            }
     return Run(name, params, metrics)
 
 
@@ -196,7 +199,7 @@ def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
                 by_seed[m["seed"]] = {
                     "seed": m["seed"],
                     "run": run.name,
-                    **{k: m[k] for k in ("sst_accuracy", "quora_accuracy", "sts_pearson", "average")},
+                    **{k: m[k] for k in (*MULTITASK_TASKS, AVERAGE)},
                 }
         if not by_seed:
             raise ValueError(f"no finished run of configuration {config!r} with these parameters")

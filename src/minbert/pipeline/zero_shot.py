@@ -10,16 +10,18 @@ from minbert.data.batches import TokenizedTable
 from minbert.device import choose_device, describe, pin_cpu_kernels
 from minbert.errors import reported
 from minbert.evaluate.zero_shot import zero_shot
-from minbert.metrics import MULTITASK_TASKS, fixed
+from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, fixed
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.pipeline import outputs
+from minbert.results import write_result
 
 
 def run(
     resolved: dict, tokenized_dir: Path, manifest_file: Path, metrics_file: Path, predictions_dir: Path
 ) -> dict:
-    """Score the untrained checkpoint; write its metrics and dev predictions."""
+    """Score the untrained checkpoint; write its metrics file (``metrics_file``), its record
+    beside it (``minbert.results``) and its dev predictions."""
     pin_cpu_kernels()
     tokenized_dir, predictions_dir = Path(tokenized_dir), Path(predictions_dir)
     checkpoint_dir = resolve_checkpoint(resolved["checkpoint"])
@@ -44,9 +46,12 @@ def run(
             predictions_dir / f"{task}-dev-out.csv", task, tables[task, "dev"].ids, result.predictions[task]
         )
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
-    metrics = {
+    numbers = {
+        **{t: fixed(result.scores[METRIC[t]]) for t in MULTITASK_TASKS},
+        AVERAGE: fixed(result.scores[AVERAGE]),
+    }
+    record = {
         "config": "zero-shot",
-        **{k: fixed(v) for k, v in result.scores.items()},
         "dev_examples": {t: len(tables[t, "dev"]) for t in MULTITASK_TASKS},
         "method": {
             "sst": f"majority class of the training labels (class {result.sst_majority_class})",
@@ -65,8 +70,9 @@ def run(
         "seed": resolved["seed"],
         "device": describe(device),
     }
-    outputs.write_metrics(metrics_file, metrics)
-    return metrics
+    metrics_file = Path(metrics_file)
+    write_result(metrics_file.parent, metrics_file.stem, numbers, record)
+    return {**record, **numbers}
 
 
 @reported

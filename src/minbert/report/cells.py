@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minbert import metrics as scoring
-from minbert.metrics import AVERAGE, METRIC, METRIC_TITLE, MULTITASK_TASKS, Interval
+from minbert.metrics import AVERAGE, METRIC_TITLE, MULTITASK_TASKS, Interval
 from minbert.report.evidence import Evidence, Scored
+from minbert.results import STEPS
 
 TASK_NAMES = {"sst": "SST (5 classes)", "cfimdb": "CFIMDB (2 classes)"}
 MODE_NAMES = {"last-layer": "last layer only", "full": "full fine-tuning"}
@@ -79,11 +80,6 @@ def per_task(counts: dict) -> str:
     return ", ".join(f"{TASK_TITLES.get(t, t)} {counts[t]}" for t in tasks)
 
 
-def column_value(row: dict, column: str) -> float:
-    """A metrics row's number for a table column."""
-    return row[AVERAGE if column == AVERAGE else METRIC[column]]
-
-
 def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, list[float]] | None:
     """Per column, ``config``'s number minus ``parent``'s with each seed both were trained
     with in the seed study (``metrics/seed-study.json``); None when they share fewer
@@ -94,14 +90,12 @@ def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, 
     shared = [r for r in study["configs"].get(config, []) if r["seed"] in parent_runs]
     if len(shared) < 2:
         return None
-    return {
-        c: [column_value(r, c) - column_value(parent_runs[r["seed"]], c) for r in shared] for c in COLUMNS
-    }
+    return {c: [r[c] - parent_runs[r["seed"]][c] for r in shared] for c in COLUMNS}
 
 
 def budget_gap(run: dict, parent: dict) -> str | None:
     """How two runs' training budgets differ, in words; None when they are the same."""
-    steps, parent_steps = run["optimizer_steps"], parent["optimizer_steps"]
+    steps, parent_steps = run[STEPS], parent[STEPS]
     seen, parent_seen = run["examples_seen"], parent["examples_seen"]
     if steps == parent_steps and seen == parent_seen:
         return None
@@ -122,7 +116,7 @@ def budget_gap(run: dict, parent: dict) -> str | None:
 
 def fmt_budget(run: dict) -> str:
     """A table's "steps / examples seen" cell."""
-    return f"{run['optimizer_steps']:,} / {sum(run['examples_seen'].values()):,}"
+    return f"{run[STEPS]:,} / {sum(run['examples_seen'].values()):,}"
 
 
 @dataclass(frozen=True)
@@ -144,6 +138,20 @@ class Comparison:
 
     def distinguishable(self, iv: Interval, column: str) -> bool:
         return self.verdict(iv, column) == HOLDS and self.budget is None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A row's paired differences from its parent, per column, and what they are judged
+    with: what a table's conclusions and the report's findings say."""
+
+    name: str
+    parent: str
+    ivs: dict[str, Interval]
+    comparison: Comparison
+
+    def distinguishable(self, column: str = AVERAGE) -> bool:
+        return self.comparison.distinguishable(self.ivs[column], column)
 
 
 def fmt_difference(iv: Interval, comparison: Comparison = Comparison(), column: str = AVERAGE) -> str:
@@ -172,7 +180,7 @@ def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) 
     return evidence.scored(
         f"{folder}/{name}".rstrip("/"),
         {t: f"{prefix}{t}-dev-out.csv" for t in MULTITASK_TASKS},
-        {t: metrics[METRIC[t]] for t in MULTITASK_TASKS},
+        {t: metrics[t] for t in MULTITASK_TASKS},
     )
 
 

@@ -16,6 +16,7 @@ whole for Quora) and says whether the interval clears it:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import pandas as pd
 from minbert.metrics import METRIC, METRIC_TITLE, Interval, paired
 from minbert.report.cells import md_header, md_row, multitask_scored
 from minbert.report.evidence import Evidence
+from minbert.results import ACCURACY, EPOCH
 
 # The configurations whose STS head is the cosine (their STS is compared with zero-shot's).
 COSINE_HEAD = "siamese-cosine"
@@ -66,7 +68,17 @@ def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     if column not in history.columns:
         return ""
     course = " → ".join(f"{v:.2f}" for v in history[column])
-    return f"; validation {METRIC_TITLE[task]} by epoch {course}, epoch {run['best_epoch']} chosen"
+    return f"; validation {METRIC_TITLE[task]} by epoch {course}, epoch {run[EPOCH]} chosen"
+
+
+@dataclass
+class Controls:
+    """The controls section's text, and what the findings say of it: the checks made and
+    the ones not met (``run task``)."""
+
+    text: str
+    checked: int = 0
+    missed: list[str] = field(default_factory=list)
 
 
 def controls_section(
@@ -75,13 +87,13 @@ def controls_section(
     zero_shot: dict | None,
     evidence: Evidence,
     multitask_dir: Path | None = None,
-) -> str:
+) -> Controls:
     """The controls table, and one line naming every check that is not met (with the
     run's answers on dev and, from its history, its validation score by epoch)."""
     if zero_shot is None:
-        return "No zero-shot stage output (`metrics/zero-shot.json`): the controls need it."
+        return Controls("No zero-shot stage output (`metrics/zero-shot.json`): the controls need it.")
     base = multitask_scored(evidence, "zero-shot", "", zero_shot)
-    rows, missed = [], []
+    rows, missed, short = [], [], []
 
     def add(row_and_met) -> bool:
         """Add the check's row; whether it is met (a missed one is then explained)."""
@@ -92,9 +104,8 @@ def controls_section(
     for name, run in multitask.items():
         scored = multitask_scored(evidence, "multitask", name, run)
         sst = evidence.difference(scored, base, "sst")
-        if not add(
-            _check(name, "SST acc above the majority class", run["sst_accuracy"], "majority class", sst)
-        ):
+        if not add(_check(name, "SST acc above the majority class", run["sst"], "majority class", sst)):
+            short.append(f"`{name}` SST")
             missed.append(
                 f"`{name}` SST ({_most_predicted(scored.predictions['sst'], 'class')}"
                 f"{_validation_course(multitask_dir, run, 'sst')})"
@@ -102,9 +113,8 @@ def controls_section(
         labels, groups = scored.labels["quora"], scored.groups.get("quora")
         constant = np.zeros_like(labels)
         quora = paired("quora", labels, scored.predictions["quora"], constant, groups=groups)
-        if not add(
-            _check(name, "Quora acc above always not-duplicate", run["quora_accuracy"], "always 0", quora)
-        ):
+        if not add(_check(name, "Quora acc above always not-duplicate", run["quora"], "always 0", quora)):
+            short.append(f"`{name}` Quora")
             missed.append(
                 f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')}"
                 f"{_validation_course(multitask_dir, run, 'quora')})"
@@ -114,12 +124,13 @@ def controls_section(
             cosine = _check(
                 name,
                 "STS Pearson not below the untrained cosine",
-                run["sts_pearson"],
+                run["sts"],
                 "zero-shot cosine",
                 sts,
                 above=False,
             )
             if not add(cosine):
+                short.append(f"`{name}` STS")
                 missed.append(
                     f"`{name}` STS (Pearson {sts.value:+.3f} from the untrained checkpoint's cosine)"
                 )
@@ -129,11 +140,12 @@ def controls_section(
         scored = evidence.scored(
             f"sentiment/{run['run']}",
             {"cfimdb": f"sentiment/{run['run']}/dev-out.csv"},
-            {"cfimdb": run["dev_accuracy"]},
+            {"cfimdb": run[ACCURACY]},
         )
         iv = evidence.cell(scored, "cfimdb")
         chance = Interval(iv.value - 0.5, iv.low - 0.5, iv.high - 0.5)
-        if not add(_check(run["run"], "CFIMDB acc above chance", run["dev_accuracy"], "0.5", chance)):
+        if not add(_check(run["run"], "CFIMDB acc above chance", run[ACCURACY], "0.5", chance)):
+            short.append(f"`{run['run']}` CFIMDB")
             missed.append(f"`{run['run']}` CFIMDB")
     lines = [
         "Each run against a control computable without training, on the same dev examples: "
@@ -159,4 +171,4 @@ def controls_section(
         )
     else:
         lines.append("Every check is met.")
-    return "\n".join(lines)
+    return Controls("\n".join(lines), len(rows), short)

@@ -53,6 +53,7 @@ class Evidence:
         self._labels: dict[str, pd.Series] = {}
         self._groups: dict[str, pd.Series | None] = {}
         self._intervals: dict[tuple, Interval] = {}
+        self._scored: dict[str, Scored] = {}
 
     def labels(self, task: str) -> pd.Series:
         """The dev labels of ``task``, indexed by example id."""
@@ -75,7 +76,12 @@ class Evidence:
     def scored(self, name: str, files: dict[str, Path], metrics: dict[str, float]) -> Scored:
         """The predictions in ``files`` (task -> file under the predictions folder) joined
         with the labels; ``metrics`` (task -> the metrics file's number) must be what
-        the predictions score."""
+        the predictions score. Read once per run ``name``."""
+        if name not in self._scored:
+            self._scored[name] = self._read(name, files, metrics)
+        return self._scored[name]
+
+    def _read(self, name: str, files: dict[str, Path], metrics: dict[str, float]) -> Scored:
         labels, predictions, groups = {}, {}, {}
         for task, file in files.items():
             path = self.predictions_dir / file

@@ -13,14 +13,26 @@ import pandas as pd
 from minbert.metrics import MULTITASK_TASKS
 from minbert.report.cells import TASK_TITLES
 
-FIGURE_KINDS = ("loss", "average", "conflicts")
+FIGURE_KINDS = ("loss", "average", "conflicts", "every-average")
+
+
+def configs_of(spec: dict, multitask_dir: Path) -> list[dict]:
+    """A figure's configurations with their labels; ``configs: all``: every run's history."""
+    if spec["configs"] == "all":
+        return [
+            {"config": p.name[: -len("-history.csv")], "label": p.name[: -len("-history.csv")]}
+            for p in sorted(Path(multitask_dir).glob("*-history.csv"))
+        ]
+    return spec["configs"]
 
 
 def _missing_inputs(spec: dict, multitask_dir: Path, display_dir: str) -> list[str]:
     """The files a figure needs that are absent (or, for conflicts, hold no steps)."""
     suffix = "-conflicts.csv" if spec["kind"] == "conflicts" else "-history.csv"
+    if not configs_of(spec, multitask_dir):
+        return [f"`{display_dir}/*{suffix}`"]
     missing = []
-    for entry in spec["configs"]:
+    for entry in configs_of(spec, multitask_dir):
         path = multitask_dir / f"{entry['config']}{suffix}"
         if not path.is_file():
             missing.append(f"`{display_dir}/{path.name}`")
@@ -69,7 +81,12 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_ylabel("loss")
     axes[0].legend(fontsize="small")
-    return ""
+    return (
+        "Solid lines: each epoch's mean training loss of the task alone (without SMART's "
+        "terms), from epoch 1; dashed lines: the loss on the history's fixed dev slice, from "
+        "epoch 0 (the checkpoint before any update; an SST head fitted by the warm-up). One "
+        "panel per task, one colour per configuration."
+    )
 
 
 def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
@@ -93,19 +110,58 @@ def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax.set_ylabel("average metric")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize="small")
-    return ""
+    return (
+        "Solid lines: the average of SST accuracy, Quora accuracy and STS Pearson on the "
+        "history's fixed slice of the training examples; dashed lines: the same on its fixed "
+        "dev slice; epoch 0 is the checkpoint before any update, its heads fresh or fitted by "
+        "the warm-up. One colour per configuration."
+    )
+
+
+def _draw_every_average(fig, spec: dict, multitask_dir: Path) -> str:
+    ax = fig.subplots()
+    entries = configs_of(spec, multitask_dir)
+    for k, entry in enumerate(entries):
+        history = _read_csv(multitask_dir / f"{entry['config']}-history.csv", ["epoch", "dev_average"])
+        style = ["-", "--", ":", "-."][k // 10 % 4]  # ten colours, then another line style
+        ax.plot(
+            history.epoch,
+            history.dev_average,
+            marker="o",
+            color=f"C{k % 10}",
+            linestyle=style,
+            label=entry["label"],
+        )
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("average metric, dev slice")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return (
+        "One line per configuration: the average of SST accuracy, Quora accuracy and STS "
+        "Pearson on the history's fixed dev slice after each epoch (epoch 0: before any "
+        "update). The same data as `dvc plots show`'s dev-average plot, for reading offline."
+    )
+
+
+def _smoothing(steps: int) -> int:
+    """The moving-average window of the per-step cosines: about 50 windows per run, at
+    least 5 steps, none for a run too short to smooth."""
+    return 1 if steps < 25 else max(5, steps // 50)
 
 
 def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
     axes = fig.subplots(len(spec["configs"]), 2, squeeze=False)
-    summary = []
+    summary, windows = [], set()
     for (cos_ax, frac_ax), entry in zip(axes, spec["configs"]):
         steps = _read_csv(multitask_dir / f"{entry['config']}-conflicts.csv", ["step", "conflicts", "pairs"])
-        # Per-step cosines are noisy: drawn faintly, with a moving average on top
-        # (about 50 windows per run) so the trend stays readable at any run length.
-        window = max(1, len(steps) // 50)
+        window = _smoothing(len(steps))
+        windows.add(window)
         for k, column in enumerate(c for c in steps.columns if c.startswith("cos_")):
             pair = " · ".join(TASK_TITLES.get(t, t) for t in column[len("cos_") :].split("_"))
+            if window == 1:
+                cos_ax.plot(steps.step, steps[column], color=f"C{k}", linewidth=1.0, label=pair)
+                continue
+            # Per-step cosines are noisy: drawn faintly, their moving average on top.
             cos_ax.plot(steps.step, steps[column], color=f"C{k}", linewidth=0.5, alpha=0.3)
             cos_ax.plot(
                 steps.step,
@@ -116,11 +172,9 @@ def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
             )
         cos_ax.axhline(0.0, color="black", linewidth=0.6)
         # Same definition as the stage's pcgrad_conflict_fraction: conflicting pairs
-        # over all pairs seen, so the title matches the metrics file.
+        # over all pairs seen, so the title matches the run's record.
         overall = steps.conflicts.sum() / steps.pairs.sum()
-        cos_ax.set_title(
-            f"{entry['label']}: {overall:.1%} of task-gradient pairs conflict", fontsize="medium"
-        )
+        cos_ax.set_title(entry["label"], fontsize="medium")
         summary.append(f"`{entry['config']}` {overall:.3f}")
         cos_ax.set_ylabel("gradient cosine")
         cos_ax.legend(fontsize="small")
@@ -130,35 +184,53 @@ def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
         frac_ax.set_title(f"running conflict fraction (overall {overall:.3f})", fontsize="medium")
     axes[-1][0].set_xlabel("training step")
     axes[-1][1].set_xlabel("training step")
-    return "Overall fraction of conflicting task-gradient pairs: " + "; ".join(summary) + "."
+    if windows == {1}:
+        drawn = "the cosine of each pair of task gradients on the shared encoder at every PCGrad step"
+    else:
+        sizes = " or ".join(str(w) for w in sorted(windows - {1}))
+        drawn = (
+            "the cosine of each pair of task gradients on the shared encoder at every PCGrad "
+            f"step (faint) and its moving average over {sizes} steps (bold)"
+        )
+    return (
+        f"Left, one row per configuration: {drawn}; below zero the pair conflicts and PCGrad "
+        "projects one gradient off the other. Right: the fraction of task-gradient pairs that "
+        "conflicted up to each step. Overall fraction of conflicting pairs: " + "; ".join(summary) + "."
+    )
 
 
-# Each draws onto an empty figure and returns extra caption text for the README
-# (numbers a reader should not have to read off the plot), or "".
-DRAW = {"loss": _draw_loss, "average": _draw_average, "conflicts": _draw_conflicts}
+# Each draws onto an empty figure and returns the caption's account of what it drew
+# (line styles, smoothing, and numbers a reader should not have to read off the plot).
+DRAW = {
+    "loss": _draw_loss,
+    "average": _draw_average,
+    "conflicts": _draw_conflicts,
+    "every-average": _draw_every_average,
+}
 
 
 def draw_figure(spec: dict, multitask_dir: Path, path: Path) -> str:
-    """Draw one figure to a PNG file whose bytes depend only on the data; return extra caption."""
+    """Draw one figure to a PNG file whose bytes depend only on the data; return what the
+    caption says of the drawing."""
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    height = {"loss": 4.0, "average": 4.0}.get(spec["kind"], 3.2 * len(spec["configs"]))
-    width = {"average": 7.0}.get(spec["kind"], 13.0)
+    height = {"loss": 4.0, "average": 4.0, "every-average": 4.5}.get(spec["kind"], 3.2 * len(spec["configs"]))
+    width = {"average": 7.0, "every-average": 9.0}.get(spec["kind"], 13.0)
     # The default style, not the user's matplotlibrc, so every machine draws alike.
     # The hash salt only matters for SVG output; fixed so that would be stable too.
     with matplotlib.style.context("default"), matplotlib.rc_context({"svg.hashsalt": "minbert"}):
         # A bare Figure on the Agg canvas: no pyplot global state, no GUI backend.
         fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
         FigureCanvasAgg(fig)
-        extra = DRAW[spec["kind"]](fig, spec, multitask_dir)
+        drawn = DRAW[spec["kind"]](fig, spec, multitask_dir)
         fig.suptitle(spec["title"])
         # PNG metadata would otherwise carry the matplotlib version; no timestamps are
         # written, so equal data gives byte-identical files.
         fig.savefig(path, format="png", metadata={"Software": None})
-    return extra
+    return drawn
 
 
 def figure_section(spec: dict, multitask_dir: Path, display_dir: str, out_dir: Path) -> str:
@@ -171,9 +243,12 @@ def figure_section(spec: dict, multitask_dir: Path, display_dir: str, out_dir: P
             "(run the `multitask` stage for these configurations)."
         )
         return "\n".join(lines)
-    extra = draw_figure(spec, multitask_dir, out_dir / spec["file"])
+    drawn = draw_figure(spec, multitask_dir, out_dir / spec["file"])
     # Semicolons: the labels themselves contain commas.
-    compared = "; ".join(f"{e['label']} (`{e['config']}`)" for e in spec["configs"])
-    caption = f"{spec['caption'].strip()} Configurations: {compared}."
-    lines += [f"![{spec['title']}]({spec['file']})", "", f"{caption} {extra}".strip()]
+    if spec["configs"] == "all":
+        caption = f"{spec['caption'].strip()} {drawn}"
+    else:
+        compared = "; ".join(f"{e['label']} (`{e['config']}`)" for e in spec["configs"])
+        caption = f"{spec['caption'].strip()} Configurations: {compared}. {drawn}"
+    lines += [f"![{spec['title']}]({spec['file']})", "", caption]
     return "\n".join(lines)

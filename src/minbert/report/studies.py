@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from minbert.metrics import AVERAGE, METRIC
+from minbert.metrics import AVERAGE
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -16,14 +16,14 @@ from minbert.report.cells import (
     fmt_budget,
     fmt_difference,
     fmt_interval,
-    interval_note,
     md_header,
     md_row,
     multitask_scored,
     per_task,
 )
 from minbert.report.evidence import Evidence
-from minbert.report.notes import provenance, rates, selection_note, usual
+from minbert.report.notes import rates, selection_note, usual
+from minbert.results import ACCURACY
 
 
 def selection_section(
@@ -176,15 +176,15 @@ def mlm_section(
         ]
     )
     for start, m in pretraining.items():
-        b, a, c = m["before"], m["after"], m["corpus"]
+        b, c = m["before"], m["corpus"]
         lines.append(
             md_row(
                 [
                     f"`{start}`",
                     f"{b['masked_accuracy']:.3f}",
-                    f"{a['masked_accuracy']:.3f}",
+                    f"{m[ACCURACY]:.3f}",
                     f"{b['perplexity']:.1f}",
-                    f"{a['perplexity']:.1f}",
+                    f"{m['after']['perplexity']:.1f}",
                     str(c["train_sequences"]),
                     str(c["heldout_sequences"]),
                     m["head"],
@@ -234,10 +234,8 @@ def mlm_section(
         if base_scored:
             ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
             notes.append(conclusion(f"{name}", m["config"], ivs, comparison))
-        notes.append(provenance(m, name))
-    if tuned:
-        notes.insert(0, selection_note(tuned))
-    return "\n".join(lines + ["", interval_note("the same configuration without MLM"), "", *notes])
+    lead = ["", "Δ: ours minus the same configuration fine-tuned from the original checkpoint."]
+    return "\n".join(lines + lead + (["", *notes] if notes else []))
 
 
 def seed_section(study: dict | None, parents: dict[str, str]) -> str:
@@ -265,7 +263,7 @@ def seed_section(study: dict | None, parents: dict[str, str]) -> str:
     for config, runs in configs.items():
         cells = [f"`{config}`"]
         for c in COLUMNS:
-            values = [r[METRIC[c] if c != AVERAGE else AVERAGE] for r in runs]
+            values = [r[c] for r in runs]
             cells.append(
                 f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
                 if len(values) > 1

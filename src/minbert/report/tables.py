@@ -11,7 +11,7 @@ under each table say no more than that.
 
 from __future__ import annotations
 
-from minbert.metrics import MULTITASK_TASKS
+from minbert.metrics import AVERAGE, MULTITASK_TASKS
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -22,6 +22,7 @@ from minbert.report.cells import (
     TASK_TITLES,
     UNEQUAL,
     UNSETTLED,
+    Compared,
     Comparison,
     budget_gap,
     conclusion,
@@ -29,7 +30,6 @@ from minbert.report.cells import (
     fmt_budget,
     fmt_difference,
     fmt_interval,
-    interval_note,
     level,
     md_header,
     md_row,
@@ -37,15 +37,7 @@ from minbert.report.cells import (
     seed_differences,
 )
 from minbert.report.evidence import Evidence
-from minbert.report.notes import checkpoint_notes, provenance, quora_notes, selection_note
-
-# What a row without training (the zero-shot checkpoint) is compared by.
-NO_TRAINING = {"optimizer_steps": 0, "examples_seen": dict.fromkeys(MULTITASK_TASKS, 0)}
-BUDGET_NOTE = (
-    "Steps / examples: the optimizer steps over all epochs, and the training examples "
-    'consumed over all epochs, all tasks together (per task under "How each of our numbers '
-    'was produced").'
-)
+from minbert.results import ACCURACY
 
 
 def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
@@ -54,7 +46,7 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
         key: evidence.scored(
             f"sentiment/{m['run']}",
             {m["task"]: f"sentiment/{m['run']}/dev-out.csv"},
-            {m["task"]: m["dev_accuracy"]},
+            {m["task"]: m[ACCURACY]},
         )
         for key, m in by_cell.items()
     }
@@ -73,27 +65,9 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
         full, last = scored.get((task, "full")), scored.get((task, "last-layer"))
         row.append(fmt_difference(evidence.difference(full, last, task)) if full and last else NO_NUMBER)
         lines.append(md_row(row))
-    notes = [
-        "",
-        interval_note("last layer only"),
-        "",
-        "How each of our numbers was produced:",
-        "",
-    ]
+    notes = ["", "Δ: full fine-tuning minus last layer only, on the same dev examples."]
     if not by_cell:
-        notes.append("- no sentiment metrics: the `sentiment` stage has not been run.")
-    for m in sorted(by_cell.values(), key=lambda m: (m["task"], m["mode"])):
-        ck = m["checkpoint"]
-        validation = f"{m['validation_examples']} validation examples, " if "validation_examples" in m else ""
-        head = f" (head {m['head_lr']})" if m.get("head_lr", m["lr"]) != m["lr"] else ""
-        notes.append(
-            f"- `{m['run']}`: epoch {m['best_epoch']} of {m['epochs']} "
-            f"({m.get('selection', 'best dev accuracy')}); {m['train_examples']} training examples "
-            f"({m['data_split']}), {validation}{m['dev_examples']} dev examples; lr {m['lr']}{head}, "
-            f"batch {m['batch_size']}, {m['optimizer']}, pooling `{m['pooling']}`; checkpoint "
-            f"`{ck['name']}` ({ck['weights']} sha256 {ck['sha256'][:12]}…); seed {m['seed']}; "
-            f"scale `{m['scale']}`; device {m['device']}."
-        )
+        notes.append("No sentiment run has been made (stage `sentiment`).")
     notes += [""] + [f'Reference column "{r["name"]}": {r["source"].strip()}' for r in refs]
     return "\n".join(lines + notes)
 
@@ -108,16 +82,18 @@ def multitask_table(
     evidence: Evidence,
     zero_shot: dict | None = None,
     seed_study: dict | None = None,
-) -> str:
+) -> tuple[str, list[Compared]]:
     """One of Tables 2-4: ours (with intervals) beside the paper's, each row's training
-    budget, the paired difference of each row from the table's parent (judged with the
-    seed study, ``Comparison``), and where the numbers came from."""
+    budget, and the paired difference of each row from the table's parent (judged with
+    the seed study, ``Comparison``); with the comparisons, for the findings."""
     parent_name = spec["parent"]
     parent_run = runs.get(parent_name)
     parent = multitask_scored(evidence, "multitask", parent_name, parent_run) if parent_run else None
+    # Paper columns only where the paper has a number for some row.
+    with_paper = any(row.get("paper") for row in spec["rows"]) or bool(spec.get("test"))
     header = ["Configuration"]
     for c in COLUMNS:
-        header += [f"{COLUMN_TITLES[c]} (ours)", f"{COLUMN_TITLES[c]} (paper)"]
+        header += [f"{COLUMN_TITLES[c]} (ours)", f"{COLUMN_TITLES[c]} (paper)"][: 1 + with_paper]
     header += ["Steps / examples", f"Δ average vs `{parent_name}`"]
     lines, footnotes, differences = md_header(header), [], []
 
@@ -133,8 +109,9 @@ def multitask_table(
         if parent is None:
             return "parent not run"
         comparison = Comparison(seed_differences(seed_study, name, parent_name), budget_gap(run, parent_run))
-        differences.append((name, scored, comparison))
-        return fmt_difference(evidence.average_difference(scored, parent), comparison)
+        ivs = {c: evidence.column_difference(scored, parent, c) for c in COLUMNS}
+        differences.append(Compared(name, parent_name, ivs, comparison))
+        return fmt_difference(ivs[AVERAGE], comparison)
 
     if spec.get("zero_shot") and zero_shot is not None:
         scored = multitask_scored(evidence, "zero-shot", "", zero_shot)
@@ -147,19 +124,20 @@ def multitask_table(
             )
         ]
         for c in COLUMNS:
-            cells += [fmt_interval(evidence.column(scored, c)), NO_NUMBER]
-        cells.append(fmt_budget(NO_TRAINING))
-        lines.append(md_row(cells + [compared("zero-shot", NO_TRAINING, scored)]))
+            cells += [fmt_interval(evidence.column(scored, c)), NO_NUMBER][: 1 + with_paper]
+        # A reference row, not a configuration: no difference from the parent (the
+        # findings set every configuration against it instead).
+        lines.append(md_row(cells + ["0 / 0", NO_NUMBER]))
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
         cells = [label_of(f"{row['label']} (`{config}`)", row.get("note"))]
         if m is None:
-            cells += [c for p in _paper_cells(row.get("paper")) for c in ("not run", p)]
+            cells += [c for p in _paper_cells(row.get("paper")) for c in ("not run", p)[: 1 + with_paper]]
             lines.append(md_row(cells + ["not run", NO_NUMBER]))
             continue
         scored = multitask_scored(evidence, "multitask", config, m)
         for c, paper in zip(COLUMNS, _paper_cells(row.get("paper"))):
-            cells += [fmt_interval(evidence.column(scored, c)), paper]
+            cells += [fmt_interval(evidence.column(scored, c)), paper][: 1 + with_paper]
         cells.append(fmt_budget(m))
         delta = "(parent)" if config == parent_name else compared(config, m, scored)
         lines.append(md_row(cells + [delta]))
@@ -175,7 +153,7 @@ def multitask_table(
         cells += [c for p in _paper_cells(test["paper"]) for c in ("not scored", p)]
         lines.append(md_row(cells + [NO_NUMBER, NO_NUMBER]))
 
-    notes = ["", interval_note(f"`{parent_name}`"), "", BUDGET_NOTE]
+    notes = ["", f"Δ: ours minus `{parent_name}` on the same dev examples."]
     if differences:
         notes += [
             "",
@@ -184,26 +162,39 @@ def multitask_table(
             "",
         ]
         notes += md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)])
-        said = []
-        for name, scored, comparison in differences:
-            ivs = {c: evidence.column_difference(scored, parent, c) for c in COLUMNS}
-            notes.append(md_row([f"`{name}`", *(fmt_difference(ivs[c], comparison, c) for c in COLUMNS)]))
-            said.append(conclusion(name, parent_name, ivs, comparison))
-        notes += ["", CONCLUSIONS_LEAD, ""] + said
+        for d in differences:
+            notes.append(
+                md_row([f"`{d.name}`", *(fmt_difference(d.ivs[c], d.comparison, c) for c in COLUMNS)])
+            )
+        notes += ["", CONCLUSIONS_LEAD, ""]
+        notes += [conclusion(d.name, d.parent, d.ivs, d.comparison) for d in differences]
     present = [runs[c] for c in dict.fromkeys(r["config"] for r in spec["rows"]) if c in runs]
-    notes.append("")
-    if present:
-        notes += quora_notes(present) + [""] + checkpoint_notes(present)
-        if spec.get("smart"):
-            notes += ["", *smart_table(present)]
-        notes += ["", "How each of our numbers was produced:", "", selection_note(present), ""]
-        notes += [provenance(m) for m in present]
-    else:
-        notes.append("None of this table's configurations has been run (stage `multitask`).")
-    notes += ["", f"Paper column: {spec['source'].strip()}"]
+    if not present:
+        notes += ["", "None of this table's configurations has been run (stage `multitask`)."]
+    elif spec.get("smart"):
+        notes += ["", *smart_table(present)]
+    if with_paper:
+        notes += ["", f"Paper column: {spec['source'].strip()}"]
     if footnotes:
         notes += [""] + [f"- [{i}] {n}" for i, n in enumerate(footnotes, start=1)]
-    return "\n".join(lines + notes)
+    return "\n".join(lines + notes), differences
+
+
+def other_configurations(
+    shown: set[str], runs: dict[str, dict], evidence: Evidence, parent_name: str, seed_study: dict | None
+) -> str | None:
+    """The configurations of ``configs`` that no table of paper.yaml shows (a new entry of
+    params.yaml, say), against ``parent_name``; None when every run has its table."""
+    others = [name for name in runs if name not in shown]
+    if not others:
+        return None
+    spec = {
+        "parent": parent_name,
+        "rows": [{"config": parent_name, "label": "the parent"}] * (parent_name in runs)
+        + [{"config": name, "label": "not in the paper's tables"} for name in others],
+    }
+    text, _ = multitask_table(spec, runs, evidence, seed_study=seed_study)
+    return text
 
 
 def smart_table(runs: list[dict]) -> list[str]:

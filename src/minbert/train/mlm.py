@@ -187,6 +187,7 @@ class MlmResult:
     after: dict
     history: list[dict]
     corpus: dict
+    optimizer_steps: int
 
 
 def train_mlm(
@@ -276,4 +277,4 @@ def train_mlm(
         "sources": train.counts(),
         "text": "training splits only (no dev or test text)",
     }
-    return MlmResult(before, after, history, info)
+    return MlmResult(before, after, history, info, step)

@@ -179,8 +179,10 @@ def train_multitask(
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
 
-    def score(tasks: dict[str, TaskData]) -> tuple[dict, dict]:
-        return evaluate_multitask(model, tasks, settings.eval_batch_size, device, world)
+    def score(tasks: dict[str, TaskData], show_progress: bool = False) -> tuple[dict, dict]:
+        return evaluate_multitask(
+            model, tasks, settings.eval_batch_size, device, world, show_progress and world.is_main
+        )
 
     def score_slices() -> tuple[dict, dict, dict]:
         dev = score(data.slices["dev"])[0] if score_dev else {}
@@ -304,9 +306,9 @@ def train_multitask(
     if not score_dev:
         return result
     bar.console.log(f"scoring epoch {best.epoch} on the full dev sets")
-    result.dev, result.dev_predictions = score(data.dev)
+    result.dev, result.dev_predictions = score(data.dev, show_progress=True)
     if data.test:
-        _, result.test_predictions = score(data.test)
+        _, result.test_predictions = score(data.test, show_progress=True)
     result.dev_ids = {t: d.table.ids for t, d in data.dev.items()}
     result.test_ids = {t: d.table.ids for t, d in data.test.items()}
     return result

@@ -96,6 +96,7 @@ class SentimentResult:
     test_predictions: np.ndarray | None = None
     train_examples: int = 0
     validation_examples: int = 0
+    optimizer_steps: int = 0  # over all epochs
 
 
 def train_sentiment(
@@ -224,6 +225,7 @@ def _epoch_loop(
                 )
     load_state(best.weights)
     result.best_epoch = best.epoch
+    result.optimizer_steps = n_batches_per_epoch * settings.epochs  # one step per batch
     return result
 
 

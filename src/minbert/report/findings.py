@@ -1,0 +1,140 @@
+"""What the report found, in plain words, computed from the same evidence as its tables:
+the scale the numbers were made at, where fine-tuning stands against the untrained
+checkpoint it starts from, which configuration scores highest and whether the data
+separate it from the next, which ablation differences the data can tell apart, and
+which controls are not met. No number here is written by hand."""
+
+from __future__ import annotations
+
+from minbert.metrics import AVERAGE, MULTITASK_TASKS
+from minbert.report.cells import (
+    COLUMN_TITLES,
+    COLUMNS,
+    NO_NUMBER,
+    Compared,
+    md_header,
+    md_row,
+    multitask_scored,
+    per_task,
+)
+from minbert.report.evidence import Evidence
+from minbert.report.notes import usual
+
+
+def _interval(iv) -> str:
+    return f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+
+
+def _share(names: list[str], total: int) -> str:
+    """``3 of 11 configurations (`a`, `b`, `c`)``; the names only when they are few."""
+    if not names:
+        return f"none of the {total} configurations"
+    if len(names) == total:
+        return f"all {total} configurations"
+    listed = f" ({', '.join(f'`{n}`' for n in names)})" if len(names) <= 4 else ""
+    return f"{len(names)} of {total} configurations{listed}"
+
+
+def against_untrained(runs: dict[str, dict], zero_shot: dict, evidence: Evidence) -> dict[str, dict]:
+    """Each configuration minus the untrained checkpoint, per column (paired intervals)."""
+    base = multitask_scored(evidence, "zero-shot", "", zero_shot)
+    out = {}
+    for name, run in runs.items():
+        scored = multitask_scored(evidence, "multitask", name, run)
+        out[name] = {c: evidence.column_difference(scored, base, c) for c in COLUMNS}
+    return out
+
+
+def findings_section(
+    runs: dict[str, dict],
+    zero_shot: dict | None,
+    evidence: Evidence,
+    compared: list[Compared],
+    missed_controls: list[str],
+    controls_checked: int,
+    paper_best: tuple[str, float] | None,
+) -> list[str]:
+    """One paragraph of findings, then the table behind its first claim."""
+    if not runs:
+        return ["No multitask configuration has been run (stage `multitask`): nothing to report yet."]
+    said = []
+    sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
+    epochs = usual({n: str(m["epochs"]) for n, m in runs.items()})
+    checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
+    scale = usual({n: f"`{m['scale']}`" for n, m in runs.items()})
+    said.append(
+        f"These runs fine-tune {checkpoint} on {sizes}, {epochs} epochs (scale {scale}; the "
+        "paper: bert-base-uncased, all the training data, 10 epochs), so they show how the "
+        "methods behave at this budget, not the paper's effect sizes."
+    )
+    table = []
+    if zero_shot is not None:
+        deltas = against_untrained(runs, zero_shot, evidence)
+        below = [n for n, d in deltas.items() if d[AVERAGE].high < 0]
+        above = [n for n, d in deltas.items() if d[AVERAGE].low > 0]
+        task_below = {t: sum(d[t].high < 0 for d in deltas.values()) for t in MULTITASK_TASKS}
+        sentence = (
+            f"Against the untrained checkpoint (average {zero_shot[AVERAGE]:.3f}), fine-tuning "
+            f"left the average lower in {_share(below, len(runs))} and higher in "
+            f"{_share(above, len(runs))} (paired intervals excluding zero)"
+        )
+        worse = [f"{COLUMN_TITLES[t]} in {k}" for t, k in task_below.items() if k]
+        if worse:
+            sentence += "; per task, fine-tuning scored below the checkpoint on " + ", ".join(worse)
+        sentence += (
+            f" (untrained: {', '.join(f'{COLUMN_TITLES[t]} {zero_shot[t]:.3f}' for t in MULTITASK_TASKS)}; "
+            "the checkpoint note above says what it was trained on)."
+        )
+        said.append(sentence)
+        table = [
+            "",
+            "Each configuration minus the untrained checkpoint on the same dev examples (95% "
+            "paired-bootstrap intervals; below zero: fine-tuning scored less than the "
+            "checkpoint it started from):",
+            "",
+            *md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)]),
+            *(md_row([f"`{n}`", *(_interval(d[c]) for c in COLUMNS)]) for n, d in deltas.items()),
+        ]
+    ranked = sorted(runs, key=lambda n: runs[n][AVERAGE], reverse=True)
+    top = ranked[0]
+    sentence = f"The highest average is `{top}`'s {runs[top][AVERAGE]:.3f}"
+    if len(ranked) > 1:
+        second = ranked[1]
+        iv = evidence.average_difference(
+            multitask_scored(evidence, "multitask", top, runs[top]),
+            multitask_scored(evidence, "multitask", second, runs[second]),
+        )
+        separated = "separated from" if iv.excludes_zero else "not separated from"
+        sentence += f", {separated} the next, `{second}` (Δ {_interval(iv)}, one seed)"
+    said.append(sentence + ".")
+    separated = [c for c in compared if c.distinguishable()]
+    unequal = [c for c in compared if c.ivs[AVERAGE].excludes_zero and c.comparison.budget]
+    if separated:
+        said.append(
+            "Ablation differences in the average that the data separate (interval excludes zero, "
+            "the sign holds with every seed, equal budgets): "
+            + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in separated)
+            + "; every other difference is within what one seed and these dev sets can tell apart."
+        )
+    else:
+        said.append("No ablation difference in the average is separated by these dev sets and seeds.")
+    if unequal:
+        said.append(
+            "Differences between rows trained with other budgets (‡) are not counted: "
+            + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in unequal)
+            + "."
+        )
+    if controls_checked:
+        verb = "is" if len(missed_controls) == 1 else "are"
+        said.append(
+            f"{len(missed_controls)} of {controls_checked} control checks {verb} not met"
+            + (f" ({'; '.join(missed_controls)})" if missed_controls else "")
+            + ": those cells measure a head no better than a constant answer."
+        )
+    if paper_best is not None and paper_best[0] in runs:
+        config, value = paper_best
+        said.append(
+            f"For scale: the paper's best model averages {value:.3f} on its dev sets; `{config}` "
+            f"averages {runs[config][AVERAGE]:.3f} here."
+        )
+    return [" ".join(said), *table] if said else [NO_NUMBER]

@@ -1,0 +1,76 @@
+"""The tables behind dvc.yaml's top-level plots: every configuration's history and PCGrad
+log gathered into one long table each, a row per configuration and epoch (or step),
+so that one plot overlays the configurations (``dvc plots show``; the template
+``.dvc/plots/by_config.json`` colours by the ``config`` column).
+
+``epochs.csv`` holds, per configuration and epoch (0: before training), the averages
+on the validation split, the dev slice and the training slice, and each task's
+dev-slice loss; ``losses.csv``, per configuration and trained epoch (1 on), each
+task's mean training loss; ``conflicts.csv``, per PCGrad configuration and step, the
+share of conflicting task-gradient pairs so far and each pair's cosine. Every row
+has every value its plots draw (an empty cell would be drawn as 0), and a
+configuration without PCGrad steps has no rows in ``conflicts.csv``, so no plot is
+drawn empty.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from minbert.metrics import AVERAGE, MULTITASK_TASKS
+
+EPOCH_COLUMNS = [f"{split}_{AVERAGE}" for split in ("val", "dev", "train")] + [
+    f"dev_loss_{t}" for t in MULTITASK_TASKS
+]
+LOSS_COLUMNS = [f"train_loss_{t}" for t in MULTITASK_TASKS]
+
+
+def _configs(directory: Path, suffix: str) -> dict[str, pd.DataFrame]:
+    return {
+        path.name[: -len(suffix)]: pd.read_csv(path) for path in sorted(Path(directory).glob(f"*{suffix}"))
+    }
+
+
+def _history_table(multitask_dir: Path, columns: list[str], trained_only: bool) -> pd.DataFrame:
+    frames = []
+    for config, history in _configs(multitask_dir, "-history.csv").items():
+        if trained_only:
+            history = history[history.epoch > 0]
+        frames.append(history.reindex(columns=["epoch", *columns]).assign(config=config))
+    if not frames:
+        return pd.DataFrame(columns=["config", "epoch", *columns])
+    return pd.concat(frames, ignore_index=True)[["config", "epoch", *columns]]
+
+
+def epochs_table(multitask_dir: Path) -> pd.DataFrame:
+    return _history_table(multitask_dir, EPOCH_COLUMNS, trained_only=False)
+
+
+def losses_table(multitask_dir: Path) -> pd.DataFrame:
+    return _history_table(multitask_dir, LOSS_COLUMNS, trained_only=True)
+
+
+def conflicts_table(multitask_dir: Path) -> pd.DataFrame:
+    frames = []
+    for config, log in _configs(multitask_dir, "-conflicts.csv").items():
+        if log.empty:  # header only: no PCGrad steps
+            continue
+        cosines = [c for c in log.columns if c.startswith("cos_")]
+        running = (log.conflicts.cumsum() / log.pairs.cumsum()).round(4)
+        frames.append(log[["step", *cosines]].assign(config=config, conflicts_so_far=running))
+    if not frames:
+        return pd.DataFrame(columns=["config", "step", "conflicts_so_far"])
+    table = pd.concat(frames, ignore_index=True)
+    return table[["config", "step", "conflicts_so_far", *(c for c in table.columns if c.startswith("cos_"))]]
+
+
+def write_plot_tables(metrics_dir: Path, out_dir: Path) -> None:
+    """``epochs.csv``, ``losses.csv`` and ``conflicts.csv`` of the multitask runs under
+    ``metrics_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    multitask_dir = Path(metrics_dir) / "multitask"
+    epochs_table(multitask_dir).to_csv(out_dir / "epochs.csv", index=False)
+    losses_table(multitask_dir).to_csv(out_dir / "losses.csv", index=False)
+    conflicts_table(multitask_dir).to_csv(out_dir / "conflicts.csv", index=False)

@@ -1,0 +1,226 @@
+"""The report's document: every section in order, from the runs' metrics files and
+records, their dev predictions and ``reference/paper.yaml``.
+
+It opens with what a reader needs first: the setup at a glance beside the paper's, the
+notes that colour every number (stated once), and the findings in plain words; then
+the paper's tables, the configurations no table shows, the controls, the choices where
+the paper is silent, the MLM and seed studies, the figures, and last one table of how
+each run was produced. The findings are written after the tables are computed (they
+quote the same comparisons) but placed before them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from minbert.atomic import atomic_directory
+from minbert.report.cells import interval_note
+from minbert.report.controls import controls_section
+from minbert.report.evidence import Evidence
+from minbert.report.figures import FIGURE_KINDS, figure_section
+from minbert.report.findings import findings_section
+from minbert.report.notes import fill_facts
+from minbert.report.plots import write_plot_tables
+from minbert.report.setup import provenance_section, setup_section
+from minbert.report.studies import mlm_section, seed_section, selection_section
+from minbert.report.tables import multitask_table, other_configurations, table1
+from minbert.results import STEPS, read_result, read_results
+
+MULTITASK_TABLES = ["table2", "table3", "table4"]
+SEED_STUDY_FILE = "seed-study.json"
+ZERO_SHOT_FILE = "zero-shot.json"
+LR_SEARCH_FILE = "lr-search.json"
+# What every multitask run must state for the tables (besides the scores).
+RUN_KEYS = (STEPS, "examples_seen", "validation_examples", "selection")
+BUDGET_NOTE = (
+    "Steps / examples: the optimizer steps over all epochs, and the training examples "
+    "consumed over all epochs, all tasks together (per task in the last section)."
+)
+
+
+def load_runs(directory: Path) -> list[dict]:
+    """A multitask stage's runs, each checked for ``RUN_KEYS`` (and SMART's measured
+    terms when SMART was on)."""
+    runs = read_results(directory)
+    for m in runs:
+        missing = [k for k in RUN_KEYS if k not in m]
+        if m.get("settings", {}).get("smart") and "smart" not in m:
+            missing.append("smart (SMART's adversarial term and its control)")
+        if missing:
+            raise ValueError(
+                f"{directory}/{m.get('config', '?')}.json: missing key(s) {', '.join(missing)}: "
+                "written by an older `multitask` stage; rerun it (dvc repro)"
+            )
+    return runs
+
+
+def _optional_json(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def check_paper(paper: dict) -> None:
+    """Fail early, naming the entry, on a paper.yaml the report cannot read."""
+    if "setup" not in paper:
+        raise ValueError("paper.yaml: needs `setup` (the paper's setting, for the setup table)")
+    for name in MULTITASK_TABLES:
+        if name in paper and "parent" not in paper[name]:
+            raise ValueError(f"paper.yaml {name}: needs `parent` (the configuration rows are compared with)")
+        for i, row in enumerate(paper.get(name, {}).get("rows", [])):
+            if not isinstance(row, dict) or "config" not in row or "label" not in row:
+                raise ValueError(f"paper.yaml {name}.rows[{i}]: needs `config` and `label`")
+    for i, spec in enumerate(paper.get("figures", [])):
+        if spec.get("kind") not in FIGURE_KINDS:
+            raise ValueError(f"paper.yaml figures[{i}]: kind must be one of {', '.join(FIGURE_KINDS)}")
+        for key in ("file", "title", "caption", "configs"):
+            if key not in spec:
+                raise ValueError(f"paper.yaml figures[{i}]: missing `{key}`")
+
+
+def ablation_parents(paper: dict) -> dict[str, str]:
+    """Each configuration's ablation parent: that of the first multitask table that
+    shows it as a row other than its parent (``best`` is compared with ``baseline``,
+    Table 4's rows with ``best``)."""
+    parents: dict[str, str] = {}
+    for name in MULTITASK_TABLES:
+        spec = paper.get(name, {})
+        for row in spec.get("rows", []):
+            if row["config"] != spec.get("parent"):
+                parents.setdefault(row["config"], spec["parent"])
+    return parents
+
+
+def _paper_best(paper: dict) -> tuple[str, float] | None:
+    """The paper's best model and its dev average (Table 2's last row)."""
+    rows = [r for r in paper.get("table2", {}).get("rows", []) if (r.get("paper") or {}).get("average")]
+    return (rows[-1]["config"], rows[-1]["paper"]["average"]) if rows else None
+
+
+def write_report(
+    metrics_dir: Path,
+    predictions_dir: Path,
+    prepared_dir: Path,
+    paper_file: Path,
+    out_dir: Path,
+    params_file: Path | None = None,
+) -> None:
+    """The report under ``out_dir``: README.md, its figures, and the tables the top-level
+    plots of dvc.yaml draw (``out_dir/plots/``). ``params_file`` (params.yaml) gives the
+    scales the runs were not made at, for "What chose what"; without it that section
+    shows the runs' own scale only."""
+    metrics_dir = Path(metrics_dir)
+    paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
+    check_paper(paper)
+    params = yaml.safe_load(Path(params_file).read_text(encoding="utf-8")) if params_file else None
+    evidence = Evidence(predictions_dir, prepared_dir)
+    sentiment = read_results(metrics_dir / "sentiment")
+    multitask_dir = metrics_dir / "multitask"
+    multitask = {m["config"]: m for m in load_runs(multitask_dir)}
+    if not sentiment and not multitask:
+        raise FileNotFoundError(
+            f"no metrics files to report: neither {metrics_dir}/sentiment nor {multitask_dir} "
+            "holds any run (run the `sentiment` or `multitask` stages first)"
+        )
+    zero_shot_file = metrics_dir / ZERO_SHOT_FILE
+    zero_shot = read_result(zero_shot_file) if zero_shot_file.is_file() else None
+    seed_study = _optional_json(metrics_dir / SEED_STUDY_FILE)
+    tuned = load_runs(metrics_dir / "multitask-mlm")
+
+    tables, compared, shown = [], [], set()
+    for number, name in enumerate(MULTITASK_TABLES, start=2):
+        if name in paper:
+            text, differences = multitask_table(paper[name], multitask, evidence, zero_shot, seed_study)
+            tables += [f"## Table {number}: {paper[name]['title']}", "", text, ""]
+            said = {(c.name, c.parent) for c in compared}  # a row in two tables counts once
+            compared += [d for d in differences if (d.name, d.parent) not in said]
+            shown |= {row["config"] for row in paper[name]["rows"]}
+    others = other_configurations(shown, multitask, evidence, paper["table2"]["parent"], seed_study)
+    if others:
+        tables += [
+            "## Other configurations",
+            "",
+            "Configurations of `configs` that no table of the paper shows.",
+            "",
+            others,
+            "",
+        ]
+    controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
+
+    sections = [
+        "# minbert results",
+        "",
+        "Generated by `dvc repro` (stage `report`) from the metrics files and run records under",
+        "`metrics/` and the dev predictions under `predictions/`; do not edit by hand. Published",
+        f"numbers: {paper['paper'].strip()}",
+        "",
+        "## Setup at a glance",
+        "",
+        *setup_section(multitask, sentiment, seed_study, paper["setup"]),
+        "",
+        "## Findings",
+        "",
+        *findings_section(
+            multitask, zero_shot, evidence, compared, controls.missed, controls.checked, _paper_best(paper)
+        ),
+        "",
+        "## How to read the tables",
+        "",
+        interval_note("its parent (the row marked (parent))"),
+        "",
+        BUDGET_NOTE,
+        "",
+        f"## Table 1: {paper['table1']['title']}",
+        "",
+        table1(sentiment, paper["table1"], evidence),
+        "",
+        *tables,
+        "## Controls: what each number is measured against",
+        "",
+        controls.text,
+        "",
+    ]
+    if paper.get("choices"):
+        sections += [
+            "## Where the paper is silent, and what this pipeline chose",
+            "",
+            *(f"- {fill_facts(choice.strip(), multitask, multitask_dir)}" for choice in paper["choices"]),
+            "",
+        ]
+    sections += [
+        "## What chose what",
+        "",
+        selection_section(
+            multitask,
+            params,
+            _optional_json(metrics_dir / LR_SEARCH_FILE),
+            paper.get("learning_rates", {}),
+        ),
+        "",
+        "## MLM pretraining before fine-tuning",
+        "",
+        mlm_section({m["start"]: m for m in read_results(metrics_dir / "mlm")}, tuned, multitask, evidence),
+        "",
+        "## Seed study",
+        "",
+        seed_section(seed_study, ablation_parents(paper)),
+        "",
+    ]
+    with atomic_directory(out_dir) as tmp:
+        if paper.get("figures"):
+            sections += ["## Figures", ""]
+            # Shown as given (e.g. metrics/multitask), so the README names the files
+            # as the repository does and does not depend on where it was built.
+            display_dir = multitask_dir.as_posix()
+            for spec in paper["figures"]:
+                sections += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
+        named = {**multitask, **{f"{m['pretraining']['start']}-{m['config']}": m for m in tuned}}
+        sections += [
+            "## How each number was produced",
+            "",
+            *provenance_section(named, sentiment),
+            "",
+        ]
+        write_plot_tables(metrics_dir, tmp / "plots")
+        (tmp / "README.md").write_text("\n".join(sections), encoding="utf-8")
