@@ -82,10 +82,10 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
     axes[0].set_ylabel("loss")
     axes[0].legend(fontsize="small")
     return (
-        "Solid lines: each epoch's mean training loss of the task alone (without SMART's "
-        "terms), from epoch 1; dashed lines: the loss on the history's fixed dev slice, from "
-        "epoch 0 (the checkpoint before any update; an SST head fitted by the warm-up). One "
-        "panel per task, one colour per configuration."
+        "Solid lines: each epoch's mean training loss of the task alone (without SMART's terms), "
+        "from epoch 1; dashed lines: the loss on the history's fixed dev slice, from epoch 0. "
+        "Epoch 0 is the checkpoint before any update (its heads fresh, or fitted by the "
+        "warm-up). One panel per task, one colour per configuration."
     )
 
 
@@ -111,10 +111,10 @@ def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize="small")
     return (
-        "Solid lines: the average of SST accuracy, Quora accuracy and STS Pearson on the "
-        "history's fixed slice of the training examples; dashed lines: the same on its fixed "
-        "dev slice; epoch 0 is the checkpoint before any update, its heads fresh or fitted by "
-        "the warm-up. One colour per configuration."
+        "Solid lines: the average of SST acc, Quora acc, STS Pearson on the history's fixed "
+        "slice of the training examples; dashed lines: the same on its fixed dev slice. Epoch 0 "
+        "is the checkpoint before any update (its heads fresh, or fitted by the warm-up). One "
+        "colour per configuration."
     )
 
 
@@ -136,10 +136,12 @@ def _draw_every_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax.set_ylabel("average metric, dev slice")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    styles = " (past ten, the colours repeat with another line style)" if len(entries) > 10 else ""
     return (
-        "One line per configuration: the average of SST accuracy, Quora accuracy and STS "
-        "Pearson on the history's fixed dev slice after each epoch (epoch 0: before any "
-        "update). The same data as `dvc plots show`'s dev-average plot, for reading offline."
+        f"One line per configuration{styles}: the average of SST acc, Quora acc, STS Pearson on "
+        "the history's fixed dev slice after each epoch. Epoch 0 is the checkpoint before any "
+        "update (its heads fresh, or fitted by the warm-up). The same data as `dvc plots "
+        "show`'s dev-average plot, for reading offline."
     )
 
 

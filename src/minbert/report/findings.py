@@ -26,13 +26,11 @@ def _interval(iv) -> str:
 
 
 def _share(names: list[str], total: int) -> str:
-    """``3 of 11 configurations (`a`, `b`, `c`)``; the names only when they are few."""
-    if not names:
-        return f"none of the {total} configurations"
-    if len(names) == total:
-        return f"all {total} configurations"
+    """``all``, ``none``, or ``3 (`a`, `b`, `c`)``: the names only when they are few."""
+    if len(names) in (0, total):
+        return "all" if names else "none"
     listed = f" ({', '.join(f'`{n}`' for n in names)})" if len(names) <= 4 else ""
-    return f"{len(names)} of {total} configurations{listed}"
+    return f"{len(names)}{listed}"
 
 
 def against_untrained(runs: dict[str, dict], zero_shot: dict, evidence: Evidence) -> dict[str, dict]:
@@ -76,7 +74,8 @@ def findings_section(
         sentence = (
             f"Against the untrained checkpoint (average {zero_shot[AVERAGE]:.3f}), fine-tuning "
             f"left the average lower in {_share(below, len(runs))} and higher in "
-            f"{_share(above, len(runs))} (paired intervals excluding zero)"
+            f"{_share(above, len(runs))} of the {len(runs)} configurations (paired intervals "
+            "excluding zero)"
         )
         worse = [f"{COLUMN_TITLES[t]} in {k}" for t, k in task_below.items() if k]
         if worse:
@@ -114,7 +113,8 @@ def findings_section(
             "Ablation differences in the average that the data separate (interval excludes zero, "
             "the sign holds with every seed, equal budgets): "
             + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in separated)
-            + "; every other difference is within what one seed and these dev sets can tell apart."
+            + "; no other is: its interval contains zero, its sign changes with the seed, or no "
+            "seed study covers it."
         )
     else:
         said.append("No ablation difference in the average is separated by these dev sets and seeds.")
