@@ -238,7 +238,7 @@ def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dic
 
 def multitask_settings(config: str, scale: str):
     """The pipeline's settings of ``config`` at ``scale``, from params.yaml."""
-    from minbert.pipeline import settings as params_module
+    from minbert.pipeline import params as params_module
 
     params = params_module.load(REPO / "params.yaml")
     params["scale"] = scale
@@ -287,7 +287,7 @@ class MultitaskRunner:
     def step(self, settings):
         """The pipeline's training step with ``settings`` (gradient mode, SMART) on
         this model; each call gives a step with its own optimizer state."""
-        from minbert.train.multitask import MultitaskStep
+        from minbert.train.multitask_step import MultitaskStep
 
         return MultitaskStep(settings, self.model, self.data, self.device)
 

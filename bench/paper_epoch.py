@@ -112,14 +112,15 @@ def main() -> None:
         )
 
     from minbert.data.multitask import TaskData, epoch_steps
-    from minbert.metrics import MULTITASK_TASKS as TASKS
     from minbert.model.bert import BertConfig, BertModel
-    from minbert.train.multitask import MultitaskStep, build_model
+    from minbert.tasks import MULTITASK_TASKS
+    from minbert.train.multitask import build_model
+    from minbert.train.multitask_step import MultitaskStep
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _, settings = common.multitask_settings("concatenation", "paper")
     settings = dataclasses.replace(settings, batch_size=BATCH)
-    sizes = {t: 64 for t in TASKS} if args.quick else SIZES
+    sizes = {t: 64 for t in MULTITASK_TASKS} if args.quick else SIZES
     if args.quick:
         args.steps = 3
     config = (

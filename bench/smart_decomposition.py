@@ -123,8 +123,9 @@ def main() -> None:
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
     from minbert.model.multitask import MultitaskBert
-    from minbert.train.objective import DIVERGENCE
-    from minbert.train.smart import SmartSettings, divergence
+    from minbert.settings import SmartSettings
+    from minbert.tasks import TASKS
+    from minbert.train.smart import divergence
     from minbert.train.smoothness import (
         DropoutMasks,
         adversarial_perturbation,
@@ -181,7 +182,7 @@ def main() -> None:
             _, loss, control = smoothness_terms(
                 forward_fn(task, batch, bf16_inside),
                 embedded,
-                DIVERGENCE[task],
+                TASKS[task].head_output,
                 settings,
                 start=start,
                 masks=masks,
@@ -262,7 +263,7 @@ def main() -> None:
             masks = DropoutMasks("cpu")
             fn = forward_fn(t, b, False)
             noise = adversarial_perturbation(
-                fn, embedded, fn(embedded), DIVERGENCE[t], settings, start=s, masks=masks
+                fn, embedded, fn(embedded), TASKS[t].head_output, settings, start=s, masks=masks
             )
             real = b.mask.bool()
             ratios.append((noise.norm(dim=-1) / embedded.norm(dim=-1))[real])
@@ -304,14 +305,14 @@ def main() -> None:
                     clean = run(embedded)
                     clean_calls = hooks.take()
                     noise = adversarial_perturbation(
-                        fn, embedded, clean, DIVERGENCE[t], settings, start=s, masks=masks
+                        fn, embedded, clean, TASKS[t].head_output, settings, start=s, masks=masks
                     )
                     perturbed = run(embedded + noise)
                     calls = hooks.take()[-len(clean_calls) :]  # the last pass's, after the ascent's
                 first, every = vanished(clean_calls, calls)
                 (x32, x_seen), (y32, y_seen) = clean_calls[0], calls[0]
                 error = ((y_seen - x_seen) - (y32 - x32)).norm() / (y32 - x32).norm()
-                r_s = divergence(perturbed, clean, DIVERGENCE[t]).item()
+                r_s = divergence(perturbed, clean, TASKS[t].head_output).item()
                 cells[t].append((first, every, error.item(), r_s))
             bf16[f"{projection}_{when}"] = {
                 "vanished_first_linear": float(np.mean([c[0] for cs in cells.values() for c in cs])),

@@ -56,7 +56,7 @@ def main() -> None:
     common.setup(args, repeats=1, warmup=1)
 
     from minbert.data.multitask import epoch_steps
-    from minbert.train.smart import SmartSettings
+    from minbert.settings import SmartSettings
 
     params, settings = common.multitask_settings(args.config, args.scale)
     smart = settings.smart or SmartSettings(**{k: v for k, v in params["smart"].items() if k != "enabled"})

@@ -1,6 +1,6 @@
 """Cost of PCGrad and SMART per multitask training step, relative to a plain step.
 
-One step of multitask training (``minbert.train.multitask.MultitaskStep``, the
+One step of multitask training (``minbert.train.multitask_step.MultitaskStep``, the
 pipeline's own step) takes one batch of each of SST, Quora and STS at the
 configuration's batch sizes (default ``baseline`` at the ``cpu`` scale, siamese
 pair heads) and is run four ways, interleaved on the same model:
@@ -39,7 +39,7 @@ def main() -> None:
     common.setup(args, repeats=20, warmup=3)
 
     from minbert.data.multitask import epoch_steps
-    from minbert.train.smart import SmartSettings
+    from minbert.settings import SmartSettings
 
     params, settings = common.multitask_settings(args.config, args.scale)
     smart = dataclasses.replace(

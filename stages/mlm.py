@@ -1,14 +1,9 @@
-"""Stage `mlm@<start>`: masked-language-model pretraining (continue | scratch)."""
+"""Stage `mlm@<start>`: masked-language-model pretraining (continue | scratch).
+
+Its paths come from its cmd in dvc.yaml."""
 
 import sys
-from pathlib import Path
 
 from minbert.pipeline import mlm
 
-mlm.main(
-    sys.argv[1:],
-    settings_dir=Path("data/settings/mlm"),
-    tokenized_dir=Path("data/tokenized"),
-    out_dir=Path("models/mlm"),
-    metrics_dir=Path("metrics/mlm"),
-)
+mlm.main(sys.argv[1:])

@@ -1,20 +1,10 @@
-"""Stage `multitask@<config>`: multitask fine-tuning of one configuration (Tables 2-4).
+"""Stage `multitask@<config>`: multitask fine-tuning of one configuration (Tables 2-4);
+with `--checkpoint models/mlm/<start>`, stage `multitask-mlm@<start>-<config>`.
 
-Also stage `multitask-mlm@<start>-<config>`: the same configuration fine-tuned from
-the checkpoint written by stage `mlm@<start>` (second argument).
-"""
+Its paths come from its cmd in dvc.yaml."""
 
 import sys
-from pathlib import Path
 
 from minbert.pipeline import multitask
 
-multitask.main(
-    sys.argv[1:],
-    settings_dir=Path("data/settings/multitask"),
-    tokenized_dir=Path("data/tokenized"),
-    manifest_file=Path("data/prepared/manifest.json"),
-    metrics_root=Path("metrics"),
-    predictions_root=Path("predictions"),
-    models_root=Path("models"),
-)
+multitask.main(sys.argv[1:])

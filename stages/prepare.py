@@ -1,7 +1,9 @@
-"""Stage `prepare`: validate the course CSV files and write them as Parquet tables."""
+"""Stage `prepare`: validate the course CSV files and write them as Parquet tables.
 
-from pathlib import Path
+Its paths come from its cmd in dvc.yaml."""
+
+import sys
 
 from minbert.pipeline import prepare
 
-prepare.main(params_file=Path("params.yaml"), out_dir=Path("data/prepared"))
+prepare.main(sys.argv[1:])

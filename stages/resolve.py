@@ -1,7 +1,9 @@
-"""Stage `resolve`: each multitask configuration's settings in a file of its own."""
+"""Stage `resolve`: check params.yaml and write every stage's settings to a file of its own.
 
-from pathlib import Path
+Its paths come from its cmd in dvc.yaml."""
+
+import sys
 
 from minbert.pipeline import resolve
 
-resolve.main(params_file=Path("params.yaml"), out_dir=Path("data/settings"))
+resolve.main(sys.argv[1:])

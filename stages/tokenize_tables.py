@@ -1,11 +1,9 @@
-"""Stage `tokenize`: WordPiece ids of every prepared table, with the checkpoint's vocabulary."""
+"""Stage `tokenize`: WordPiece ids of every prepared table, with the checkpoint's vocabulary.
 
-from pathlib import Path
+Its paths come from its cmd in dvc.yaml."""
+
+import sys
 
 from minbert.pipeline import tokenize
 
-tokenize.main(
-    settings_file=Path("data/settings/tokenize.json"),
-    prepared_dir=Path("data/prepared"),
-    out_dir=Path("data/tokenized"),
-)
+tokenize.main(sys.argv[1:])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from minbert.data.tasks import TASKS
+from minbert.tasks import TASKS
 
 # The Quora files whose checksum is not pinned (absent from the shared data).
 UNVERIFIED = ("quora-train.csv", "quora-test-student.csv")

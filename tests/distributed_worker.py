@@ -21,9 +21,10 @@ from conftest import tiny_multitask_scale
 
 from minbert import distributed
 from minbert.data.batches import TokenizedTable
-from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.bert import BertModel
-from minbert.pipeline import settings as params_module
+from minbert.pipeline import params as params_module
+from minbert.pipeline.schema import validate
+from minbert.tasks import MULTITASK_TASKS
 from minbert.train.multitask import train_multitask
 from minbert.train.smart import EmaTeacher
 
@@ -44,7 +45,7 @@ def settings_for(config: str, checkpoint: Path, batch_scale: int):
         "epsilon": 1e-2,
         "step_size": 1.0,
     }
-    settings = params_module.multitask_settings(params_module.validate(params), config)
+    settings = params_module.multitask_settings(validate(params), config)
     return dataclasses.replace(settings, dropout=0.0)
 
 
@@ -57,7 +58,9 @@ def run(
 ) -> dict:
     """Train ``config`` and return what the test compares."""
     tables = {
-        (t, s): TokenizedTable.read(tokenized / f"{t}-{s}.parquet") for t in TASKS for s in ("train", "dev")
+        (t, s): TokenizedTable.read(tokenized / f"{t}-{s}.parquet")
+        for t in MULTITASK_TASKS
+        for s in ("train", "dev")
     }
     encoder = BertModel.from_pretrained(checkpoint)
     for module in encoder.modules():  # dropout off: the same maths at any batch split

@@ -236,7 +236,14 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
 
     def resolve(**env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, str(REPO / "stages" / "resolve.py")],
+            [
+                sys.executable,
+                str(REPO / "stages" / "resolve.py"),
+                "--params",
+                "params.yaml",
+                "--out",
+                "settings",
+            ],
             cwd=tmp_path,
             capture_output=True,
             text=True,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from minbert.data.csvfile import read_task_csv, validate_task_csv
 from minbert.data.problems import DataError, Problem
-from minbert.data.tasks import TASKS
+from minbert.tasks import TASKS
 
 SST, QUORA, STS = TASKS["sst"], TASKS["quora"], TASKS["sts"]
 

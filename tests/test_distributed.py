@@ -26,10 +26,11 @@ from test_multitask import _prepared
 from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
 from minbert.distributed import World
-from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.pipeline import params as params_module
 from minbert.pipeline import resolve
-from minbert.pipeline import settings as params_module
+from minbert.pipeline.schema import validate
 from minbert.results import read_result
+from minbert.tasks import MULTITASK_TASKS
 
 CONFIGS = ["baseline", "summed", "best"]  # round-robin, summed losses, PCGrad + SMART
 
@@ -102,7 +103,7 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
     # The final parameters.
     for name, value in single["encoder"].items():
         torch.testing.assert_close(rank0["encoder"][name], value, rtol=1e-4, atol=2e-5, msg=name)
-    for task in TASKS:
+    for task in MULTITASK_TASKS:
         # STS predictions are written at 3 decimals: equal up to a rounding step.
         torch.testing.assert_close(
             rank0["dev_predictions"][task],
@@ -133,16 +134,19 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(checkpoint=str(tiny_checkpoint), device="cpu", launcher="torchrun --nproc_per_node 2")
     tiny_multitask_scale(params, epochs=1, batch_size={"sst": 4, "quora": 3, "sts": 2})
-    params_module.validate(params)
+    validate(params)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     resolve.run(tmp_path / "params.yaml", tmp_path / "data" / "settings")  # what `resolve` writes
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
-    _torchrun(REPO / "stages" / "multitask.py", "best-no-smart", cwd=tmp_path)
+    # The command dvc.yaml gives the stage, run by torchrun.
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["multitask"]["do"]["cmd"]
+    args = stage.replace("${key}", "best-no-smart").split()[2:]  # after the launcher and the script
+    _torchrun(REPO / "stages" / "multitask.py", *args, cwd=tmp_path)
     metrics = read_result(tmp_path / "metrics" / "multitask" / "best-no-smart.json")
     assert metrics["processes"] == 2 and metrics["device"].startswith("2 x cpu")
     assert metrics["batch_size"] == {"sst": 4, "quora": 3, "sts": 2}
-    for task in TASKS:
+    for task in MULTITASK_TASKS:
         path = tmp_path / "predictions" / "multitask" / "best-no-smart" / f"{task}-dev-out.csv"
         lines = path.read_text().splitlines()[1:]
         assert len(lines) == 31 and set(read_predictions(path)) == {f"dev{i}" for i in range(31)}
@@ -163,4 +167,4 @@ def test_launcher_is_checked(tiny_checkpoint):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["launcher"] = "mpirun -n 4"
     with pytest.raises(params_module.ParamsError, match="launcher = 'mpirun -n 4' must be 'python' or"):
-        params_module.validate(params)
+        validate(params)

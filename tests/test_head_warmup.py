@@ -10,11 +10,12 @@ from test_multitask import run_in, tiny_params, tokenized  # noqa: F401  (fixtur
 
 from minbert.data.batches import TokenizedTable
 from minbert.data.multitask import TaskData
-from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert, task_loss
-from minbert.pipeline import settings as params_module
-from minbert.train.head_warmup import HeadWarmup, pooled_vectors, warm_up_heads
+from minbert.pipeline.schema import validate
+from minbert.settings import HeadWarmup
+from minbert.tasks import MULTITASK_TASKS
+from minbert.train.head_warmup import pooled_vectors, warm_up_heads
 
 
 def _model_and_data(tokenized, checkpoint, paraphrase_head="siamese-concat-diff", sts_head="siamese-cosine"):
@@ -22,7 +23,7 @@ def _model_and_data(tokenized, checkpoint, paraphrase_head="siamese-concat-diff"
     model = MultitaskBert(BertModel.from_pretrained(checkpoint), paraphrase_head, sts_head, 0.1, "mean")
     data = {
         t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
-        for t in TASKS
+        for t in MULTITASK_TASKS
     }
     return model, data
 
@@ -94,7 +95,7 @@ def test_no_warm_up_changes_nothing(tokenized, tiny_checkpoint):
     heads = {k: v.clone() for k, v in model.heads.state_dict().items()}
     assert (
         warm_up_heads(
-            model, data, data, HeadWarmup(0), {t: 4 for t in TASKS}, 7, 0.01, torch.device("cpu"), 0
+            model, data, data, HeadWarmup(0), {t: 4 for t in MULTITASK_TASKS}, 7, 0.01, torch.device("cpu"), 0
         )
         == {}
     )
@@ -113,11 +114,11 @@ def test_a_stage_with_warm_up_records_it_and_starts_epoch_0_from_fitted_heads(
         "lr": 1e-2,
         "tasks": ["sst", "quora", "sts"],
     }
-    metrics = run_in(tmp_path, params_module.validate(tiny_params), "siamese-diff", tokenized)
+    metrics = run_in(tmp_path, validate(tiny_params), "siamese-diff", tokenized)
     warmup = metrics["head_warmup"]
-    assert set(warmup) == set(TASKS)
+    assert set(warmup) == set(MULTITASK_TASKS)
     history = pd.read_csv(tmp_path / "metrics" / "siamese-diff-history.csv")
-    for task in TASKS:
+    for task in MULTITASK_TASKS:
         assert history.loc[0, f"val_loss_{task}"] == pytest.approx(
             warmup[task]["validation_loss_after"], abs=1e-3
         )
@@ -138,7 +139,7 @@ def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
         data,
         data,
         HeadWarmup(10, 1e-2, ("sst",)),
-        {t: 4 for t in TASKS},
+        {t: 4 for t in MULTITASK_TASKS},
         7,
         0.0,
         torch.device("cpu"),

@@ -18,8 +18,8 @@ from minbert.data.tokenize import tokenize_prepared
 from minbert.model.bert import BertModel
 from minbert.model.mlm import BertForMaskedLM
 from minbert.pipeline import mlm
-from minbert.pipeline import settings as params_module
-from minbert.pipeline.settings import resolve_mlm
+from minbert.pipeline.params import resolve_mlm
+from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.train.mlm import MaskedBatch, mlm_loss
 
@@ -254,8 +254,9 @@ def test_corpus_has_training_text_only(tokenized, vocab, minilm_dir):
 
 
 def run_stage(params: dict, start: str, *args):
-    """The stage with the settings the resolve stage would write."""
-    return mlm.run(resolve_mlm(params, start), *args)
+    """The stage with the settings the resolve stage would write (no resume state: the
+    kill-and-resume test is tests/test_resume.py's)."""
+    return mlm.run(resolve_mlm(params, start), *args, resume_dir=None)
 
 
 @pytest.fixture
@@ -273,7 +274,7 @@ def mlm_params(tiny_checkpoint):
             "intermediate_size": 32,
         },
     }
-    return params_module.validate(p)
+    return validate(p)
 
 
 @pytest.mark.parametrize("start", ["continue", "scratch"])

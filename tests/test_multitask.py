@@ -15,14 +15,16 @@ from conftest import REPO, TINY, tiny_multitask_scale
 from minbert.data.batches import TokenizedTable
 from minbert.data.multitask import TaskData, epoch_steps, task_batches
 from minbert.data.tokenize import tokenize_prepared
-from minbert.metrics import MULTITASK_TASKS as TASKS
 from minbert.model.bert import BertModel
-from minbert.model.heads import PAIR_HEADS, build_pair_head
+from minbert.model.heads import build_pair_head
 from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.pipeline import multitask
-from minbert.pipeline import settings as params_module
-from minbert.pipeline.settings import resolve_multitask
+from minbert.pipeline import params as params_module
+from minbert.pipeline.params import resolve_multitask
+from minbert.pipeline.schema import validate
 from minbert.results import read_result
+from minbert.settings import PAIR_HEADS
+from minbert.tasks import MULTITASK_TASKS
 
 
 def run_stage(params: dict, config: str, *args, **kwargs) -> dict:
@@ -91,12 +93,12 @@ def tiny_params(tiny_checkpoint):
         p, epochs=2, batch_size={"sst": 8, "quora": 6, "sts": 4}, history={"dev": 10, "train": 6}
     )
     p["multitask"]["eval_batch_size"] = 7
-    return params_module.validate(p)
+    return validate(p)
 
 
 def test_pair_heads_shapes_and_registry():
     u, v = torch.randn(5, 32), torch.randn(5, 32)
-    for name, (_, tasks) in PAIR_HEADS.items():
+    for name, tasks in PAIR_HEADS.items():
         for task in tasks:
             head = build_pair_head(name, task, 32, 0.0)
             out = head(torch.randn(5, 32)) if not head.siamese else head(u, v)
@@ -167,11 +169,11 @@ def test_round_robin_steps_one_task_at_a_time_in_a_cycle():
     assert len(steps) == 3 * 13
     assert all(len(step) == 1 for step in steps)
     assert [next(iter(step)) for step in steps] == ["sst", "quora", "sts"] * 13
-    counts = {t: sum(t in step for step in steps) for t in TASKS}
+    counts = {t: sum(t in step for step in steps) for t in MULTITASK_TASKS}
     assert counts == {"sst": 13, "quora": 13, "sts": 13}
     # The same batches as the joint modes draw from the same generator, in cycle order.
     joint = epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=False)
-    assert len(joint) == 13 and all(set(step) == set(TASKS) for step in joint)
+    assert len(joint) == 13 and all(set(step) == set(MULTITASK_TASKS) for step in joint)
     for i, step in enumerate(steps):
         task = next(iter(step))
         assert step[task].tolist() == joint[i // 3][task].tolist()
@@ -188,14 +190,14 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
     )
     train = {
         t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
-        for t in TASKS
+        for t in MULTITASK_TASKS
     }
     step = MultitaskStep(settings, model, train, torch.device("cpu"))
-    before = {t: model.heads[t].linear.weight.detach().clone() for t in TASKS}
+    before = {t: model.heads[t].linear.weight.detach().clone() for t in MULTITASK_TASKS}
     losses, stats = step({"quora": np.arange(6)})
     assert stats is None and losses[0].abs().sum() == 0 and losses[2].abs().sum() == 0
     assert losses[1, 0] > 0
-    moved = {t: not torch.equal(before[t], model.heads[t].linear.weight) for t in TASKS}
+    moved = {t: not torch.equal(before[t], model.heads[t].linear.weight) for t in MULTITASK_TASKS}
     assert moved == {"sst": False, "quora": True, "sts": False}
 
 
@@ -204,12 +206,12 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
 )
 def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, config):
     metrics = run_in(tmp_path, tiny_params, config, tokenized)
-    for key in TASKS:
+    for key in MULTITASK_TASKS:
         assert -1 <= metrics[key] <= 1
-    assert metrics["average"] == pytest.approx(np.mean([metrics[t] for t in TASKS]), abs=2e-4)
+    assert metrics["average"] == pytest.approx(np.mean([metrics[t] for t in MULTITASK_TASKS]), abs=2e-4)
     # The metrics file holds the numbers a user compares; the record beside it the rest.
     numbers = json.loads((tmp_path / "metrics" / f"{config}.json").read_text())
-    assert set(numbers) == {*TASKS, "average", "epoch", "steps"}
+    assert set(numbers) == {*MULTITASK_TASKS, "average", "epoch", "steps"}
     assert read_result(tmp_path / "metrics" / f"{config}.json") == json.loads(json.dumps(metrics))
     # Reported numbers are on the full dev sets; the history scores fixed slices.
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
@@ -242,10 +244,13 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     # Steps and examples over both epochs: one batch of every task per PCGrad step, one
     # task's per round-robin step; every task gets as many batches as the one with most.
     batches = max(-(-18 // b) for b in tiny_params["scales"]["cpu"]["multitask"]["batch_size"].values())
-    per_step = 1 if metrics["settings"]["gradient"] == "pcgrad" else len(TASKS)
+    per_step = 1 if metrics["settings"]["gradient"] == "pcgrad" else len(MULTITASK_TASKS)
     assert metrics["steps"] == 2 * batches * per_step
-    assert set(metrics["examples_seen"]) == set(TASKS) and min(metrics["examples_seen"].values()) >= 2 * 18
-    for task in TASKS:
+    assert (
+        set(metrics["examples_seen"]) == set(MULTITASK_TASKS)
+        and min(metrics["examples_seen"].values()) >= 2 * 18
+    )
+    for task in MULTITASK_TASKS:
         assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
     assert not (tmp_path / "pred" / config / "quora-test-out.csv").exists()
     assert (
@@ -274,7 +279,7 @@ def test_config_overrides_only_what_differs(tiny_params):
     with pytest.raises(
         params_module.ParamsError, match=r"configs.baseline.gradient = 'gradnorm' is not one of"
     ):
-        params_module.validate(tiny_params)
+        validate(tiny_params)
 
 
 def test_non_finite_loss_names_step_task_and_examples(tokenized, tiny_params):
@@ -284,7 +289,7 @@ def test_non_finite_loss_names_step_task_and_examples(tokenized, tiny_params):
     settings = params_module.multitask_settings(tiny_params, "baseline")
     tables = {
         (t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
-        for t in TASKS
+        for t in MULTITASK_TASKS
         for s in ("train", "dev")
     }
     # A NaN label in STS only: the error must name that task and its batch's ids
@@ -304,7 +309,7 @@ def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params
     settings = params_module.multitask_settings(tiny_params, "baseline")
     tables = {
         (t, s): TokenizedTable.read(tokenized / "tok" / f"{t}-{s}.parquet")
-        for t in TASKS
+        for t in MULTITASK_TASKS
         for s in ("train", "dev")
     }
     plain = train_multitask(
@@ -348,7 +353,7 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
     from minbert.evaluate.multitask import evaluate_multitask
     from minbert.model.multitask import load_multitask
 
-    metrics = run_in(tmp_path, tiny_params, config, tokenized, models_dir=tmp_path / "models")
+    metrics = run_in(tmp_path, tiny_params, config, tokenized, models=tmp_path / "models")
     directory = tmp_path / "models" / config
     assert {p.name for p in directory.iterdir()} == {
         "config.json",
@@ -365,10 +370,10 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
     assert card.startswith("---\nlibrary_name: minbert") and f"`multitask@{config}`" in card
     assert f"| Average | {metrics['average']:.4f} | [" in card and f"minbert predict {directory}" in card
     assert info["max_length"]["sst"] == tiny_params["scales"]["cpu"]["max_length"]["sst"]
-    tables = {t: TokenizedTable.read(tokenized / "tok" / f"{t}-dev.parquet") for t in TASKS}
+    tables = {t: TokenizedTable.read(tokenized / "tok" / f"{t}-dev.parquet") for t in MULTITASK_TASKS}
     data = {t: TaskData(t, table, model.is_siamese(t)) for t, table in tables.items()}
     scores, predictions = evaluate_multitask(model, data, 7, torch.device("cpu"))
-    for task in TASKS:
+    for task in MULTITASK_TASKS:
         written = read_predictions(tmp_path / "pred" / config / f"{task}-dev-out.csv")
         ours = dict(zip(tables[task].ids, predictions[task], strict=True))
         if task == "sts":

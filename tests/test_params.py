@@ -7,7 +7,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from minbert.pipeline import settings as params
+from minbert.pipeline import params as params
+from minbert.pipeline.schema import ParamsError, validate
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def committed():
 
 
 def test_committed_params_are_valid(committed):
-    params.validate(committed)
+    validate(committed)
     for run in committed["sentiment"]["runs"]:
         settings = params.sentiment_settings(committed, run)
         assert settings.seed == committed["seed"]
@@ -55,20 +56,20 @@ def test_mistakes_are_named(committed, path, value, message):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    with pytest.raises(params.ParamsError, match=message):
-        params.validate(bad)
+    with pytest.raises(ParamsError, match=message):
+        validate(bad)
 
 
 def test_missing_key_is_named(committed):
     del committed["sentiment"]["weight_decay"]
-    with pytest.raises(params.ParamsError, match="sentiment lacks weight_decay"):
-        params.validate(committed)
+    with pytest.raises(ParamsError, match="sentiment lacks weight_decay"):
+        validate(committed)
 
 
 def test_exponential_schedule_needs_its_factor(committed):
     del committed["scales"]["cpu"]["multitask"]["optimizers"]["adamaxw"]["lr_gamma"]
-    with pytest.raises(params.ParamsError, match=r"optimizers.adamaxw lacks lr_gamma"):
-        params.validate(committed)
+    with pytest.raises(ParamsError, match=r"optimizers.adamaxw lacks lr_gamma"):
+        validate(committed)
 
 
 def test_paper_scale_is_section_4_3(committed):
@@ -140,7 +141,7 @@ def test_mlm_settings_per_start(committed):
         == committed["mlm"]["starts"]["scratch"]["num_hidden_layers"]
     )
     assert cont.max_length == committed["scales"]["cpu"]["mlm"]["max_length"]
-    with pytest.raises(params.ParamsError, match="MLM start 'warm'"):
+    with pytest.raises(ParamsError, match="MLM start 'warm'"):
         params.mlm_settings(committed, "warm")
 
 
@@ -214,5 +215,5 @@ def test_dvc_round_trip_keeps_every_line():
 def test_run_names_are_file_names_no_record_can_shadow(committed, name):
     bad = copy.deepcopy(committed)
     bad["configs"][name] = {}
-    with pytest.raises(params.ParamsError, match=f"configs.{re.escape(name)}: a run's name"):
-        params.validate(bad)
+    with pytest.raises(ParamsError, match=f"configs.{re.escape(name)}: a run's name"):
+        validate(bad)

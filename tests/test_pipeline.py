@@ -25,7 +25,7 @@ import pytest
 import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 
-from minbert.pipeline.settings import resolve_all, validate
+from minbert.pipeline.params import resolve_all, validate
 from minbert.results import read_result
 
 ROWS = 48

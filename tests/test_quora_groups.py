@@ -24,8 +24,8 @@ from minbert.data.quora_split import (
     holdout_mask,
     number_question_groups,
 )
-from minbert.data.tasks import TASKS
 from minbert.data.tokenize import tokenize_prepared
+from minbert.tasks import TASKS
 
 
 def _size_class(sizes: np.ndarray) -> np.ndarray:

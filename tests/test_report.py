@@ -15,9 +15,10 @@ from conftest import REPO
 
 from minbert import metrics
 from minbert.data.predictions import write_predictions
-from minbert.metrics import METRIC, MULTITASK_TASKS, fixed, score
+from minbert.metrics import fixed, score
 from minbert.report import write_report
 from minbert.results import write_result
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
 PAPER = REPO / "reference" / "paper.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -199,8 +200,8 @@ def write_multitask(
         for t in MULTITASK_TASKS:
             history[f"train_loss_{t}"] = [None, *(1.5 - 0.3 * k - 0.01 * i for k in range(epochs))]
             history[f"dev_loss_{t}"] = 1.4 - 0.2 * e
-            history[f"dev_{METRIC[t]}"] = 0.3 + 0.05 * e
-            history[f"val_{METRIC[t]}"] = 0.32 + 0.05 * e
+            history[f"dev_{TASKS[t].metric_key}"] = 0.3 + 0.05 * e
+            history[f"val_{TASKS[t].metric_key}"] = 0.32 + 0.05 * e
         history["dev_average"] = 0.3 + 0.05 * e + 0.001 * i
         history["train_average"] = 0.3 + 0.1 * e
         columns = ["epoch", "step", "conflicts", "pairs", "cos_sst_quora", "cos_sst_sts", "cos_quora_sts"]

@@ -25,9 +25,9 @@ from test_report import (
 )
 
 from minbert import metrics
-from minbert.metrics import MULTITASK_TASKS
 from minbert.report import write_report
 from minbert.results import read_result
+from minbert.tasks import MULTITASK_TASKS
 
 DIFFERENCE = re.compile(r"^[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]")
 

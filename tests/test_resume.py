@@ -14,23 +14,25 @@ from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_multitask import _prepared
 
 from minbert.data.tokenize import tokenize_prepared
-from minbert.pipeline import settings as params_module
+from minbert.pipeline.schema import validate
 from minbert.train.resume import ResumePoint, fingerprint
 
 # Runs one stage's function in a child process, so that the test can kill it.
 CHILD = """
 import sys, yaml
 from pathlib import Path
-from minbert.pipeline import settings as params
-from minbert.pipeline import multitask, sentiment
+from minbert.pipeline import mlm, multitask, params, sentiment
+from minbert.pipeline.schema import validate
 
 kind, name, params_file, tok, out, resume = sys.argv[1:]
-p = params.validate(yaml.safe_load(Path(params_file).read_text()))
+p = validate(yaml.safe_load(Path(params_file).read_text()))
 out = Path(out)
 if kind == "multitask":
     multitask.run(params.resolve_multitask(p, name), Path(tok),
                   Path(tok).parent / "prepared" / "manifest.json", out / "metrics", out / "pred",
                   resume_dir=Path(resume))
+elif kind == "mlm":
+    mlm.run(params.resolve_mlm(p, name), Path(tok), out / "models", out / "metrics", resume_dir=Path(resume))
 else:
     sentiment.run(params.resolve_sentiment(p, name), Path(tok), out / "metrics", out / "pred",
                   resume_dir=Path(resume))
@@ -50,7 +52,9 @@ def setup(tmp_path_factory, tiny_checkpoint):
     tiny_sentiment_scale(
         p, batch_size=4, epochs={"last-layer": 6, "full": 6}, train_examples={"sst": 0, "cfimdb": 0}
     )
-    params_module.validate(p)
+    p["scales"]["cpu"]["mlm"] = {"max_length": 32, "epochs": 6, "batch_size": 4, "sequences": 0}
+    p["mlm"]["sources"] = ["sst", "quora", "sts"]  # the tasks this fixture tokenised
+    validate(p)
     (root / "params.yaml").write_text(yaml.safe_dump(p))
     return root
 
@@ -81,7 +85,8 @@ def _finish(proc) -> str:
 
 
 @pytest.mark.parametrize(
-    "kind, name", [("multitask", "best"), ("sentiment", "sst-full"), ("sentiment", "sst-last-layer")]
+    "kind, name",
+    [("multitask", "best"), ("sentiment", "sst-full"), ("sentiment", "sst-last-layer"), ("mlm", "continue")],
 )
 def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
     whole = tmp_path / "whole"
@@ -107,6 +112,9 @@ def test_killed_run_resumes_to_the_same_metrics(setup, tmp_path, kind, name):
         assert (cut / "metrics" / f"{name}{suffix}").read_text() == (
             whole / "metrics" / f"{name}{suffix}"
         ).read_text()
+    if kind == "mlm":  # the pretrained checkpoint, too
+        weights = f"models/{name}/model.safetensors"
+        assert (cut / weights).read_bytes() == (whole / weights).read_bytes()
     assert not state.exists()  # removed once the outputs are written
 
 
@@ -115,8 +123,10 @@ def test_a_state_from_another_run_is_not_resumed(tmp_path):
     point.save({"epoch": 2, "weights": torch.ones(3)})
     assert point.load()["epoch"] == 2
     assert ResumePoint(tmp_path, "x", fingerprint(lr=1e-4)).load() is None
+    # A damaged file is not guessed past: the error names it and says what to do.
     (tmp_path / "x.pt").write_bytes(b"truncated")
-    assert point.load() is None
+    with pytest.raises(ValueError, match=r"x\.pt: not a readable resume state .*delete it to start"):
+        point.load()
     point.clear()
     assert not (tmp_path / "x.pt").exists()
     assert ResumePoint(None, "x", "k").load() is None  # resuming switched off
@@ -130,7 +140,8 @@ def test_resume_state_refuses_code_executing_pickles(tmp_path):
             return (print, ("this must never run",))
 
     (tmp_path / "x.pt").write_bytes(pickle.dumps({"key": "k", "state": Evil()}))
-    assert ResumePoint(tmp_path, "x", "k").load() is None
+    with pytest.raises(ValueError, match="not a readable resume state"):  # refused, never run
+        ResumePoint(tmp_path, "x", "k").load()
 
 
 def test_generator_states_carry_every_cuda_generator(monkeypatch):

@@ -12,7 +12,7 @@ from minbert.data.multitask import epoch_steps
 from minbert.data.validation import carve_validation
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
-from minbert.pipeline import settings as params
+from minbert.pipeline import params as params
 from minbert.pipeline.multitask import QUORA_OFFICIAL_TRAIN_PAIRS, quora_batch_size
 from minbert.train.optim import build_optimizer, build_scheduler
 

@@ -14,9 +14,10 @@ from minbert.data.batches import TokenizedTable
 from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
 from minbert.model.bert import BertModel
+from minbert.pipeline import params as params_module
 from minbert.pipeline import sentiment
-from minbert.pipeline import settings as params_module
-from minbert.pipeline.settings import resolve_sentiment
+from minbert.pipeline.params import resolve_sentiment
+from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.train.loop import NonFiniteLoss
 from minbert.train.sentiment import train_sentiment
@@ -61,7 +62,7 @@ def tiny_params(tiny_checkpoint):
         p, batch_size=8, epochs={"last-layer": 3, "full": 2}, train_examples={"sst": 32, "cfimdb": 0}
     )
     p["sentiment"]["eval_batch_size"] = 5
-    return params_module.validate(p)
+    return validate(p)
 
 
 @pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])

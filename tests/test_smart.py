@@ -12,7 +12,8 @@ from conftest import TINY
 from torch import nn
 
 from minbert.model.bert import BertModel
-from minbert.train.smart import KINDS, PROJECTIONS, EmaTeacher, SmartSettings, bregman_loss, divergence
+from minbert.settings import PROJECTIONS, SmartSettings
+from minbert.train.smart import KINDS, EmaTeacher, bregman_loss, divergence
 from minbert.train.smoothness import adversarial_perturbation, initial_noise, project, smoothness_terms
 
 BATCH, SEQ, HIDDEN = 4, 5, 8

@@ -20,8 +20,10 @@ from minbert.data.multitask import Batch
 from minbert.model.bert import BertModel
 from minbert.model.heads import SentimentClassifier
 from minbert.model.multitask import MultitaskBert
-from minbert.train.objective import DIVERGENCE, LOSS_PARTS, task_objective
-from minbert.train.smart import PROJECTIONS, EmaTeacher, SmartSettings, divergence
+from minbert.settings import PROJECTIONS, SmartSettings
+from minbert.tasks import MULTITASK_TASKS, TASKS
+from minbert.train.objective import LOSS_PARTS, task_objective
+from minbert.train.smart import EmaTeacher, divergence
 from minbert.train.smoothness import (
     DropoutMasks,
     adversarial_perturbation,
@@ -31,7 +33,6 @@ from minbert.train.smoothness import (
 )
 
 CPU = torch.device("cpu")
-TASKS = ("sst", "quora", "sts")
 ROWS, WIDTH = 4, 7
 CONTROL = LOSS_PARTS.index("adversarial_control")
 ADVERSARIAL = LOSS_PARTS.index("adversarial")
@@ -72,7 +73,7 @@ def objective_parts(task: str, settings: SmartSettings | None, seed: int = 0) ->
 
 
 @pytest.mark.parametrize("projection", PROJECTIONS)
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", MULTITASK_TASKS)
 def test_shared_masks_make_the_control_exactly_zero(task, projection):
     parts = objective_parts(task, SmartSettings(projection=projection, dropout_masks="shared"))
     assert parts.shape == (len(LOSS_PARTS),)
@@ -82,7 +83,7 @@ def test_shared_masks_make_the_control_exactly_zero(task, projection):
     assert parts[ADVERSARIAL].item() > 0.0
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", MULTITASK_TASKS)
 def test_independent_masks_leave_dropout_in_the_control(task):
     parts = objective_parts(task, SmartSettings(projection="ball", dropout_masks="independent"))
     # Two passes of the same input through different masks differ: that is the
@@ -190,7 +191,7 @@ def test_heads_run_in_float32_under_bf16_autocast():
     log = _linear_autocast_log(model.heads)
     encoder_log = _linear_autocast_log(model.encoder)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outputs = {task: model(task, tiny_batch(task)[0]) for task in TASKS}
+        outputs = {task: model(task, tiny_batch(task)[0]) for task in MULTITASK_TASKS}
         batch = tiny_batch("sst")[0]
         classifier = SentimentClassifier(model.encoder, 5, 0.1).eval()
         outputs["sentiment"] = classifier(batch.ids, batch.mask)
@@ -203,7 +204,7 @@ def test_heads_run_in_float32_under_bf16_autocast():
     assert ((scores > 0) & (scores < 5)).all()
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", MULTITASK_TASKS)
 def test_smart_objective_runs_in_float32_under_bf16_autocast(task):
     # Under SMART every pass of the objective (clean, ascent, perturbed, control and the
     # teacher's) runs with autocast off: the same numbers as without autocast.
@@ -268,7 +269,7 @@ def test_ascent_ends_on_the_bound_of_its_projection(token_norm, steps):
         SmartSettings(token_norm=token_norm, steps=steps),
         SmartSettings(projection="ball", epsilon=token_norm * 1e-2, steps=steps),
     ):
-        noise = adversarial_perturbation(fn, embedded, fn(embedded), DIVERGENCE["quora"], settings)
+        noise = adversarial_perturbation(fn, embedded, fn(embedded), TASKS["quora"].head_output, settings)
         if settings.projection == "token":
             torch.testing.assert_close(
                 noise.abs().amax(dim=-1), torch.full((ROWS, WIDTH), token_norm), rtol=1e-6, atol=0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,20 @@ LAYERS = [
             "minbert.evaluate",
             "minbert.model",
             "minbert.data",
+        ),
+    ),
+    # The task records: the lowest layer, read by every other.
+    (
+        "minbert.tasks",
+        (
+            "minbert.pipeline",
+            "minbert.cli",
+            "minbert.report",
+            "minbert.train",
+            "minbert.evaluate",
+            "minbert.model",
+            "minbert.data",
+            "minbert.metrics",
         ),
     ),
 ]
@@ -184,3 +200,36 @@ def test_stage_deps_are_exactly_the_import_closure(name):
         f"dvc.yaml stage {name}: missing {sorted(expected - listed)}, "
         f"not imported {sorted(listed - expected)}"
     )
+
+
+def _imports_torch(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(
+        (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch")
+        for node in ast.walk(tree)
+    )
+
+
+def test_resolve_needs_no_torch():
+    """The stage that turns params.yaml into settings files reads the settings layer only:
+    no module it runs imports torch (checked in the source, and by importing it)."""
+    files = closure(REPO / "stages" / "resolve.py")
+    assert not [str(p.relative_to(REPO)) for p in files if _imports_torch(p)]
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, minbert.pipeline.resolve; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_training_code_reaches_only_the_stages_that_train_with_it():
+    """A change to PCGrad (training code of the multitask stages alone) leaves `resolve`,
+    `tokenize`, the sentiment runs and the zero-shot row up to date in `dvc status`."""
+    stages = _stages()
+    for name in ("resolve", "tokenize", "sentiment", "zero-shot"):
+        body = stages[name].get("do", stages[name])
+        assert "src/minbert/train/pcgrad.py" not in body["deps"], name
+    assert "src/minbert/train/pcgrad.py" in stages["multitask"]["do"]["deps"]

@@ -10,9 +10,9 @@ from test_multitask import tokenized  # noqa: F401  (the tiny tokenised tables)
 
 from minbert.data.predictions import read_predictions
 from minbert.evaluate.zero_shot import best_threshold
-from minbert.pipeline import settings as params_module
 from minbert.pipeline import zero_shot
-from minbert.pipeline.settings import resolve_zero_shot
+from minbert.pipeline.params import resolve_zero_shot
+from minbert.pipeline.schema import validate
 from minbert.results import read_result
 
 
@@ -29,7 +29,7 @@ def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpo
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
     metrics = zero_shot.run(
-        resolve_zero_shot(params_module.validate(p)),
+        resolve_zero_shot(validate(p)),
         tokenized / "tok",
         tokenized / "prepared" / "manifest.json",
         tmp_path / "zero-shot.json",

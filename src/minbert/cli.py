@@ -16,9 +16,9 @@ from pathlib import Path
 
 import typer
 
-from minbert.data.tasks import TASKS
 from minbert.errors import report_errors
 from minbert.progress import console
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
 app = typer.Typer(
     help="minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline.",
@@ -26,7 +26,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-MULTITASK = ("sst", "quora", "sts")
 _debug = {"on": False}
 
 
@@ -106,7 +105,7 @@ def check_params(
     file: Path = typer.Argument(Path("params.yaml"), help="The parameters file to check."),
 ) -> None:
     """Check a parameters file against the schema (unknown keys and values are errors)."""
-    from minbert.pipeline.settings import load
+    from minbert.pipeline.params import load
 
     load(file)
     console.print(f"{file}: ok")
@@ -149,7 +148,7 @@ def predict(
     submission format) or sentences given with --text / --pair (printed)."""
     from minbert.pipeline import predict as predicting
 
-    task = _task(task, MULTITASK)
+    task = _task(task, MULTITASK_TASKS)
     pairs = [pair] if pair else []
     if (file is None) == (not text and not pairs):
         console.print("give either a FILE or --text / --pair")
@@ -192,7 +191,7 @@ def evaluate(
     from minbert.atomic import atomic_write_text
     from minbert.pipeline import predict as predicting
 
-    task = _task(task, MULTITASK)
+    task = _task(task, MULTITASK_TASKS)
     frame = predicting.read_input(file, task, predicting.known_bad_rows(file))
     warning = predicting.check_labels(frame, task, str(file))  # before the predictions, not after
     if warning:
@@ -324,7 +323,7 @@ def bundle(
     from minbert.data.prepare import resolve_source
     from minbert.model.checkpoint import resolve_checkpoint
     from minbert.offline.bundle import make_bundle
-    from minbert.pipeline.settings import load
+    from minbert.pipeline.params import load
 
     params = load(Path("params.yaml"))
     data_dir = data or resolve_source(params["data"]["source"])

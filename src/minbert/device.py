@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-DEVICES = ("auto", "cpu", "cuda")
+from minbert.settings import DEVICES
 
 # The CPU code paths every stage runs with, so that machines of one kind but of
 # different CPU generations or vendors add floating-point numbers in the same order:

@@ -1,9 +1,9 @@
 """Task metrics, their names, the precision they are written at, and their uncertainty.
 
-Defined once here and used by the training loops, the report and the command line:
+Defined once here and used by the training loops, the report and the command line
+(which metric a task has, and its names, is the task's record: ``minbert.tasks``):
 
-* the metric of each task (accuracy for SST, CFIMDB and Quora; Pearson's r for STS)
-  and the key it is stored under in metrics files;
+* the metrics themselves (accuracy; Pearson's r), chosen by the task's record;
 * the fixed precision of every number a stage writes (``fixed``) and of STS
   predictions (``STS_DECIMALS``). The same seed and code give bit-identical numbers
   on one machine, but CPUs of another vendor or generation run other kernels
@@ -36,12 +36,7 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import accuracy_score
 
-# The multitask tasks, in the order every table and history file uses.
-MULTITASK_TASKS = ("sst", "quora", "sts")
-# Key of each task's metric in metrics files and history columns.
-METRIC = {"sst": "sst_accuracy", "quora": "quora_accuracy", "sts": "sts_pearson", "cfimdb": "cfimdb_accuracy"}
-METRIC_TITLE = {"sst": "SST acc", "quora": "Quora acc", "sts": "STS Pearson", "cfimdb": "CFIMDB acc"}
-AVERAGE = "average"  # plain mean of the three multitask metrics
+from minbert.tasks import TASKS
 
 # Decimals of every measured number written to a metrics or history file.
 DECIMALS = 4
@@ -74,14 +69,14 @@ def pearson(labels: np.ndarray, predictions: np.ndarray) -> float:
 
 
 def score(task: str, labels: np.ndarray, predictions: np.ndarray) -> float:
-    """The task's metric: Pearson's r for STS, accuracy otherwise."""
-    return pearson(labels, predictions) if task == "sts" else accuracy(labels, predictions)
+    """The task's metric (its record's ``metric``): accuracy or Pearson's r."""
+    return (accuracy if TASKS[task].metric == "accuracy" else pearson)(labels, predictions)
 
 
 def as_written(task: str, values: np.ndarray) -> np.ndarray:
-    """Predictions as a prediction file holds them: class ids, or STS scores rounded."""
+    """Predictions as a prediction file holds them: class ids, or scores rounded."""
     values = np.asarray(values)
-    if task == "sts":
+    if TASKS[task].label_kind == "score":
         return np.round(values.astype(float), STS_DECIMALS)
     return values.astype(int)
 
@@ -127,7 +122,7 @@ def _resampled(task: str, labels: np.ndarray, predictions: np.ndarray, clusters:
     the drawn clusters' correct predictions (precomputed per cluster) over the sum of
     their sizes. Pearson's r is recomputed from the resampled labels and predictions,
     and has no clustered form."""
-    if task != "sts":
+    if TASKS[task].metric == "accuracy":
         correct = (labels == predictions).astype(float)
         if clusters is None:
             return lambda idx: correct[idx].mean(axis=-1)

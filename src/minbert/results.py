@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from minbert.atomic import atomic_write_text
-from minbert.metrics import AVERAGE
+from minbert.tasks import AVERAGE
 
 RECORD_SUFFIX = "-run.json"
 # The keys of the metrics files besides the task names (the multitask scores) and AVERAGE.

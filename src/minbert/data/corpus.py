@@ -26,10 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from minbert.data.batches import Sequences, TokenizedTable
-
-SINGLE_SOURCES = ("sst", "cfimdb")
-PAIR_SOURCES = ("quora", "sts")
-SOURCES = SINGLE_SOURCES + PAIR_SOURCES
+from minbert.settings import MLM_SOURCES
+from minbert.tasks import TASKS
 
 
 @dataclass
@@ -91,10 +89,10 @@ def build_corpus(
     types: list[np.ndarray] = []
     origin: list[str] = []
     for source in sources:
-        if source not in SOURCES:
-            raise ValueError(f"unknown corpus source {source!r}; allowed: {list(SOURCES)}")
+        if source not in MLM_SOURCES:
+            raise ValueError(f"unknown corpus source {source!r}; allowed: {list(MLM_SOURCES)}")
         table = TokenizedTable.read(Path(tokenized_dir) / f"{source}-train.parquet")
-        if source in SINGLE_SOURCES:
+        if not TASKS[source].is_pair:
             seqs = table.sequences["input_ids"]
             texts = (_content(seqs[i], cls_id, sep_id) for i in range(len(seqs)))
             for packed in pack_sentences(texts, max_length, cls_id, sep_id):

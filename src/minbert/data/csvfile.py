@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .csvlines import CommaDialect, PhysicalLines, TabDialect, last_open_quote, record_span
-from .problems import DataError, Problem, missing_file_problem
-from .tasks import TASKS, TaskSpec
+from minbert.data.csvlines import CommaDialect, PhysicalLines, TabDialect, last_open_quote, record_span
+from minbert.data.problems import DataError, Problem, missing_file_problem
+from minbert.tasks import TASKS, TaskSpec
 
 # The course files were written by pandas with its index, so each starts with
 # one unnamed index column; the sst/cfimdb test files went through pandas twice

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable, Iterator
 
-from .problems import Problem
+from minbert.data.problems import Problem
 
 
 class TabDialect(csv.Dialect):

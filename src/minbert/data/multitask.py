@@ -7,9 +7,8 @@ cross-encoder reads the packed ``[CLS] a [SEP] b [SEP]`` with its segment ids.
 
 An epoch gives every task the same number of batches, as many as the task with
 the most batches needs; a smaller task that runs out starts a fresh pass with a
-new shuffle rather than replaying a cached order. Steps take either one task's
-batch each, cycling through the tasks (the paper's round-robin), or one batch of
-every task.
+new shuffle rather than replaying a cached order. How steps take the batches (one
+task's per step, or one of every task) is ``gradient``, ``minbert.train.multitask``.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import torch
 
 from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad
 from minbert.device import to_device
+from minbert.tasks import TASKS
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TaskData:
     def __init__(self, task: str, table: TokenizedTable, siamese: bool):
         self.task, self.table, self.siamese = task, table, siamese
         seqs = table.sequences
-        if task == "sst":
+        if not TASKS[task].is_pair:
             self.lengths = seqs["input_ids"].lengths()
         elif siamese:
             self.lengths = np.maximum(seqs["input_ids_1"].lengths(), seqs["input_ids_2"].lengths())
@@ -59,7 +59,7 @@ class TaskData:
         """The padded batch of ``rows``, its width a multiple of ``multiple``."""
         seqs = self.table.sequences
         types = None
-        if self.task == "sst":
+        if not TASKS[self.task].is_pair:
             ids, mask = pad(seqs["input_ids"], rows, multiple=multiple)
         elif self.siamese:
             # Both sentences in one padded batch: one encoder pass serves the pair.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from minbert.atomic import atomic_write_text
 from minbert.metrics import STS_DECIMALS
+from minbert.tasks import TASKS
 
 PREDICTION_FIELDS = {
     "sst": "Predicted_Sentiment",
@@ -24,7 +25,9 @@ PREDICTION_FIELDS = {
 
 
 def _value(task: str, prediction) -> str:
-    return f"{float(prediction):.{STS_DECIMALS}f}" if task == "sts" else str(int(prediction))
+    if TASKS[task].label_kind == "score":
+        return f"{float(prediction):.{STS_DECIMALS}f}"
+    return str(int(prediction))
 
 
 def format_predictions(task: str, ids: Sequence[str], predictions: Sequence) -> str:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import atomic_directory
-from . import download
-from .csvfile import read_task_csv
-from .problems import DataError, Problem, missing_file_problem
-from .quora_split import carve_quora, number_question_groups
-from .tasks import SPLITS, TASKS
+from minbert.atomic import atomic_directory
+from minbert.data import download
+from minbert.data.csvfile import read_task_csv
+from minbert.data.problems import DataError, Problem, missing_file_problem
+from minbert.data.quora_split import carve_quora, number_question_groups
+from minbert.tasks import SPLITS, TASKS
 
 #: Environment variable naming the directory with the course CSV files.
 DATA_DIR_ENV = "MINBERT_DATA_DIR"

@@ -28,7 +28,7 @@ from tokenizers import BertWordPieceTokenizer
 
 from minbert.atomic import atomic_directory
 from minbert.data.download import sha256_file
-from minbert.data.tasks import TASKS
+from minbert.tasks import TASKS
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

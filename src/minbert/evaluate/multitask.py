@@ -10,9 +10,10 @@ from minbert.data.batches import length_bucketed_batches
 from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple
 from minbert.distributed import World
-from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, score
+from minbert.metrics import score
 from minbert.model.multitask import MultitaskBert, predictions, task_loss
 from minbert.progress import progress
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 
 @torch.inference_mode()
@@ -59,8 +60,8 @@ def evaluate_multitask(
         if d.table.labels is not None:
             labels = d.labels(np.arange(len(d)))
             metrics[f"loss_{task}"] = task_loss(task, output, labels).item()
-            metrics[METRIC[task]] = score(task, labels.numpy(), preds[task])
-    if all(METRIC[t] in metrics for t in MULTITASK_TASKS):
-        metrics[AVERAGE] = float(np.mean([metrics[METRIC[t]] for t in MULTITASK_TASKS]))
+            metrics[TASKS[task].metric_key] = score(task, labels.numpy(), preds[task])
+    if all(TASKS[t].metric_key in metrics for t in MULTITASK_TASKS):
+        metrics[AVERAGE] = float(np.mean([metrics[TASKS[t].metric_key] for t in MULTITASK_TASKS]))
     model.train(was_training)
     return metrics, preds

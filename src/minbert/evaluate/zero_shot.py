@@ -22,9 +22,10 @@ import torch.nn.functional as F
 
 from minbert.data.batches import TokenizedTable, subsample
 from minbert.evaluate.sentiment import encode_pooled
-from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, as_written, score
+from minbert.metrics import as_written, score
 from minbert.model.bert import BertModel
 from minbert.model.heads import STS_MAX
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 
 @dataclass
@@ -81,6 +82,6 @@ def zero_shot(
     sst = np.full(len(tables["sst", "dev"]), majority)
 
     predicted = {"sst": sst, "quora": quora.astype(int), "sts": sts}
-    scores = {METRIC[t]: score(t, tables[t, "dev"].labels, predicted[t]) for t in MULTITASK_TASKS}
-    scores[AVERAGE] = float(np.mean([scores[METRIC[t]] for t in MULTITASK_TASKS]))
+    scores = {TASKS[t].metric_key: score(t, tables[t, "dev"].labels, predicted[t]) for t in MULTITASK_TASKS}
+    scores[AVERAGE] = float(np.mean([scores[TASKS[t].metric_key] for t in MULTITASK_TASKS]))
     return ZeroShotResult(scores, predicted, threshold, len(sample), majority)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert.model.checkpoint import read_state_dict
 from minbert.model.dropout import Dropout, attention
 
 
@@ -77,7 +78,9 @@ class BertConfig:
         return n * (4 * h * h + 2 * h * i)
 
 
-class BertOutput(NamedTuple):
+class EncoderOutput(NamedTuple):
+    """What the encoder returns (Hugging Face's ``BaseModelOutputWithPooling`` fields)."""
+
     last_hidden_state: torch.Tensor  # (batch, seq, hidden)
     pooler_output: torch.Tensor  # (batch, hidden)
 
@@ -168,8 +171,9 @@ def _join_qkv(state: dict, prefix: str, *args) -> None:
             state[f"{prefix}qkv.{kind}"] = torch.cat([state.pop(n) for n in names])
 
 
-class BertSelfOutput(nn.Module):
-    """Output projection of attention, dropout, then the residual post-LN."""
+class _ProjectAddNorm(nn.Module):
+    """Project to the hidden size, dropout, then add the residual and LayerNorm (post-LN):
+    the end of both sublayers of a BERT layer."""
 
     def __init__(self, config: BertConfig, in_features: int) -> None:
         super().__init__()
@@ -181,11 +185,25 @@ class BertSelfOutput(nn.Module):
         return self.LayerNorm(residual + self.dropout(self.dense(y)))
 
 
+class BertSelfOutput(_ProjectAddNorm):
+    """The attention sublayer's output projection (``attention.output.*``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config, config.hidden_size)
+
+
+class BertOutput(_ProjectAddNorm):
+    """The feed-forward sublayer's output projection (``output.*``)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config, config.intermediate_size)
+
+
 class BertAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config, config.hidden_size)
+        self.output = BertSelfOutput(config)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
@@ -206,8 +224,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        # Same shape of block as the attention output: project, dropout, add, LayerNorm.
-        self.output = BertSelfOutput(config, config.intermediate_size)
+        self.output = BertOutput(config)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         x = self.attention(x, attn_mask)
@@ -284,16 +301,16 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         return self.embeddings(input_ids, token_type_ids)
 
-    def encode(self, embedded: torch.Tensor, attention_mask: torch.Tensor | None = None) -> BertOutput:
+    def encode(self, embedded: torch.Tensor, attention_mask: torch.Tensor | None = None) -> EncoderOutput:
         hidden = self.encoder(embedded, attention_mask_for_sdpa(attention_mask))
-        return BertOutput(hidden, self.pooler(hidden))
+        return EncoderOutput(hidden, self.pooler(hidden))
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-    ) -> BertOutput:
+    ) -> EncoderOutput:
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
@@ -330,8 +347,6 @@ class BertModel(nn.Module):
         other heads (``cls.*``) are reported as unexpected and ignored. Every
         shape is checked, and a missing encoder weight is an error.
         """
-        from minbert.model.checkpoint import read_state_dict  # avoid an import cycle
-
         directory = Path(directory)
         config = BertConfig.from_json(directory / "config.json")
         model = cls(config)

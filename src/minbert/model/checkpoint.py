@@ -101,13 +101,25 @@ def _download_from_hub(name: str, revision: str, cache: Path | None) -> Path:
     return _check_directory(snapshot, name)
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception as one line: its kind and the first line of its message."""
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
+
+
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     """Read a checkpoint's tensors without ever unpickling arbitrary objects."""
     safetensors_path = directory / "model.safetensors"
     if safetensors_path.is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(safetensors_path), device="cpu")
+        try:
+            return load_file(str(safetensors_path), device="cpu")
+        except (SafetensorError, OSError) as exc:  # truncated, or not safetensors at all
+            raise CheckpointError(
+                f"{safetensors_path}: not a readable safetensors file ({_first_line(exc)})"
+            ) from None
     bin_path = directory / "pytorch_model.bin"
     try:
         # weights_only=True: tensors and plain containers only; a pickle that
@@ -115,8 +127,7 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         state = torch.load(bin_path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError or RuntimeError
         raise CheckpointError(
-            f"{bin_path}: refused to load: not a plain tensor checkpoint ({exc.__class__.__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            f"{bin_path}: refused to load: not a plain tensor checkpoint ({_first_line(exc)})"
         ) from exc
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{bin_path}: expected a mapping of names to tensors")

@@ -36,11 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minbert.model.bert import BertModel, BertOutput
+from minbert.model.bert import BertModel, EncoderOutput
 from minbert.model.dropout import Dropout
+from minbert.settings import PAIR_HEADS, POOLINGS, STS_OUTPUTS
+from minbert.tasks import TASKS
 
 
-def _mean_of_real_tokens(output: BertOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def _mean_of_real_tokens(output: EncoderOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
     hidden = output.last_hidden_state.float()  # summed in float32, whatever autocast gave
     if attention_mask is None:
         return hidden.mean(dim=1)
@@ -48,17 +50,18 @@ def _mean_of_real_tokens(output: BertOutput, attention_mask: torch.Tensor | None
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
-POOLINGS = {
+_POOL = {
     "pooler": lambda output, attention_mask: output.pooler_output,
     "mean": _mean_of_real_tokens,
 }
+assert tuple(_POOL) == POOLINGS, "every name of minbert.settings.POOLINGS has its pooling here"
 
 
-def pool(output: BertOutput, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+def pool(output: EncoderOutput, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
     """One vector per sequence of the encoder's output, by the ``pooling`` named."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling {pooling!r} is not one of {sorted(POOLINGS)}")
-    return POOLINGS[pooling](output, attention_mask)
+    return _POOL[pooling](output, attention_mask)
 
 
 def run_head(head: nn.Module, *features: torch.Tensor) -> torch.Tensor:
@@ -102,8 +105,7 @@ class SentimentClassifier(nn.Module):
 
 
 # How a linear head's logit becomes an STS score (see the module docstring).
-STS_OUTPUTS = ("sigmoid", "linear")
-STS_MAX = 5.0
+STS_MAX = TASKS["sts"].score_range[1]  # the top of STS's 0-5 label scale
 
 
 def _sts_score(logit: torch.Tensor, output: str) -> torch.Tensor:
@@ -172,21 +174,17 @@ class CrossEncoderHead(nn.Module):
         return _sts_score(self.linear(self.dropout(pooled)).squeeze(-1), self.output)
 
 
-# name -> (constructor(hidden, dropout, output), tasks it may serve)
-PAIR_HEADS: dict[str, tuple] = {
-    "siamese-concat": (lambda h, p, o: SiameseLinearHead(h, p, ("u", "v"), o), ("quora", "sts")),
-    "siamese-concat-diff": (
-        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff"), o),
-        ("quora", "sts"),
-    ),
-    "siamese-concat-prod": (lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "prod"), o), ("quora", "sts")),
-    "siamese-concat-diff-prod": (
-        lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod"), o),
-        ("quora", "sts"),
-    ),
-    "siamese-cosine": (CosineHead, ("sts",)),
-    "cross-encoder": (CrossEncoderHead, ("quora", "sts")),
+# name -> constructor(hidden, dropout, output); the tasks each may serve are
+# minbert.settings.PAIR_HEADS's.
+_PAIR_HEAD = {
+    "siamese-concat": lambda h, p, o: SiameseLinearHead(h, p, ("u", "v"), o),
+    "siamese-concat-diff": lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff"), o),
+    "siamese-concat-prod": lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "prod"), o),
+    "siamese-concat-diff-prod": lambda h, p, o: SiameseLinearHead(h, p, ("u", "v", "absdiff", "prod"), o),
+    "siamese-cosine": CosineHead,
+    "cross-encoder": CrossEncoderHead,
 }
+assert set(_PAIR_HEAD) == set(PAIR_HEADS), "every pair head of minbert.settings is built here"
 
 
 def build_pair_head(
@@ -198,7 +196,7 @@ def build_pair_head(
         raise ValueError(f"pair head {name!r} is not one of {sorted(PAIR_HEADS)}")
     if sts_output not in STS_OUTPUTS:
         raise ValueError(f"sts_output {sts_output!r} is not one of {list(STS_OUTPUTS)}")
-    make, tasks = PAIR_HEADS[name]
+    make, tasks = _PAIR_HEAD[name], PAIR_HEADS[name]
     if task not in tasks:
         raise ValueError(f"pair head {name!r} cannot serve task {task!r} (only {list(tasks)})")
-    return make(hidden_size, dropout, sts_output if task == "sts" else "linear")
+    return make(hidden_size, dropout, sts_output if TASKS[task].head_output == "regression" else "linear")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minbert.model.bert import BertConfig, BertModel
+from minbert.model.checkpoint import read_state_dict
 
 # The tied decoder weight is the word-embedding matrix itself; checkpoints written
 # by Hugging Face may store a copy under this name (or omit it, as here).
@@ -102,8 +103,6 @@ class BertForMaskedLM(nn.Module):
         """The encoder as :meth:`BertModel.from_pretrained`; the head from
         ``cls.predictions.*`` when the checkpoint has it (every shape checked),
         otherwise BERT's initialisation, and ``head_report`` says which."""
-        from minbert.model.checkpoint import read_state_dict  # avoid an import cycle
-
         directory = Path(directory)
         model = cls(BertConfig.from_json(directory / "config.json"))
         state = read_state_dict(directory)

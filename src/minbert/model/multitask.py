@@ -5,8 +5,9 @@ under ``DistributedDataParallel`` each (SMART's perturbed passes included) is se
 by its wrapper; :meth:`MultitaskBert.embed` and ``forward(..., embedded)`` split the
 embedding layer from the rest, which SMART perturbs in between.
 
-Losses: cross-entropy over SST's five classes, binary cross-entropy on Quora's
-logit, mean squared error on STS's 0-5 score.
+Each head's output, loss and predictions follow its task's record
+(``minbert.tasks``): cross-entropy over SST's classes, binary cross-entropy on
+Quora's logit, squared error on STS's score.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from minbert.metrics import as_written
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import CheckpointError, save_pretrained
 from minbert.model.heads import ClassificationHead, build_pair_head, pool, run_head
+from minbert.tasks import TASKS
 
 
 class MultitaskBert(nn.Module):
@@ -46,14 +48,14 @@ class MultitaskBert(nn.Module):
         encoder.pooler.requires_grad_(pooling == "pooler")
         self.heads = nn.ModuleDict(
             {
-                "sst": ClassificationHead(h, 5, dropout),
+                "sst": ClassificationHead(h, TASKS["sst"].num_classes, dropout),
                 "quora": build_pair_head(paraphrase_head, "quora", h, dropout),
                 "sts": build_pair_head(sts_head, "sts", h, dropout, sts_output),
             }
         )
 
     def is_siamese(self, task: str) -> bool:
-        return task != "sst" and self.heads[task].siamese
+        return TASKS[task].is_pair and self.heads[task].siamese
 
     def embed(self, batch: Batch) -> torch.Tensor:
         return self.encoder.embed(batch.ids, batch.token_types)
@@ -97,19 +99,21 @@ def _copies(embedded: torch.Tensor, batch: Batch) -> int:
 
 
 def task_loss(task: str, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    output = output.float()
-    if task == "sst":
+    """The loss of the task's head output (``minbert.tasks.HEAD_OUTPUTS``)."""
+    output, kind = output.float(), TASKS[task].head_output
+    if kind == "multiclass":
         return F.cross_entropy(output, labels.long())
-    if task == "quora":
+    if kind == "binary":
         return F.binary_cross_entropy_with_logits(output, labels.float())
     return F.mse_loss(output, labels.float())
 
 
 def predictions(task: str, output: torch.Tensor) -> np.ndarray:
-    """Class ids, or STS scores at the precision prediction files hold them."""
-    if task == "sst":
+    """Class ids, or scores at the precision prediction files hold them."""
+    kind = TASKS[task].head_output
+    if kind == "multiclass":
         return output.argmax(-1).numpy()
-    if task == "quora":
+    if kind == "binary":
         return (output > 0).long().numpy()
     return as_written(task, output.numpy())
 

@@ -16,12 +16,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.metrics import AVERAGE, METRIC_TITLE, MULTITASK_TASKS
 from minbert.results import ACCURACY, EPOCH, STEPS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 # The metrics a comparison shows by default, with their titles.
 TITLES = {
-    **{t: METRIC_TITLE[t] for t in MULTITASK_TASKS},
+    **{t: TASKS[t].metric_title for t in MULTITASK_TASKS},
     AVERAGE: "Average",
     ACCURACY: "Accuracy (sentiment: dev; MLM: held-out masked tokens)",
     EPOCH: "Epoch chosen",

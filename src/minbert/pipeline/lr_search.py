@@ -17,12 +17,13 @@ from pathlib import Path
 
 from minbert.atomic import atomic_write_text
 from minbert.device import pin_cpu_kernels
-from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, fixed
+from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import resolve_checkpoint
 from minbert.pipeline.multitask import load_tables, quora_batch_size
-from minbert.pipeline.settings import load, multitask_settings
+from minbert.pipeline.params import load, multitask_settings
 from minbert.progress import console
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.multitask import train_multitask
 
 
@@ -36,7 +37,7 @@ def search_point(settings, checkpoint_dir: Path, tables, device) -> dict:
     best = result.history[result.best_epoch]
     return {
         "best_epoch": result.best_epoch,
-        **{f"validation_{METRIC[t]}": best[f"val_{METRIC[t]}"] for t in MULTITASK_TASKS},
+        **{f"validation_{TASKS[t].metric_key}": best[f"val_{TASKS[t].metric_key}"] for t in MULTITASK_TASKS},
         f"validation_{AVERAGE}": best[f"val_{AVERAGE}"],
         "validation_average_per_epoch": [row[f"val_{AVERAGE}"] for row in result.history],
         "optimizer_steps": result.optimizer_steps,

@@ -10,32 +10,42 @@ from pathlib import Path
 from minbert.atomic import atomic_directory
 from minbert.data.corpus import build_corpus
 from minbert.data.masking import Vocabulary
-from minbert.device import choose_device, describe, pin_cpu_kernels
-from minbert.distributed import require_single_process
-from minbert.errors import reported
-from minbert.model.checkpoint import TRAINING_DATA_FILE, describe_checkpoint, resolve_checkpoint
+from minbert.model.checkpoint import TRAINING_DATA_FILE
 from minbert.pipeline import outputs
+from minbert.pipeline.entry import stage_main
+from minbert.pipeline.stage import started
 from minbert.results import ACCURACY, STEPS, write_result
-from minbert.train.mlm import MlmSettings, build_model, train_mlm
+from minbert.settings import MlmSettings
+from minbert.train.mlm import build_model, train_mlm
+from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 
-def run(resolved: dict, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
-    """Pretrain (``resolved``: ``minbert.pipeline.settings.resolve_mlm``) and write a
-    checkpoint directory, its metrics file and record (``minbert.results``)."""
-    require_single_process("mlm")
-    pin_cpu_kernels()
-    tokenized_dir, out_dir, metrics_dir = map(Path, (tokenized_dir, out_dir, metrics_dir))
+def run(
+    resolved: dict,
+    tokenized: Path,
+    models: Path,
+    metrics: Path,
+    resume_dir: Path | None = RESUME_DIRECTORY,
+) -> dict:
+    """Pretrain (``resolved``: ``minbert.pipeline.params.resolve_mlm``) on the tokenised
+    training tables and write a checkpoint directory (``models/<start>/``), its metrics
+    file and record (``minbert.results``, under ``metrics``). Training state is saved to
+    ``resume_dir`` after every epoch; a rerun after an interruption resumes."""
+    tokenized_dir, out_dir, metrics_dir = map(Path, (tokenized, models, metrics))
     start, settings = resolved["start"], MlmSettings.from_dict(resolved["settings"])
-    device = choose_device(resolved["device"])
-    checkpoint_dir = resolve_checkpoint(resolved["checkpoint"])
-    vocab = Vocabulary.read(checkpoint_dir / "vocab.txt")
-    corpus = build_corpus(
-        tokenized_dir, settings.sources, settings.max_length, cls_id=vocab.cls_id, sep_id=vocab.sep_id
-    )
-    model = build_model(settings, checkpoint_dir)
-    result = train_mlm(settings, model, corpus, vocab, device)
+    with started(resolved, "mlm") as stage:
+        checkpoint_dir = stage.checkpoint_dir
+        vocab = Vocabulary.read(checkpoint_dir / "vocab.txt")
+        corpus = build_corpus(
+            tokenized_dir, settings.sources, settings.max_length, cls_id=vocab.cls_id, sep_id=vocab.sep_id
+        )
+        model = build_model(settings, checkpoint_dir)
+        resume = stage.resume_point(
+            resume_dir, f"mlm-{start}", settings, corpus=[len(corpus), int(corpus.input_ids.lengths().sum())]
+        )
+        result = train_mlm(settings, model, corpus, vocab, stage.device, resume=resume)
 
-    source = describe_checkpoint(resolved["checkpoint"], checkpoint_dir)
+    source = stage.checkpoint
     provenance = {"mlm_start": start, "mlm_base_checkpoint": source["name"] if start == "continue" else None}
     with atomic_directory(out_dir / start) as tmp:
         model.to("cpu").save_pretrained(tmp, checkpoint_dir / "vocab.txt", extra_config=provenance)
@@ -59,16 +69,12 @@ def run(resolved: dict, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -
         "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
         "scale": resolved["scale"],
         "seed": settings.seed,
-        "device": describe(device),
+        "device": stage.device_name,
     }
     outputs.write_history(metrics_dir / f"{start}-history.csv", result.history)
     write_result(metrics_dir, start, numbers, record)
+    resume.clear()
     return {**record, **numbers}
 
 
-@reported
-def main(argv: list[str], settings_dir: Path, tokenized_dir: Path, out_dir: Path, metrics_dir: Path) -> dict:
-    """The stage script's work: ``argv`` is ``<start>``."""
-    return run(
-        outputs.read_settings(Path(settings_dir) / f"{argv[0]}.json"), tokenized_dir, out_dir, metrics_dir
-    )
+main = stage_main(run, "tokenized", "models", "metrics")

@@ -9,17 +9,8 @@ import re
 import numpy as np
 
 from minbert.data.batches import TokenizedTable
-from minbert.data.tasks import TASKS
-from minbert.metrics import (
-    AVERAGE,
-    BOOTSTRAP_RESAMPLES,
-    CONFIDENCE,
-    METRIC_TITLE,
-    MULTITASK_TASKS,
-    Interval,
-    average_interval,
-    interval,
-)
+from minbert.metrics import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, average_interval, interval
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 MODEL_CARD = "README.md"
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -40,7 +31,7 @@ def dev_intervals(result, tables: dict[tuple[str, str], TokenizedTable]) -> dict
 
 
 def _per_task(counts: dict) -> str:
-    return ", ".join(f"{METRIC_TITLE.get(t, t).split()[0]} {n:,}" for t, n in counts.items())
+    return ", ".join(f"{TASKS[t].title} {n:,}" for t, n in counts.items())
 
 
 def model_card(name: str, numbers: dict, record: dict, intervals: dict[str, Interval], directory: str) -> str:
@@ -50,9 +41,9 @@ def model_card(name: str, numbers: dict, record: dict, intervals: dict[str, Inte
     quora = record["data_split"]["quora"]
     trained_on = ck.get("training_data")
     rows = [
-        f"| {METRIC_TITLE[t]} | {intervals[t].value:.4f} | [{intervals[t].low:.4f}, {intervals[t].high:.4f}] "
+        f"| {TASKS[t].metric_title} | {iv.value:.4f} | [{iv.low:.4f}, {iv.high:.4f}] "
         f"| {record['dev_examples'][t]:,} |"
-        for t in MULTITASK_TASKS
+        for t, iv in ((t, intervals[t]) for t in MULTITASK_TASKS)
     ]
     average = intervals[AVERAGE]
     rows.append(f"| Average | {average.value:.4f} | [{average.low:.4f}, {average.high:.4f}] | |")

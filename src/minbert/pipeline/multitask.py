@@ -1,9 +1,10 @@
 """Stage ``multitask@<config>`` (and ``multitask-mlm@<start>-<config>``): fine-tune one
-configuration and write its metrics, history, PCGrad log and predictions.
+configuration and write its metrics file and record, history, PCGrad log, predictions
+and model.
 
 The stage reads its settings from the file the ``resolve`` stage wrote for it
-(``data/settings/multitask/<config>.json``, see ``minbert.pipeline.settings``), not
-from ``params.yaml``: DVC then reruns it only when its own resolved settings change.
+(``--settings data/settings/multitask/<config>.json``, see ``minbert.pipeline.params``),
+not from ``params.yaml``: DVC then reruns it only when its own resolved settings change.
 """
 
 from __future__ import annotations
@@ -14,25 +15,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert import distributed
 from minbert.atomic import atomic_directory
 from minbert.data.batches import TokenizedTable
-from minbert.device import describe, pin_cpu_kernels
-from minbert.errors import reported
-from minbert.metrics import AVERAGE, METRIC, MULTITASK_TASKS, fixed
+from minbert.metrics import fixed
 from minbert.model.bert import BertModel
-from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.model.multitask import save_multitask
 from minbert.pipeline import outputs
+from minbert.pipeline.entry import stage_main
 from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
+from minbert.pipeline.stage import started
 from minbert.results import EPOCH, STEPS, write_result
-from minbert.train.multitask import conflict_columns, train_multitask
-from minbert.train.multitask_step import MultitaskSettings
+from minbert.settings import MultitaskSettings
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SPLITS, TASKS
+from minbert.train.multitask import MultitaskResult, conflict_columns, train_multitask
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
-from minbert.train.resume import ResumePoint, fingerprint
 
-SPLITS = ("train", "dev", "test")
-# Quora's official training pairs (the paper's Section 4.2: 141,506 / 20,215 / 40,431):
+# Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
 # the number its batch of 36 was sized for.
 QUORA_OFFICIAL_TRAIN_PAIRS = 141_506
 
@@ -71,89 +69,79 @@ def load_tables(tokenized_dir: Path) -> dict[tuple[str, str], TokenizedTable]:
 
 def run(
     resolved: dict,
-    tokenized_dir: Path,
-    manifest_file: Path,
-    metrics_dir: Path,
-    predictions_dir: Path,
-    mlm_dir: Path | None = None,
+    tokenized: Path,
+    manifest: Path,
+    metrics: Path,
+    predictions: Path,
+    checkpoint: Path | None = None,
     resume_dir: Path | None = RESUME_DIRECTORY,
-    models_dir: Path | None = None,
+    models: Path | None = None,
 ) -> dict:
     """Train one configuration (``resolved``: its resolved settings file's content,
-    ``minbert.pipeline.settings.resolve_multitask``) and write every output: metrics,
-    history, PCGrad log, predictions and, with ``models_dir``, the fine-tuned model
-    (``models_dir/<name>/``, see ``minbert.model.multitask.save_multitask``).
+    ``minbert.pipeline.params.resolve_multitask``) on the tokenised tables (``manifest``:
+    the data stage's) and write every output: metrics file and record (under
+    ``metrics``), history, PCGrad log, predictions and, with ``models``, the fine-tuned
+    model with its card (``models/<name>/``, ``minbert.model.multitask.save_multitask``).
 
-    With ``mlm_dir`` (an ``mlm@<start>`` stage's output) fine-tuning starts from that
+    With ``checkpoint`` (an ``mlm@<start>`` stage's output) fine-tuning starts from that
     pretrained checkpoint instead of the configured one, and the outputs are named
     ``<start>-<config>``. Training state is saved to ``resume_dir`` after every epoch,
     and a rerun of an interrupted stage continues from it.
     """
-    pin_cpu_kernels()
-    world, device = distributed.start(resolved["device"])
-    paths = dict(
-        tokenized_dir=Path(tokenized_dir),
-        manifest_file=Path(manifest_file),
-        metrics_dir=Path(metrics_dir),
-        predictions_dir=Path(predictions_dir),
-        models_dir=None if models_dir is None else Path(models_dir),
-    )
-    try:
-        return _run(resolved, world, device, mlm_dir=mlm_dir, resume_dir=resume_dir, **paths)
-    finally:
-        distributed.stop(world)
-
-
-def _run(
-    resolved,
-    world,
-    device,
-    *,
-    tokenized_dir,
-    manifest_file,
-    metrics_dir,
-    predictions_dir,
-    models_dir,
-    mlm_dir,
-    resume_dir,
-) -> dict:
-    config, settings = resolved["config"], MultitaskSettings.from_dict(resolved["settings"])
-    checkpoint_dir = resolve_checkpoint(resolved["checkpoint"]) if mlm_dir is None else Path(mlm_dir)
-    name = config if mlm_dir is None else f"{Path(mlm_dir).name}-{config}"
-    tables = load_tables(tokenized_dir)
-    manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-    settings = replace(
-        settings, batch_size={**settings.batch_size, "quora": quora_batch_size(settings, manifest)}
-    )
-    checkpoint = describe_checkpoint(
-        resolved["checkpoint"] if mlm_dir is None else f"{resolved['checkpoint']} + MLM {Path(mlm_dir).name}",
-        checkpoint_dir,
-    )
-    resume = ResumePoint(
-        resume_dir,
-        f"multitask-{name}",
-        fingerprint(
-            settings=asdict(settings),
-            checkpoint=checkpoint,
-            device=device.type,
-            processes=world.size,
+    config = resolved["config"]
+    start = None if checkpoint is None else Path(checkpoint).name
+    name = config if start is None else f"{start}-{config}"
+    with started(
+        resolved,
+        "multitask",
+        data_parallel=True,
+        checkpoint_dir=checkpoint,
+        checkpoint_name=None if start is None else f"{resolved['checkpoint']} + MLM {start}",
+    ) as stage:
+        settings = MultitaskSettings.from_dict(resolved["settings"])
+        tables = load_tables(Path(tokenized))
+        manifest = json.loads(Path(manifest).read_text(encoding="utf-8"))
+        settings = replace(
+            settings, batch_size={**settings.batch_size, "quora": quora_batch_size(settings, manifest)}
+        )
+        resume = stage.resume_point(
+            resume_dir,
+            f"multitask-{name}",
+            settings,
             data={"-".join(k): len(v) for k, v in tables.items()},
             manifest=manifest,
-        ),
-    )
-    result = train_multitask(
-        settings, BertModel.from_pretrained(checkpoint_dir), tables, device, resume=resume, world=world
-    )
+        )
+        encoder = BertModel.from_pretrained(stage.checkpoint_dir)
+        result = train_multitask(settings, encoder, tables, stage.device, resume=resume, world=stage.world)
+        numbers, record = _results(resolved, settings, result, stage, manifest, checkpoint)
+        if stage.world.is_main:
+            _write(
+                name,
+                resolved,
+                settings,
+                result,
+                numbers,
+                record,
+                tables,
+                stage,
+                Path(metrics),
+                Path(predictions),
+                None if models is None else Path(models),
+            )
+            resume.clear()
+        return {**record, **numbers}
 
+
+def _results(resolved, settings, result: MultitaskResult, stage, manifest, mlm_dir) -> tuple[dict, dict]:
+    """The metrics file's numbers (the best epoch on the full dev sets) and the record."""
     numbers = {
-        # The best epoch on the full dev sets.
-        **{t: fixed(result.dev[METRIC[t]]) for t in MULTITASK_TASKS},
+        **{t: fixed(result.dev[TASKS[t].metric_key]) for t in MULTITASK_TASKS},
         AVERAGE: fixed(result.dev[AVERAGE]),
         EPOCH: result.best_epoch,
         STEPS: result.optimizer_steps,
     }
     record = {
-        "config": config,
+        "config": resolved["config"],
         "epochs": settings.epochs,
         "selection": (
             "the epoch (1 or later) with the best average on the validation split, set aside "
@@ -167,11 +155,7 @@ def _run(
         "dev_examples": {t: len(ids) for t, ids in result.dev_ids.items()},
         # The fixed slices the history scores every epoch (figures only).
         "history_examples": result.history_examples,
-        "data_split": {
-            "sst": "course train / dev",
-            "sts": "course train / dev",
-            "quora": manifest["quora_split"],
-        },
+        "data_split": outputs.data_split(manifest),
         "settings": {
             k: v
             for k, v in asdict(settings).items()
@@ -179,14 +163,14 @@ def _run(
         },
         "batch_size": settings.batch_size,
         # Data-parallel processes; each step's batch of a task is processes x batch_size.
-        "processes": world.size,
-        "checkpoint": checkpoint,
+        "processes": stage.world.size,
+        "checkpoint": stage.checkpoint,
         "pretraining": None
         if mlm_dir is None
         else {"start": Path(mlm_dir).name, "directory": Path(mlm_dir).as_posix()},
         "scale": resolved["scale"],
         "seed": settings.seed,
-        "device": describe(device) if world.size == 1 else f"{world.size} x {describe(device)}",
+        "device": stage.device_name,
     }
     if settings.smart is not None:
         # The last epoch's mean smoothness term as trained, and the same term with no
@@ -196,25 +180,23 @@ def _run(
             part: {t: last[f"train_{part}_{t}"] for t in MULTITASK_TASKS}
             for part in ("adversarial", "adversarial_control")
         }
-    if not world.is_main:
-        return {**record, **numbers}
     if result.conflicts:
         conflicts = pd.DataFrame(result.conflicts)
         record["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
+    return numbers, record
+
+
+def _write(name, resolved, settings, result, numbers, record, tables, stage, metrics_dir,
+           predictions_dir, models_dir) -> None:  # fmt: skip
+    """Every output of rank 0."""
     for task in MULTITASK_TASKS:
-        outputs.write_predictions(
-            predictions_dir / name / f"{task}-dev-out.csv",
-            task,
-            result.dev_ids[task],
-            result.dev_predictions[task],
-        )
-        if task in result.test_predictions:
-            outputs.write_predictions(
-                predictions_dir / name / f"{task}-test-out.csv",
-                task,
-                result.test_ids[task],
-                result.test_predictions[task],
-            )
+        for split, ids, predicted in (
+            ("dev", result.dev_ids, result.dev_predictions),
+            ("test", result.test_ids, result.test_predictions),
+        ):
+            if task in predicted:
+                path = predictions_dir / name / f"{task}-{split}-out.csv"
+                outputs.write_predictions(path, task, ids[task], predicted[task])
     if models_dir is not None:
         info = {
             "config": name,
@@ -223,7 +205,7 @@ def _run(
             "best_epoch": result.best_epoch,
             "dev": {k: numbers[k] for k in (*MULTITASK_TASKS, AVERAGE)},
             "dev_examples": record["dev_examples"],
-            "checkpoint": checkpoint,
+            "checkpoint": stage.checkpoint,
             "scale": resolved["scale"],
             "seed": settings.seed,
         }
@@ -231,37 +213,12 @@ def _run(
             name, numbers, record, dev_intervals(result, tables), (models_dir / name).as_posix()
         )
         with atomic_directory(models_dir / name) as directory:
-            save_multitask(result.model.to("cpu"), directory, checkpoint_dir / "vocab.txt", info)
+            save_multitask(result.model.to("cpu"), directory, stage.checkpoint_dir / "vocab.txt", info)
             (directory / MODEL_CARD).write_text(card, encoding="utf-8")
     outputs.write_history(metrics_dir / f"{name}-history.csv", result.history)
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, conflict_columns())
     write_result(metrics_dir, name, numbers, record)
-    resume.clear()
-    return {**record, **numbers}
 
 
-@reported
-def main(
-    argv: list[str],
-    settings_dir: Path,
-    tokenized_dir: Path,
-    manifest_file: Path,
-    metrics_root: Path,
-    predictions_root: Path,
-    models_root: Path,
-) -> dict:
-    """The stage script's work: ``argv`` is ``<config> [<mlm start>]``. Outputs go to
-    ``<root>/multitask/`` (``<root>/multitask-mlm/`` after MLM); the MLM checkpoint is
-    ``<models_root>/mlm/<start>``."""
-    config, mlm_start = argv[0], (argv[1] if len(argv) > 1 else None)
-    resolved = outputs.read_settings(Path(settings_dir) / f"{config}.json")
-    folder = "multitask" if mlm_start is None else "multitask-mlm"
-    return run(
-        resolved,
-        tokenized_dir,
-        manifest_file,
-        Path(metrics_root) / folder,
-        Path(predictions_root) / folder,
-        mlm_dir=None if mlm_start is None else Path(models_root) / "mlm" / mlm_start,
-        models_dir=Path(models_root) / folder,
-    )
+# ``--checkpoint``: an MLM stage's output to fine-tune from (stage multitask-mlm).
+main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", "models", optional=("checkpoint",))

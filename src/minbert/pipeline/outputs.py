@@ -1,12 +1,10 @@
 """The files stages write besides their metrics files and records (``minbert.results``):
 per-epoch histories, per-step conflict logs and the course-format prediction files,
 each written atomically (``minbert.atomic``) so an interrupted stage leaves nothing
-DVC could take for a result; and the resolved settings files the ``resolve`` stage
-writes for the others to read."""
+DVC could take for a result; and what a multitask run's data came from."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,19 +15,15 @@ from minbert.data.predictions import write_predictions
 
 __all__ = [
     "history_csv",
-    "read_settings",
     "write_conflicts",
     "write_history",
     "write_predictions",
 ]
 
 
-def read_settings(path: Path) -> dict:
-    """A stage's resolved settings file (what it reads instead of ``params.yaml``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no resolved settings (run `dvc repro resolve`)")
-    return json.loads(path.read_text(encoding="utf-8"))
+def data_split(manifest: dict) -> dict:
+    """Which data a multitask run's numbers come from (the data stage's manifest)."""
+    return {"sst": "course train / dev", "sts": "course train / dev", "quora": manifest["quora_split"]}
 
 
 def history_csv(rows: Sequence[dict]) -> str:

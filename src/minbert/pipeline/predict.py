@@ -20,15 +20,14 @@ from minbert.data.batches import TokenizedTable
 from minbert.data.csvfile import read_task_csv
 from minbert.data.multitask import TaskData
 from minbert.data.predictions import write_predictions
-from minbert.data.tasks import TASKS
 from minbert.data.tokenize import load_tokenizer, tokenize_table
 from minbert.device import choose_device
 from minbert.evaluate.multitask import evaluate_multitask
-from minbert.metrics import METRIC_TITLE, Interval, interval
+from minbert.metrics import Interval, interval
 from minbert.model.multitask import load_multitask
 from minbert.pipeline.schema import read as read_params
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
-MULTITASK = ("sst", "quora", "sts")
 SST_CLASSES = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")
 
 
@@ -54,8 +53,10 @@ class Predictor:
     def predict(self, frame: pd.DataFrame, task: str, source: str, show_progress: bool = False) -> Predicted:
         """Predict the rows of ``frame`` (columns ``id``, the task's text columns and,
         when labelled, ``label``), batched by length as the stage evaluated them."""
-        if task not in MULTITASK:
-            raise ValueError(f"task {task!r} is not one of {list(MULTITASK)} (the multitask model's tasks)")
+        if task not in MULTITASK_TASKS:
+            raise ValueError(
+                f"task {task!r} is not one of {list(MULTITASK_TASKS)} (the multitask model's tasks)"
+            )
         arrow, _ = tokenize_table(frame, task, self.tokenizer, self.info["max_length"][task])
         table = TokenizedTable.from_arrow(arrow, source)
         data = {task: TaskData(task, table, self.model.is_siamese(task))}
@@ -202,7 +203,7 @@ def score(predicted: Predicted) -> tuple[Interval, dict]:
     return result, {
         "file": predicted.source,
         "task": predicted.task,
-        "metric": METRIC_TITLE[predicted.task],
+        "metric": TASKS[predicted.task].metric_title,
         "value": result.value,
         "interval_95": [result.low, result.high],
         "examples": len(predicted.ids),

@@ -6,19 +6,20 @@ data stage loads no training code.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from minbert.data.prepare import prepare
 from minbert.errors import reported
+from minbert.pipeline.entry import paths
 from minbert.pipeline.schema import load_data
 
 
 @reported
-def main(params_file: Path, out_dir: Path) -> dict:
-    data = load_data(params_file)
+def main(argv: list[str]) -> dict:
+    """The stage script's work; its paths come from dvc.yaml's cmd."""
+    given = paths(argv, "params", "out")
+    data = load_data(given["params"])
     return prepare(
         data["source"],
-        out_dir,
+        given["out"],
         quora_holdout_fraction=data["quora_holdout_fraction"],
         split_seed=data["split_seed"],
         skip_ids=data["skip_ids"],

@@ -4,19 +4,21 @@ says what chose the learning rates and epochs of the scales the runs were not ma
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from minbert.errors import reported
+from minbert.pipeline.entry import paths
 from minbert.report import write_report
 
 
 @reported
-def main(
-    metrics_dir: Path,
-    predictions_dir: Path,
-    prepared_dir: Path,
-    paper_file: Path,
-    out_dir: Path,
-    params_file: Path = Path("params.yaml"),
-) -> None:
-    write_report(metrics_dir, predictions_dir, prepared_dir, paper_file, out_dir, params_file)
+def main(argv: list[str]) -> None:
+    """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
+    scales the runs were not made at, for "What chose what")."""
+    given = paths(argv, "metrics", "predictions", "prepared", "paper", "out", optional=("params",))
+    write_report(
+        given["metrics"],
+        given["predictions"],
+        given["prepared"],
+        given["paper"],
+        given["out"],
+        given["params"],
+    )

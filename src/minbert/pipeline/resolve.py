@@ -1,5 +1,5 @@
 """Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` into a file
-of its own (``minbert.pipeline.settings.resolve_all``).
+of its own (``minbert.pipeline.params.resolve_all``).
 
 A multitask configuration's settings combine the shared defaults, its overrides, its
 optimizer's hyperparameters and the scale; a sentiment run's, its run and the
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from minbert.atomic import atomic_directory
 from minbert.errors import reported
-from minbert.pipeline.settings import load, resolve_all
+from minbert.pipeline.entry import paths
+from minbert.pipeline.params import load, resolve_all
 
 
 def run(params_file: Path, out_dir: Path) -> list[str]:
@@ -31,4 +32,8 @@ def run(params_file: Path, out_dir: Path) -> list[str]:
     return sorted(resolved)
 
 
-main = reported(run)
+@reported
+def main(argv: list[str]) -> list[str]:
+    """The stage script's work; its paths come from dvc.yaml's cmd."""
+    given = paths(argv, "params", "out")
+    return run(given["params"], given["out"])

@@ -3,65 +3,51 @@ from the run's resolved settings (``data/settings/sentiment/<run>.json``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from minbert.data.batches import TokenizedTable
-from minbert.device import choose_device, describe, pin_cpu_kernels
-from minbert.distributed import require_single_process
-from minbert.errors import reported
 from minbert.metrics import fixed
 from minbert.model.bert import BertModel
-from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.pipeline import outputs
+from minbert.pipeline.entry import stage_main
+from minbert.pipeline.stage import started
 from minbert.results import ACCURACY, EPOCH, STEPS, write_result
+from minbert.settings import SentimentSettings
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
-from minbert.train.resume import ResumePoint, fingerprint
-from minbert.train.sentiment import SentimentSettings, train_sentiment
+from minbert.train.sentiment import train_sentiment
 
 
 def run(
     resolved: dict,
-    tokenized_dir: Path,
-    metrics_dir: Path,
-    predictions_dir: Path,
+    tokenized: Path,
+    metrics: Path,
+    predictions: Path,
     resume_dir: Path | None = RESUME_DIRECTORY,
 ) -> dict:
-    """Train one run (``resolved``: ``minbert.pipeline.settings.resolve_sentiment``) and
+    """Train one run (``resolved``: ``minbert.pipeline.params.resolve_sentiment``) and
     write every output.
 
-    Writes ``metrics_dir/<run>.json`` (the numbers) and ``<run>-run.json`` (how they
-    were produced, ``minbert.results``),
-    ``metrics_dir/<run>-history.csv`` (per-epoch rows for plots) and the course-format
-    dev and test predictions under ``predictions_dir/<run>/``. Training state is
-    saved to ``resume_dir`` after every epoch; a rerun after an interruption resumes.
+    Reads the tokenised tables under ``tokenized``; writes ``metrics/<run>.json`` (the
+    numbers) and ``<run>-run.json`` (how they were produced, ``minbert.results``),
+    ``metrics/<run>-history.csv`` (per-epoch rows for plots) and the course-format dev
+    and test predictions under ``predictions/<run>/``. Training state is saved to
+    ``resume_dir`` after every epoch; a rerun after an interruption resumes.
     """
-    require_single_process("sentiment")
-    pin_cpu_kernels()
-    tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized_dir, metrics_dir, predictions_dir))
+    tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized, metrics, predictions))
     run, settings = resolved["run"], SentimentSettings.from_dict(resolved["settings"])
-    device = choose_device(resolved["device"])
-    checkpoint_dir = resolve_checkpoint(resolved["checkpoint"])
-    tables = {
-        split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
-        for split in ("train", "dev", "test")
-        if split != "test" or (tokenized_dir / f"{settings.task}-test.parquet").exists()
-    }
-    encoder = BertModel.from_pretrained(checkpoint_dir)
-    checkpoint = describe_checkpoint(resolved["checkpoint"], checkpoint_dir)
-    resume = ResumePoint(
-        resume_dir,
-        f"sentiment-{run}",
-        fingerprint(
-            settings=asdict(settings),
-            checkpoint=checkpoint,
-            device=str(device),
-            data={k: len(v) for k, v in tables.items()},
-        ),
-    )
-    result = train_sentiment(
-        settings, encoder, tables["train"], tables["dev"], tables.get("test"), device, resume=resume
-    )
+    with started(resolved, "sentiment") as stage:
+        tables = {
+            split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
+            for split in ("train", "dev", "test")
+            if split != "test" or (tokenized_dir / f"{settings.task}-test.parquet").exists()
+        }
+        encoder = BertModel.from_pretrained(stage.checkpoint_dir)
+        resume = stage.resume_point(
+            resume_dir, f"sentiment-{run}", settings, data={k: len(v) for k, v in tables.items()}
+        )
+        result = train_sentiment(
+            settings, encoder, tables["train"], tables["dev"], tables.get("test"), stage.device, resume=resume
+        )
     numbers = {
         ACCURACY: fixed(result.dev_accuracy),
         EPOCH: result.best_epoch,
@@ -83,10 +69,10 @@ def run(
         "validation_examples": result.validation_examples,
         "dev_examples": len(tables["dev"]),
         "data_split": f"course {settings.task} train / dev",
-        "checkpoint": checkpoint,
+        "checkpoint": stage.checkpoint,
         "scale": resolved["scale"],
         "seed": settings.seed,
-        "device": describe(device),
+        "device": stage.device_name,
     }
     outputs.write_predictions(
         predictions_dir / run / "dev-out.csv",
@@ -107,14 +93,4 @@ def run(
     return {**record, **numbers}
 
 
-@reported
-def main(
-    argv: list[str], settings_dir: Path, tokenized_dir: Path, metrics_dir: Path, predictions_dir: Path
-) -> dict:
-    """The stage script's work: ``argv`` is ``<run>``."""
-    return run(
-        outputs.read_settings(Path(settings_dir) / f"{argv[0]}.json"),
-        tokenized_dir,
-        metrics_dir,
-        predictions_dir,
-    )
+main = stage_main(run, "tokenized", "metrics", "predictions")

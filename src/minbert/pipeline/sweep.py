@@ -26,14 +26,14 @@ from pathlib import Path
 
 import yaml
 
-from minbert.metrics import AVERAGE, METRIC_TITLE, MULTITASK_TASKS
 from minbert.results import ACCURACY, RECORD_SUFFIX, is_record
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 # DVC as this Python runs it, whether or not its environment is activated.
 DVC = (sys.executable, "-m", "dvc")
 
 # The numbers a sweep reports, by metrics folder: key in the metrics file, title.
-_MULTITASK = [(t, METRIC_TITLE[t]) for t in MULTITASK_TASKS] + [(AVERAGE, "Average")]
+_MULTITASK = [(t, TASKS[t].metric_title) for t in MULTITASK_TASKS] + [(AVERAGE, "Average")]
 RESULTS = {
     "multitask": _MULTITASK,
     "multitask-mlm": _MULTITASK,
@@ -235,7 +235,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
     the queue, wait, and write each configuration's full-dev metrics per seed to
     ``out`` (the committed results give the default seed's)."""
     from minbert.atomic import atomic_write_text
-    from minbert.pipeline.settings import load
+    from minbert.pipeline.params import load
     from minbert.progress import console
 
     params = load(repo / "params.yaml")

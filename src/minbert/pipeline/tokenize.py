@@ -6,17 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from minbert.data.tokenize import tokenize_prepared
-from minbert.errors import reported
 from minbert.model.checkpoint import resolve_checkpoint
-from minbert.pipeline.outputs import read_settings
+from minbert.pipeline.entry import stage_main
 
 
-@reported
-def main(settings_file: Path, prepared_dir: Path, out_dir: Path) -> dict:
-    resolved = read_settings(settings_file)
-    return tokenize_prepared(
-        prepared_dir,
-        out_dir,
-        resolve_checkpoint(resolved["checkpoint"]) / "vocab.txt",
-        resolved["max_length"],
-    )
+def run(resolved: dict, prepared: Path, out: Path) -> dict:
+    """Tokenise every prepared table under ``prepared`` into ``out`` with the configured
+    checkpoint's vocabulary and the scale's lengths (``resolved``: tokenize.json)."""
+    vocabulary = resolve_checkpoint(resolved["checkpoint"]) / "vocab.txt"
+    return tokenize_prepared(prepared, out, vocabulary, resolved["max_length"])
+
+
+main = stage_main(run, "prepared", "out")

@@ -13,21 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minbert import metrics as scoring
-from minbert.metrics import AVERAGE, METRIC_TITLE, MULTITASK_TASKS, Interval
+from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
 from minbert.results import STEPS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
-TASK_NAMES = {"sst": "SST (5 classes)", "cfimdb": "CFIMDB (2 classes)"}
 MODE_NAMES = {"last-layer": "last layer only", "full": "full fine-tuning"}
-TASK_TITLES = {"sst": "SST", "quora": "Quora", "sts": "STS", "cfimdb": "CFIMDB"}
 COLUMNS = [*MULTITASK_TASKS, AVERAGE]
-COLUMN_TITLES = {**METRIC_TITLE, AVERAGE: "Average"}
-SOURCE_NAMES = {
-    "quora": "the Quora question-pairs release",
-    "sts": "the STS benchmark",
-    "sst": "the Stanford Sentiment Treebank",
-    "cfimdb": "IMDB reviews",
-}
+COLUMN_TITLES = {**{t: TASKS[t].metric_title for t in MULTITASK_TASKS}, AVERAGE: "Average"}
 NO_NUMBER = "—"  # a number the source lacks
 # Filled in by interval_note(): the resampling settings are minbert.metrics' own.
 INTERVAL_NOTE = (
@@ -75,9 +68,9 @@ def fmt_interval(iv: Interval) -> str:
 
 def per_task(counts: dict) -> str:
     """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
-    order = list(TASK_TITLES)
+    order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]
     tasks = sorted(counts, key=lambda t: order.index(t) if t in order else len(order))
-    return ", ".join(f"{TASK_TITLES.get(t, t)} {counts[t]}" for t in tasks)
+    return ", ".join(f"{TASKS[t].title if t in TASKS else t} {counts[t]}" for t in tasks)
 
 
 def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, list[float]] | None:

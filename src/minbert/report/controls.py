@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.metrics import METRIC, METRIC_TITLE, Interval, paired
+from minbert.metrics import Interval, paired
 from minbert.report.cells import md_header, md_row, multitask_scored
 from minbert.report.evidence import Evidence
 from minbert.results import ACCURACY, EPOCH
+from minbert.tasks import TASKS
 
 # The configurations whose STS head is the cosine (their STS is compared with zero-shot's).
 COSINE_HEAD = "siamese-cosine"
@@ -61,14 +62,14 @@ def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
     its chosen epoch, from its history: where a head lost what it had."""
     path = None if multitask_dir is None else Path(multitask_dir) / f"{run['config']}-history.csv"
-    column = f"val_{METRIC[task]}"
+    column = f"val_{TASKS[task].metric_key}"
     if path is None or not path.is_file():
         return ""
     history = pd.read_csv(path).set_index("epoch")
     if column not in history.columns:
         return ""
     course = " → ".join(f"{v:.2f}" for v in history[column])
-    return f"; validation {METRIC_TITLE[task]} by epoch {course}, epoch {run[EPOCH]} chosen"
+    return f"; validation {TASKS[task].metric_title} by epoch {course}, epoch {run[EPOCH]} chosen"
 
 
 @dataclass

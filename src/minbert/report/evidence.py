@@ -20,18 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from minbert.data.predictions import read_predictions
-from minbert.metrics import (
-    AVERAGE,
-    Interval,
-    average_interval,
-    fixed,
-    interval,
-    paired,
-    paired_average,
-    score,
-)
+from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
+from minbert.tasks import AVERAGE
 
 
 @dataclass
@@ -61,7 +54,12 @@ class Evidence:
             path = self.prepared_dir / f"{task}-dev.parquet"
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: no prepared dev table (run `dvc repro prepare`)")
-            frame = pd.read_parquet(path)
+            try:
+                frame = pd.read_parquet(path)
+            except (pa.ArrowException, OSError) as exc:
+                raise ValueError(
+                    f"{path}: not a readable Parquet table ({exc}); run `dvc repro prepare`"
+                ) from None
             ids = frame["id"].astype(str)
             self._labels[task] = pd.Series(frame["label"].to_numpy(float), index=ids)
             self._groups[task] = pd.Series(frame["group"].to_numpy(), index=ids) if "group" in frame else None

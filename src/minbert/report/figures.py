@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.metrics import MULTITASK_TASKS
-from minbert.report.cells import TASK_TITLES
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
 FIGURE_KINDS = ("loss", "average", "conflicts", "every-average")
+# Phrases the captions share.
+EPOCH_ZERO = "Epoch 0 is the checkpoint before any update (its heads fresh, or fitted by the warm-up)."
+AVERAGE_OF = "average of " + ", ".join(TASKS[t].metric_title for t in MULTITASK_TASKS)
 
 
 def configs_of(spec: dict, multitask_dir: Path) -> list[dict]:
@@ -50,6 +52,27 @@ def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
     return frame
 
 
+def _epochs_axis(ax, ylabel: str | None) -> None:
+    """Epochs on the x axis, whole numbers only; ``ylabel`` on the y axis."""
+    ax.set_xlabel("epoch")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def _train_and_dev(ax, history: pd.DataFrame, column: str, colour: str, label: str) -> None:
+    """A configuration's ``train_<column>`` (solid) and ``dev_<column>`` (dashed) per epoch."""
+    for split, style in (("train", "-"), ("dev", "--")):
+        ax.plot(
+            history.epoch,
+            history[f"{split}_{column}"],
+            color=colour,
+            marker="o",
+            linestyle=style,
+            label=f"{label}, {split}",
+        )
+
+
 def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
     tasks = list(MULTITASK_TASKS)
     axes = fig.subplots(1, len(tasks))
@@ -60,32 +83,15 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
             ["epoch"] + [f"{k}_loss_{t}" for t in tasks for k in ("train", "dev")],
         )
         for ax, task in zip(axes, tasks):
-            ax.plot(
-                history.epoch,
-                history[f"train_loss_{task}"],
-                color=colour,
-                marker="o",
-                label=f"{entry['label']}, train",
-            )
-            ax.plot(
-                history.epoch,
-                history[f"dev_loss_{task}"],
-                color=colour,
-                marker="o",
-                linestyle="--",
-                label=f"{entry['label']}, dev",
-            )
+            _train_and_dev(ax, history, f"loss_{task}", colour, entry["label"])
     for ax, task in zip(axes, tasks):
-        ax.set_title(TASK_TITLES[task])
-        ax.set_xlabel("epoch")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    axes[0].set_ylabel("loss")
+        ax.set_title(TASKS[task].title)
+        _epochs_axis(ax, "loss" if ax is axes[0] else None)
     axes[0].legend(fontsize="small")
     return (
-        "Solid lines: each epoch's mean training loss of the task alone (without SMART's terms), "
-        "from epoch 1; dashed lines: the loss on the history's fixed dev slice, from epoch 0. "
-        "Epoch 0 is the checkpoint before any update (its heads fresh, or fitted by the "
-        "warm-up). One panel per task, one colour per configuration."
+        f"Solid lines: each epoch's mean training loss of the task alone (without SMART's terms), "
+        f"from epoch 1; dashed lines: the loss on the history's fixed dev slice, from epoch 0. "
+        f"{EPOCH_ZERO} One panel per task, one colour per configuration."
     )
 
 
@@ -95,26 +101,12 @@ def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
         history = _read_csv(
             multitask_dir / f"{entry['config']}-history.csv", ["epoch", "train_average", "dev_average"]
         )
-        ax.plot(
-            history.epoch, history.train_average, marker="o", color=f"C{k}", label=f"{entry['label']}, train"
-        )
-        ax.plot(
-            history.epoch,
-            history.dev_average,
-            marker="o",
-            color=f"C{k}",
-            linestyle="--",
-            label=f"{entry['label']}, dev",
-        )
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("average metric")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+        _train_and_dev(ax, history, "average", f"C{k}", entry["label"])
+    _epochs_axis(ax, "average metric")
     ax.legend(fontsize="small")
     return (
-        "Solid lines: the average of SST acc, Quora acc, STS Pearson on the history's fixed "
-        "slice of the training examples; dashed lines: the same on its fixed dev slice. Epoch 0 "
-        "is the checkpoint before any update (its heads fresh, or fitted by the warm-up). One "
-        "colour per configuration."
+        f"Solid lines: the {AVERAGE_OF} on the history's fixed slice of the training examples; "
+        f"dashed lines: the same on its fixed dev slice. {EPOCH_ZERO} One colour per configuration."
     )
 
 
@@ -132,16 +124,13 @@ def _draw_every_average(fig, spec: dict, multitask_dir: Path) -> str:
             linestyle=style,
             label=entry["label"],
         )
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("average metric, dev slice")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    _epochs_axis(ax, "average metric, dev slice")
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     styles = " (past ten, the colours repeat with another line style)" if len(entries) > 10 else ""
     return (
-        f"One line per configuration{styles}: the average of SST acc, Quora acc, STS Pearson on "
-        "the history's fixed dev slice after each epoch. Epoch 0 is the checkpoint before any "
-        "update (its heads fresh, or fitted by the warm-up). The same data as `dvc plots "
-        "show`'s dev-average plot, for reading offline."
+        f"One line per configuration{styles}: the {AVERAGE_OF} on the history's fixed dev slice "
+        f"after each epoch. {EPOCH_ZERO} The same data as `dvc plots show`'s dev-average plot, "
+        "for reading offline."
     )
 
 
@@ -159,7 +148,7 @@ def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
         window = _smoothing(len(steps))
         windows.add(window)
         for k, column in enumerate(c for c in steps.columns if c.startswith("cos_")):
-            pair = " · ".join(TASK_TITLES.get(t, t) for t in column[len("cos_") :].split("_"))
+            pair = " · ".join(TASKS[t].title for t in column[len("cos_") :].split("_"))
             if window == 1:
                 cos_ax.plot(steps.step, steps[column], color=f"C{k}", linewidth=1.0, label=pair)
                 continue

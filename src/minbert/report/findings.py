@@ -6,7 +6,6 @@ which controls are not met. No number here is written by hand."""
 
 from __future__ import annotations
 
-from minbert.metrics import AVERAGE, MULTITASK_TASKS
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -19,6 +18,7 @@ from minbert.report.cells import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.notes import usual
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 
 def _interval(iv) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.metrics import AVERAGE, MULTITASK_TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 EPOCH_COLUMNS = [f"{split}_{AVERAGE}" for split in ("val", "dev", "train")] + [
     f"dev_loss_{t}" for t in MULTITASK_TASKS

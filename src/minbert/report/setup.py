@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minbert.report.cells import NO_NUMBER, SOURCE_NAMES, TASK_TITLES, md_header, md_row, per_task
+from minbert.report.cells import NO_NUMBER, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
 from minbert.results import EPOCH, STEPS
+from minbert.tasks import TASKS
 
 
 def _each(runs: dict[str, dict], value: Callable[[dict], str]) -> str:
@@ -24,7 +25,7 @@ def _sentiment(runs: list[dict]) -> str:
     for task, ms in by_task.items():
         epochs = ", ".join(f"{m['epochs']} {m['mode']}" for m in sorted(ms, key=lambda m: m["mode"]))
         parts.append(
-            f"{TASK_TITLES[task]} {ms[0]['train_examples']:,} examples, batch {ms[0]['batch_size']}, "
+            f"{TASKS[task].title} {ms[0]['train_examples']:,} examples, batch {ms[0]['batch_size']}, "
             f"epochs {epochs}"
         )
     return "; ".join(parts) or "not run"
@@ -118,8 +119,8 @@ def checkpoint_notes(runs: list[dict]) -> list[str]:
             continue
         seen.add(base)
         overlap = "; ".join(
-            f"`{o['dataset']}` ({o['examples']:,} examples) from {SOURCE_NAMES[o['task']]}, "
-            f"which the course's {TASK_TITLES[o['task']]} data also comes from"
+            f"`{o['dataset']}` ({o['examples']:,} examples) from {TASKS[o['task']].source}, "
+            f"which the course's {TASKS[o['task']].title} data also comes from"
             for o in data["course_overlap"]
         )
         notes.append(
@@ -176,7 +177,7 @@ PROVENANCE: list[tuple[str, Callable[[dict], str]]] = [
     (
         "Model",
         _multitask_or(
-            lambda m: f"{TASK_TITLES[m['task']]} head, {m['mode']}",
+            lambda m: f"{TASKS[m['task']].title} head, {m['mode']}",
             lambda m: (
                 f"pair heads `{m['settings']['paraphrase_head']}` / `{m['settings']['sts_head']}` "
                 f"(STS output `{m['settings']['sts_output']}`), gradient `{m['settings']['gradient']}`, "

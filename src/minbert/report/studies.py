@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 
-from minbert.metrics import AVERAGE
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -24,6 +23,7 @@ from minbert.report.cells import (
 from minbert.report.evidence import Evidence
 from minbert.report.notes import rates, selection_note, usual
 from minbert.results import ACCURACY
+from minbert.tasks import AVERAGE
 
 
 def selection_section(

@@ -11,15 +11,12 @@ under each table say no more than that.
 
 from __future__ import annotations
 
-from minbert.metrics import AVERAGE, MULTITASK_TASKS
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
     CONCLUSIONS_LEAD,
     MODE_NAMES,
     NO_NUMBER,
-    TASK_NAMES,
-    TASK_TITLES,
     UNEQUAL,
     UNSETTLED,
     Compared,
@@ -38,6 +35,7 @@ from minbert.report.cells import (
 )
 from minbert.report.evidence import Evidence
 from minbert.results import ACCURACY
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
 def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
@@ -56,7 +54,8 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
         header += [f"{mode_name} (ours)"] + [f"{mode_name} ({r['name']})" for r in refs]
     header.append("Δ full − last layer (ours, paired)")
     lines = md_header(header)
-    for task, name in TASK_NAMES.items():
+    for task in SENTIMENT_TASKS:
+        name = f"{TASKS[task].title} ({TASKS[task].num_classes} classes)"
         row = [name]
         for mode in MODE_NAMES:
             ours = scored.get((task, mode))
@@ -119,7 +118,7 @@ def multitask_table(
             label_of(
                 "Untrained checkpoint, zero-shot (`zero-shot`)",
                 "No fine-tuning: "
-                + "; ".join(f"{TASK_TITLES[t]}: {how}" for t, how in zero_shot["method"].items())
+                + "; ".join(f"{TASKS[t].title}: {how}" for t, how in zero_shot["method"].items())
                 + ".",
             )
         ]
@@ -210,7 +209,7 @@ def smart_table(runs: list[dict]) -> list[str]:
     ]
     lines += md_header(
         ["Configuration"]
-        + [f"{TASK_TITLES[t]} {part}" for t in MULTITASK_TASKS for part in ("adversarial", "control")]
+        + [f"{TASKS[t].title} {part}" for t in MULTITASK_TASKS for part in ("adversarial", "control")]
     )
     for m in smart:
         terms = m["smart"]

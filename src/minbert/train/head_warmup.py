@@ -20,31 +20,15 @@ have without the warm-up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from minbert.data.batches import length_bucketed_batches, random_batches
 from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple, to_device
-from minbert.metrics import MULTITASK_TASKS, fixed
+from minbert.metrics import fixed
 from minbert.model.multitask import MultitaskBert, task_loss
-
-
-@dataclass(frozen=True)
-class HeadWarmup:
-    epochs: int = 0  # passes over the cached training vectors at most; 0: no warm-up
-    lr: float = 1e-3
-    tasks: tuple[str, ...] = MULTITASK_TASKS  # whose heads are fitted; the others start fresh
-
-    def __post_init__(self) -> None:
-        if self.epochs < 0 or self.lr <= 0:
-            raise ValueError(f"head warm-up needs epochs >= 0 and lr > 0, got {self.epochs}, {self.lr}")
-        unknown = set(self.tasks) - set(MULTITASK_TASKS)
-        if unknown:
-            raise ValueError(f"head warm-up tasks {sorted(unknown)} are not among {list(MULTITASK_TASKS)}")
-        object.__setattr__(self, "tasks", tuple(self.tasks))
+from minbert.settings import HeadWarmup
 
 
 @torch.no_grad()  # not inference_mode: the heads' backward pass saves these

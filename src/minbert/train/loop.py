@@ -1,21 +1,26 @@
-"""What every training loop shares: the non-finite-loss guard, the best-epoch record and
-the epoch progress bar.
+"""The epoch driver every training run goes through (sentiment, multitask, MLM), and what
+their steps share: the non-finite-loss guard and the best-epoch record.
 
-The sentiment, multitask and MLM loops differ in what a step is; they agree on
-this: a NaN or infinite loss stops training at once, naming where it happened; the
-epoch kept is the best one after training began (epoch 0 is the untrained model's
-reference point, never kept); and a long loop shows its progress and an ETA.
+The runs differ in what an epoch is (``EpochLoop``); ``Epochs`` does the rest the same
+way for all: epoch 0 scores the model before any update (a reference point, never
+kept); every epoch then trains, scores and adds a history row, and the epoch kept is
+the best one by the run's selection score (or the last, for a run without one); the
+whole training state is saved after every epoch (``minbert.train.resume``) and a
+rerun continues from it; a progress bar shows every step with an ETA. A NaN or
+infinite loss stops training at once, naming where it happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from rich.progress import Progress
 
+from minbert.distributed import World
 from minbert.progress import progress
+from minbert.train.resume import ResumePoint
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -101,3 +106,80 @@ def epoch_progress(
         description, total=epochs * steps_per_epoch, status="", completed=(first_epoch - 1) * steps_per_epoch
     )
     return bar, job
+
+
+class EpochLoop(Protocol):
+    """One kind of training run, as ``Epochs`` drives it."""
+
+    steps_per_epoch: int
+
+    def before(self) -> dict:
+        """Epoch 0's history row: the scores before any update."""
+
+    def epoch(
+        self, epoch: int, step: Callable[[str], None], log: Callable[[str], None]
+    ) -> tuple[dict, float | None]:
+        """Train one epoch, calling ``step(status)`` after every step; score it; return its
+        history row and its selection score (None: the run keeps its last epoch)."""
+
+    def state(self) -> dict:
+        """Everything a resumed run needs besides the history: weights, optimizer,
+        schedule, random generators (collective under torchrun)."""
+
+    def load_state(self, state: dict) -> None: ...
+
+    def weights(self) -> dict:
+        """A copy of the weights an epoch is kept with (``cpu_copy``)."""
+
+    def load_weights(self, weights: dict) -> None: ...
+
+
+class Epochs:
+    """The epoch driver: resume, epoch 0, the epochs, the best one, the progress bar.
+
+    Made before the run's optimizer, so that a run can tell whether it resumes
+    (``resumed``) and skip what only a fresh run does (fitting heads first)."""
+
+    def __init__(self, resume: ResumePoint | None = None, world: World = World()):
+        self.resume, self.world = resume, world
+        # Rank 0 reads the saved state and hands it to the others: on several machines
+        # only its disk is sure to have it.
+        self.saved = world.broadcast(resume.load() if resume and world.is_main else None)
+
+    @property
+    def resumed(self) -> bool:
+        return self.saved is not None
+
+    def run(self, loop: EpochLoop, epochs: int, description: str) -> tuple[list[dict], int]:
+        """Run ``loop`` up to ``epochs``; its history (epoch 0 first) and the epoch kept,
+        whose weights the loop then holds."""
+        best, first = BestEpoch(), 1
+        if self.saved is not None:
+            loop.load_state(self.saved["loop"])
+            history = self.saved["history"]
+            best.load_state_dict(self.saved["best"])
+            first = self.saved["epoch"] + 1
+        else:
+            history = [loop.before()]
+        bar, job = epoch_progress(
+            description, epochs, loop.steps_per_epoch, first, quiet=not self.world.is_main
+        )
+        with bar:
+            if self.saved is not None:
+                bar.console.log(f"resumed from {self.resume.path} after epoch {first - 1}")
+            for epoch in range(first, epochs + 1):
+                row, score = loop.epoch(
+                    epoch, lambda status: bar.update(job, advance=1, status=status), bar.console.log
+                )
+                history.append(row)
+                if score is not None:
+                    best.offer(epoch, score, loop.weights)
+                if self.resume is not None:
+                    state = loop.state()  # on every rank: it gathers every rank's generators
+                    if self.world.is_main:
+                        self.resume.save(
+                            {"epoch": epoch, "history": history, "best": best.state_dict(), "loop": state}
+                        )
+        if best.weights is not None:
+            loop.load_weights(best.weights)
+        return history, best.epoch if best.weights is not None else epochs

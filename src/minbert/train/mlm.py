@@ -25,47 +25,18 @@ import torch
 import torch.nn.functional as F
 
 from minbert.data.batches import length_bucketed_batches, pad
-from minbert.data.corpus import SOURCES, Corpus
+from minbert.data.corpus import Corpus
 from minbert.data.masking import IGNORE, Vocabulary, mask_tokens, maskable_positions
 from minbert.device import compute_context, to_device
 from minbert.metrics import fixed
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
-from minbert.train.loop import NonFiniteGuard, epoch_progress
+from minbert.settings import MlmSettings
+from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
 from minbert.train.optim import build_optimizer
+from minbert.train.resume import ResumePoint, generator_states, restore_generators
 
 STARTS = ("continue", "scratch")
-
-
-@dataclass(frozen=True)
-class MlmSettings:
-    start: str
-    lr: float
-    epochs: int
-    batch_size: int
-    max_length: int
-    sequences: int  # 0: the whole corpus
-    heldout_fraction: float
-    mask_prob: float
-    weight_decay: float
-    grad_clip: float
-    sources: tuple[str, ...]
-    scratch_config: dict
-    seed: int
-
-    @classmethod
-    def from_dict(cls, values: dict) -> MlmSettings:
-        """The settings back from their ``asdict`` form (a resolved settings file)."""
-        return cls(**{**values, "sources": tuple(values["sources"])})
-
-    def __post_init__(self) -> None:
-        if self.start not in STARTS:
-            raise ValueError(f"MLM start {self.start!r} is not one of {list(STARTS)}")
-        if not 0 < self.heldout_fraction < 1:
-            raise ValueError("heldout_fraction must lie strictly between 0 and 1")
-        unknown = set(self.sources) - set(SOURCES)
-        if unknown:
-            raise ValueError(f"unknown corpus sources {sorted(unknown)}; allowed: {list(SOURCES)}")
 
 
 def build_model(settings: MlmSettings, checkpoint_dir: Path) -> BertForMaskedLM:
@@ -197,7 +168,11 @@ def train_mlm(
     vocab: Vocabulary,
     device: torch.device,
     eval_batch_size: int = 128,
+    resume: ResumePoint | None = None,
 ) -> MlmResult:
+    """Pretrain ``model`` for ``settings.epochs`` on the corpus less its held-out part;
+    the held-out masked-token scores before and after, and per epoch (the history).
+    The whole state is saved to ``resume`` after every epoch; a rerun continues."""
     torch.manual_seed(settings.seed)
     train, heldout = split_corpus(corpus, settings)
     # Held-out masks are drawn once, so "before" and "after" score the same positions.
@@ -209,72 +184,107 @@ def train_mlm(
         settings.mask_prob,
     )
     model.to(device)
-    before = evaluate_mlm(model, heldout_batches, device)
-    optimizer = build_optimizer("adamw", model, lr=settings.lr, weight_decay=settings.weight_decay)
-    rng = np.random.default_rng(settings.seed)
-    lengths = train.input_ids.lengths()
-    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
-    total_steps = settings.epochs * steps_per_epoch
-    # BERT's schedule: linear warm-up over the first 10% of steps, then linear decay.
-    warmup = max(1, total_steps // 10)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1)))
-    )
-    # Epoch 0: the held-out scores before any update.
-    history = [{"epoch": 0, "train_loss": None, **{f"heldout_{k}": v for k, v in before.items()}}]
-    guard = NonFiniteGuard(
-        lambda at, loss: (
-            f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "
-            f"step {at[1]}; corpus rows {', '.join(str(int(r)) for r in at[2])}"
-        )
-    )
-    step = 0
-    bar, job = epoch_progress("mlm", settings.epochs, steps_per_epoch)
-    with bar:
-        for epoch in range(1, settings.epochs + 1):
-            model.train()
-            # Dynamic masking: a generator per epoch, so every epoch has new masks.
-            generator = torch.Generator().manual_seed(settings.seed * 1000 + epoch)
-            order = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
-            # Summed on the device in float64 (the host's own precision), read once an epoch.
-            loss_sum, batches = torch.zeros((), dtype=torch.float64, device=device), 0
-            for rows in order:
-                batch = masked_batches(train, [rows], vocab, generator, settings.mask_prob)[0].to(device)
-                with compute_context(device):
-                    loss, _, _ = mlm_loss(model, batch)
-                guard.push(loss, (epoch, step, rows))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if settings.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                loss_sum += loss.detach().double()
-                batches += 1
-                step += 1
-                # The newest loss the guard has checked: on a GPU, the step before this one.
-                last = "…" if guard.last is None else f"{float(guard.last):.3f}"
-                bar.update(job, advance=1, status=f"epoch {epoch} loss {last}")
-            loss_sum = float(loss_sum)
-            heldout_metrics = evaluate_mlm(model, heldout_batches, device)
-            history.append(
-                {
-                    "epoch": epoch,
-                    "train_loss": fixed(loss_sum / max(batches, 1)),
-                    **{f"heldout_{k}": v for k, v in heldout_metrics.items()},
-                }
-            )
-            bar.console.log(
-                f"epoch {epoch}: train loss {loss_sum / max(batches, 1):.3f}, held-out "
-                f"masked accuracy {heldout_metrics['masked_accuracy']:.3f}, "
-                f"perplexity {heldout_metrics['perplexity']:.1f}"
-            )
+    loop = _MlmEpochs(settings, model, train, heldout_batches, vocab, device)
+    history, _ = Epochs(resume).run(loop, settings.epochs, "mlm")
+    before = {k.removeprefix("heldout_"): v for k, v in history[0].items() if k.startswith("heldout_")}
     after = evaluate_mlm(model, heldout_batches, device)
     info = {
         "train_sequences": len(train),
         "heldout_sequences": len(heldout),
-        "train_tokens": int(lengths.sum()),
+        "train_tokens": int(train.input_ids.lengths().sum()),
         "sources": train.counts(),
         "text": "training splits only (no dev or test text)",
     }
-    return MlmResult(before, after, history, info, step)
+    return MlmResult(before, after, history, info, loop.step)
+
+
+class _MlmEpochs:
+    """An epoch of MLM pretraining for the epoch driver (``minbert.train.loop.Epochs``):
+    fresh masks every epoch, AdamW under BERT's schedule (linear warm-up over the first
+    10% of steps, then linear decay, stepped every step), then the held-out scores. No
+    selection: the last epoch is kept."""
+
+    def __init__(self, settings: MlmSettings, model, train: Corpus, heldout_batches, vocab, device):
+        self.settings, self.model, self.train, self.vocab, self.device = settings, model, train, vocab, device
+        self.heldout_batches = heldout_batches
+        self.optimizer = build_optimizer("adamw", model, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.rng = np.random.default_rng(settings.seed)
+        self.steps_per_epoch = math.ceil(len(train) / settings.batch_size)
+        total = settings.epochs * self.steps_per_epoch
+        warmup = max(1, total // 10)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup + 1)))
+        )
+        self.guard = NonFiniteGuard(
+            lambda at, loss: (
+                f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "
+                f"step {at[1]}; corpus rows {', '.join(str(int(r)) for r in at[2])}"
+            )
+        )
+        self.step = 0
+
+    def _heldout_row(self, epoch: int, train_loss: float | None) -> dict:
+        scores = evaluate_mlm(self.model, self.heldout_batches, self.device)
+        return {"epoch": epoch, "train_loss": train_loss, **{f"heldout_{k}": v for k, v in scores.items()}}
+
+    def before(self) -> dict:
+        # Epoch 0: the held-out scores before any update.
+        return self._heldout_row(0, None)
+
+    def epoch(self, epoch, step, log):
+        settings, model = self.settings, self.model
+        model.train()
+        # Dynamic masking: a generator per epoch, so every epoch has new masks.
+        generator = torch.Generator().manual_seed(settings.seed * 1000 + epoch)
+        order = length_bucketed_batches(
+            self.train.input_ids.lengths(), settings.batch_size, shuffle=True, generator=self.rng
+        )
+        # Summed on the device in float64 (the host's own precision), read once an epoch.
+        loss_sum, batches = torch.zeros((), dtype=torch.float64, device=self.device), 0
+        for rows in order:
+            batch = masked_batches(self.train, [rows], self.vocab, generator, settings.mask_prob)[0]
+            batch = batch.to(self.device)
+            with compute_context(self.device):
+                loss, _, _ = mlm_loss(model, batch)
+            self.guard.push(loss, (epoch, self.step, rows))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if settings.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            self.optimizer.step()
+            self.scheduler.step()
+            loss_sum += loss.detach().double()
+            batches += 1
+            self.step += 1
+            # The newest loss the guard has checked: on a GPU, the step before this one.
+            last = "…" if self.guard.last is None else f"{float(self.guard.last):.3f}"
+            step(f"epoch {epoch} loss {last}")
+        mean = float(loss_sum) / max(batches, 1)
+        row = self._heldout_row(epoch, fixed(mean))
+        log(
+            f"epoch {epoch}: train loss {mean:.3f}, held-out masked accuracy "
+            f"{row['heldout_masked_accuracy']:.3f}, perplexity {row['heldout_perplexity']:.1f}"
+        )
+        return row, None
+
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generators": generator_states(self.rng),
+            "step": self.step,
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        restore_generators(state["generators"], self.rng)
+        self.step = state["step"]
+
+    def weights(self) -> dict:
+        return cpu_copy(self.model)
+
+    def load_weights(self, weights: dict) -> None:
+        self.model.load_state_dict(weights)

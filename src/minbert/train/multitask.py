@@ -1,9 +1,7 @@
-"""Multitask fine-tuning: one shared encoder, three tasks.
+"""Multitask fine-tuning: one shared encoder, three tasks (their heads and losses:
+``minbert.tasks``, ``minbert.model.multitask``).
 
-Tasks: SST 5-class sentiment (cross-entropy), Quora paraphrase (binary
-cross-entropy on a logit), STS similarity (MSE on the 0-5 scale).
-
-How the tasks share the optimizer steps (``gradient``):
+How the tasks share the optimizer steps (``gradient``; this is where it is said):
 
 * ``round-robin`` (the paper's, its Section 3): each step trains on one task's
   mini-batch, cycling SST, Quora, STS, so that every task gets the same number of
@@ -13,11 +11,10 @@ How the tasks share the optimizer steps (``gradient``):
 * ``pcgrad``: each step takes one batch of every task and combines the task
   gradients of the shared encoder by PCGrad gradient surgery.
 
-Either way an epoch gives every task as many batches as the task with the most
-batches needs; a smaller task that runs out starts a fresh pass with a new shuffle
-rather than replaying a cached order. SMART adds an adversarial smoothness term
-and a Bregman proximal term against a momentum teacher to each task's loss; the
-history logs the task losses and the two SMART terms apart.
+How an epoch's batches are drawn: ``minbert.data.multitask``. SMART
+(``minbert.train.smart``) adds an adversarial smoothness term and a Bregman proximal
+term against a momentum teacher to each task's loss; the history logs the task losses
+and the two SMART terms apart. The epochs go through ``minbert.train.loop.Epochs``.
 
 Each run first sets aside a validation split of every task's training rows
 (``minbert.data.validation``) and trains on rows drawn from the rest; with a head
@@ -45,13 +42,15 @@ from minbert.data.multitask import TaskData, epoch_steps
 from minbert.data.validation import carve_validation
 from minbert.distributed import World
 from minbert.evaluate.multitask import evaluate_multitask
-from minbert.metrics import AVERAGE, METRIC, fixed
-from minbert.metrics import MULTITASK_TASKS as TASKS
+from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
+from minbert.progress import console
+from minbert.settings import MultitaskSettings
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.head_warmup import warm_up_heads
-from minbert.train.loop import BestEpoch, cpu_copy, epoch_progress
-from minbert.train.multitask_step import MultitaskSettings, MultitaskStep
+from minbert.train.loop import Epochs, cpu_copy
+from minbert.train.multitask_step import MultitaskStep
 from minbert.train.objective import LOSS_PARTS
 from minbert.train.optim import build_scheduler
 from minbert.train.pcgrad import gram_stats
@@ -139,18 +138,21 @@ def run_data(
         return TaskData(task, subsample(table, limit, seed), model.is_siamese(task))
 
     carved = {
-        t: carve_validation(tables[t, "train"], settings.validation_examples[t], settings.seed) for t in TASKS
+        t: carve_validation(tables[t, "train"], settings.validation_examples[t], settings.seed)
+        for t in MULTITASK_TASKS
     }
-    validation = {t: data(t, carved[t][1]) for t in TASKS}
-    train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in TASKS}
-    dev = {t: data(t, tables[t, "dev"]) for t in TASKS if (t, "dev") in tables}  # none: a search
+    validation = {t: data(t, carved[t][1]) for t in MULTITASK_TASKS}
+    train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in MULTITASK_TASKS}
+    dev = {t: data(t, tables[t, "dev"]) for t in MULTITASK_TASKS if (t, "dev") in tables}  # none: a search
     test = {
-        t: data(t, tables[t, "test"]) for t in TASKS if settings.test_predictions and (t, "test") in tables
+        t: data(t, tables[t, "test"])
+        for t in MULTITASK_TASKS
+        if settings.test_predictions and (t, "test") in tables
     }
     sizes = settings.history_examples
     slices = {
         "dev": {t: data(t, d.table, sizes["dev"]) for t, d in dev.items()},
-        "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in TASKS},
+        "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in MULTITASK_TASKS},
     }
     return RunData(train, validation, dev, test, slices)
 
@@ -175,24 +177,11 @@ def train_multitask(
     With several ranks (``world``), each step's global batch of a task holds
     ``world.size * batch_size`` rows, split across the ranks.
     """
-    rng = np.random.default_rng(settings.seed)
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
-
-    def score(tasks: dict[str, TaskData], show_progress: bool = False) -> tuple[dict, dict]:
-        return evaluate_multitask(
-            model, tasks, settings.eval_batch_size, device, world, show_progress and world.is_main
-        )
-
-    def score_slices() -> tuple[dict, dict, dict]:
-        dev = score(data.slices["dev"])[0] if score_dev else {}
-        return score(data.validation)[0], dev, score(data.slices["train"])[0]
-
+    epochs = Epochs(resume, world)
     result = MultitaskResult()
-    # Rank 0 reads the saved state and hands it to the others: on several machines
-    # only its disk is sure to have it.
-    saved = world.broadcast(resume.load() if resume and world.is_main else None)
-    if saved is None:  # before the optimizer and SMART's teacher copy the heads
+    if not epochs.resumed:  # before the optimizer and SMART's teacher copy the heads
         result.head_warmup = warm_up_heads(
             model,
             data.train,
@@ -204,118 +193,131 @@ def train_multitask(
             device,
             settings.seed,
         )
-    train_step = MultitaskStep(settings, model, data.train, device, world)
-    optimizer, teacher = train_step.optimizer, train_step.teacher
-    scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
-
-    best = BestEpoch()
-    lengths = {t: d.lengths for t, d in data.train.items()}
-    global_batch = {t: settings.batch_size[t] * world.size for t in TASKS}
-    one_task_per_step = settings.gradient == "round-robin"
-    batches_per_task = max(-(-len(d) // global_batch[t]) for t, d in data.train.items())
-    steps_per_epoch = batches_per_task * (len(TASKS) if one_task_per_step else 1)
-    global_step = 0
-    seen = dict.fromkeys(TASKS, 0)
-    first_epoch = 1
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        if teacher is not None:
-            teacher.module.load_state_dict(saved["teacher"])
-        restore_generators(saved["generators"][world.rank], rng, *train_step.generators)
-        result.history, result.conflicts = saved["history"], saved["conflicts"]
-        best.load_state_dict(saved["best"])
-        global_step, seen = saved["global_step"], saved["examples_seen"]
-        first_epoch = saved["epoch"] + 1
-        result.head_warmup = saved.get("head_warmup", {})
-    else:
-        # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
-        result.history.append(history_row(0, None, {}, *score_slices()))
-    bar, job = epoch_progress(
-        "multitask", settings.epochs, steps_per_epoch, first_epoch, quiet=not world.is_main
-    )
-    with bar:
-        if saved is not None:
-            bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
-        for epoch in range(first_epoch, settings.epochs + 1):
-            model.train()
-            lr = optimizer.param_groups[0]["lr"]
-            # Loss sums stay on the device (no host synchronisation for the log).
-            sums = torch.zeros(len(TASKS), len(LOSS_PARTS), device=device)
-            grams: list[tuple[int, torch.Tensor]] = []  # PCGrad's, read once the epoch is done
-            counts = np.zeros(len(TASKS))
-            steps = epoch_steps(lengths, global_batch, rng, one_task_per_step=one_task_per_step)
-            for step, rows_by_task in enumerate(steps):
-                step_losses, gram = train_step(rows_by_task, epoch, step)
-                sums += step_losses
-                counts += [t in rows_by_task for t in TASKS]
-                for t, rows in rows_by_task.items():
-                    seen[t] += len(rows)
-                if gram is not None:
-                    grams.append((global_step, gram))
-                global_step += 1
-                last = train_step.guard.last
-                bar.update(
-                    job,
-                    advance=1,
-                    status=f"epoch {epoch} loss {'…' if last is None else f'{last[:, 0].sum():.3f}'}",
-                )
-            train_step.flush()
-            result.conflicts += _conflict_rows(epoch, grams)
-            scheduler.step()
-            means = (sums.cpu().numpy() / counts[:, None]).tolist()
-            losses = {
-                f"train_{part}_{t}": fixed(means[k][j])
-                for k, t in enumerate(TASKS)
-                for j, part in enumerate(LOSS_PARTS)
-                if settings.smart or part == "loss"
-            }
-            val_scores, dev_scores, train_scores = score_slices()
-            result.history.append(history_row(epoch, lr, losses, val_scores, dev_scores, train_scores))
-            bar.console.log(
-                f"epoch {epoch}: validation "
-                + ", ".join(f"{k} {val_scores[k]:.3f}" for k in (*(METRIC[t] for t in TASKS), AVERAGE))
-            )
-            best.offer(epoch, val_scores[AVERAGE], lambda: cpu_copy(model))
-            # Collective: every rank's generators, each rank resumes from its own.
-            generators = world.all_gather(generator_states(rng, *train_step.generators))
-            if resume and world.is_main:
-                resume.save(
-                    {
-                        "epoch": epoch,
-                        "global_step": global_step,
-                        "examples_seen": seen,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "teacher": teacher.module.state_dict() if teacher is not None else None,
-                        "generators": generators,
-                        "history": result.history,
-                        "conflicts": result.conflicts,
-                        "best": best.state_dict(),
-                        "head_warmup": result.head_warmup,
-                    }
-                )
-    model.load_state_dict(best.weights)
-    result.model, result.best_epoch = model, best.epoch
-    result.optimizer_steps, result.examples_seen = global_step, {t: int(n) for t, n in seen.items()}
+    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, result)
+    result.history, result.best_epoch = epochs.run(loop, settings.epochs, "multitask")
+    result.model = model  # with the best epoch's weights
+    result.optimizer_steps, result.examples_seen = loop.global_step, {t: int(n) for t, n in loop.seen.items()}
     result.validation_examples = {t: len(d) for t, d in data.validation.items()}
     result.train_examples = {t: len(d) for t, d in data.train.items()}
     result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()}
     if not score_dev:
         return result
-    bar.console.log(f"scoring epoch {best.epoch} on the full dev sets")
-    result.dev, result.dev_predictions = score(data.dev, show_progress=True)
+    if world.is_main:
+        console.log(f"scoring epoch {result.best_epoch} on the full dev sets")
+    result.dev, result.dev_predictions = loop.score(data.dev, show_progress=True)
     if data.test:
-        _, result.test_predictions = score(data.test, show_progress=True)
+        _, result.test_predictions = loop.score(data.test, show_progress=True)
     result.dev_ids = {t: d.table.ids for t, d in data.dev.items()}
     result.test_ids = {t: d.table.ids for t, d in data.test.items()}
     return result
 
 
+class _MultitaskEpochs:
+    """An epoch of multitask training for the epoch driver (``minbert.train.loop.Epochs``):
+    every step of ``MultitaskStep``, the epoch's mean losses per task (SMART's terms
+    apart), PCGrad's conflicts, the schedule's step, then the validation split and the
+    history's slices scored. Selection: the validation average."""
+
+    def __init__(self, settings, model, data: RunData, device, world: World, score_dev: bool, result):
+        self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
+        self.score_dev, self.result = score_dev, result  # result: conflicts and warm-up, resumed too
+        self.rng = np.random.default_rng(settings.seed)
+        self.train_step = MultitaskStep(settings, model, data.train, device, world)
+        self.scheduler = build_scheduler(
+            settings.lr_schedule, self.train_step.optimizer, gamma=settings.lr_gamma
+        )
+        self.global_batch = {t: settings.batch_size[t] * world.size for t in MULTITASK_TASKS}
+        self.one_task_per_step = settings.gradient == "round-robin"
+        batches = max(-(-len(d) // self.global_batch[t]) for t, d in data.train.items())
+        self.steps_per_epoch = batches * (len(MULTITASK_TASKS) if self.one_task_per_step else 1)
+        self.global_step, self.seen = 0, dict.fromkeys(MULTITASK_TASKS, 0)
+
+    def score(self, tasks: dict[str, TaskData], show_progress: bool = False) -> tuple[dict, dict]:
+        return evaluate_multitask(
+            self.model, tasks, self.settings.eval_batch_size, self.device, self.world,
+            show_progress and self.world.is_main,
+        )  # fmt: skip
+
+    def _slices(self) -> tuple[dict, dict, dict]:
+        """The validation split's scores, the dev slice's (none without dev) and the training slice's."""
+        dev = self.score(self.data.slices["dev"])[0] if self.score_dev else {}
+        return self.score(self.data.validation)[0], dev, self.score(self.data.slices["train"])[0]
+
+    def before(self) -> dict:
+        # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
+        return history_row(0, None, {}, *self._slices())
+
+    def epoch(self, epoch, step, log):
+        self.model.train()
+        lr = self.train_step.optimizer.param_groups[0]["lr"]
+        # Loss sums stay on the device (no host synchronisation for the log).
+        sums = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
+        grams: list[tuple[int, torch.Tensor]] = []  # PCGrad's, read once the epoch is done
+        counts = np.zeros(len(MULTITASK_TASKS))
+        lengths = {t: d.lengths for t, d in self.data.train.items()}
+        batches = epoch_steps(lengths, self.global_batch, self.rng, one_task_per_step=self.one_task_per_step)
+        for index, rows_by_task in enumerate(batches):
+            step_losses, gram = self.train_step(rows_by_task, epoch, index)
+            sums += step_losses
+            counts += [t in rows_by_task for t in MULTITASK_TASKS]
+            for t, rows in rows_by_task.items():
+                self.seen[t] += len(rows)
+            if gram is not None:
+                grams.append((self.global_step, gram))
+            self.global_step += 1
+            last = self.train_step.guard.last
+            step(f"epoch {epoch} loss {'…' if last is None else f'{last[:, 0].sum():.3f}'}")
+        self.train_step.flush()
+        self.result.conflicts += _conflict_rows(epoch, grams)
+        self.scheduler.step()
+        means = (sums.cpu().numpy() / counts[:, None]).tolist()
+        losses = {
+            f"train_{part}_{t}": fixed(means[k][j])
+            for k, t in enumerate(MULTITASK_TASKS)
+            for j, part in enumerate(LOSS_PARTS)
+            if self.settings.smart or part == "loss"
+        }
+        val_scores, dev_scores, train_scores = self._slices()
+        titles = (*(TASKS[t].metric_key for t in MULTITASK_TASKS), AVERAGE)
+        log(f"epoch {epoch}: validation " + ", ".join(f"{k} {val_scores[k]:.3f}" for k in titles))
+        return history_row(epoch, lr, losses, val_scores, dev_scores, train_scores), val_scores[AVERAGE]
+
+    def state(self) -> dict:
+        # Collective: every rank's generators, each rank resumes from its own.
+        generators = self.world.all_gather(generator_states(self.rng, *self.train_step.generators))
+        teacher = self.train_step.teacher
+        return {
+            "global_step": self.global_step,
+            "examples_seen": self.seen,
+            "model": self.model.state_dict(),
+            "optimizer": self.train_step.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "teacher": teacher.module.state_dict() if teacher is not None else None,
+            "generators": generators,
+            "conflicts": self.result.conflicts,
+            "head_warmup": self.result.head_warmup,
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.train_step.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.train_step.teacher is not None:
+            self.train_step.teacher.module.load_state_dict(state["teacher"])
+        restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)
+        self.result.conflicts, self.result.head_warmup = state["conflicts"], state.get("head_warmup", {})
+        self.global_step, self.seen = state["global_step"], state["examples_seen"]
+
+    def weights(self) -> dict:
+        return cpu_copy(self.model)
+
+    def load_weights(self, weights: dict) -> None:
+        self.model.load_state_dict(weights)
+
+
 def conflict_columns() -> list[str]:
-    pairs = [f"cos_{TASKS[i]}_{TASKS[j]}" for i in range(3) for j in range(i + 1, 3)]
+    n = len(MULTITASK_TASKS)
+    pairs = [f"cos_{MULTITASK_TASKS[i]}_{MULTITASK_TASKS[j]}" for i in range(n) for j in range(i + 1, n)]
     return ["epoch", "step", "conflicts", "pairs", *pairs]
 
 
@@ -324,12 +326,12 @@ def _conflict_rows(epoch: int, grams: list[tuple[int, torch.Tensor]]) -> list[di
     transfer to the host for the whole epoch)."""
     if not grams:
         return []
-    rows, pairs = [], len(TASKS) * (len(TASKS) - 1) // 2
+    rows, pairs = [], len(MULTITASK_TASKS) * (len(MULTITASK_TASKS) - 1) // 2
     for (step, _), gram in zip(grams, torch.stack([g for _, g in grams]).cpu()):
         cos, conflicts = gram_stats(gram)
         row = {"epoch": epoch, "step": step, "conflicts": conflicts, "pairs": pairs}
-        for i in range(len(TASKS)):
-            for j in range(i + 1, len(TASKS)):
-                row[f"cos_{TASKS[i]}_{TASKS[j]}"] = fixed(cos[i, j])
+        for i in range(len(MULTITASK_TASKS)):
+            for j in range(i + 1, len(MULTITASK_TASKS)):
+                row[f"cos_{MULTITASK_TASKS[i]}_{MULTITASK_TASKS[j]}"] = fixed(cos[i, j])
         rows.append(row)
     return rows

@@ -1,5 +1,5 @@
 """One multitask training step (``MultitaskStep``), the object the loop and the benchmarks
-in ``bench/`` both run, and the settings of multitask training (``MultitaskSettings``).
+in ``bench/`` both run (its settings: ``minbert.settings.MultitaskSettings``).
 
 Summed losses: ``DistributedDataParallel`` averages the gradients during the backward
 pass. PCGrad takes per-task gradients with ``autograd.grad``, which DDP does not
@@ -11,7 +11,6 @@ DDP must be told to expect.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,81 +20,16 @@ from torch.nn.parallel import DistributedDataParallel
 from minbert.data.multitask import TaskData
 from minbert.device import pad_multiple, to_device
 from minbert.distributed import World
-from minbert.metrics import MULTITASK_TASKS as TASKS
-from minbert.model.heads import POOLINGS, STS_OUTPUTS
 from minbert.model.multitask import MultitaskBert
-from minbert.train.head_warmup import HeadWarmup
+from minbert.settings import MultitaskSettings
+from minbert.tasks import MULTITASK_TASKS
 from minbert.train.loop import NonFiniteGuard
 from minbert.train.objective import LOSS_PARTS, smart_start, task_objective
 from minbert.train.optim import build_optimizer
 from minbert.train.pcgrad import PCGrad
-from minbert.train.smart import EmaTeacher, SmartSettings
+from minbert.train.smart import EmaTeacher
 
 GRADIENT_MODES = ("round-robin", "summed", "pcgrad")
-
-
-@dataclass(frozen=True)
-class MultitaskSettings:
-    paraphrase_head: str
-    sts_head: str
-    gradient: str
-    optimizer: str
-    lr: float
-    weight_decay: float
-    lr_schedule: str
-    lr_gamma: float
-    epochs: int
-    batch_size: dict[str, int]
-    train_examples: dict[str, int]  # 0: the whole split
-    history_examples: dict[str, int]  # per task of the dev / train slices scored each epoch; 0: all
-    # Rows of each task's training split set aside to choose the epoch on
-    # (``minbert.data.validation``); the training rows are drawn from the rest.
-    validation_examples: dict[str, int]
-    eval_batch_size: int
-    dropout: float
-    grad_clip: float
-    seed: int
-    smart: SmartSettings | None = None
-    compile: bool = False  # torch.compile the encoder's layers (pays off on a GPU)
-    pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
-    sts_output: str = "sigmoid"  # a name of minbert.model.heads.STS_OUTPUTS
-    test_predictions: bool = True  # predict the test sets with the chosen epoch
-    head_lr: float | None = None  # the task heads' learning rate; None: ``lr``
-    # Without Quora's official train split (a carved one): keep the batch size
-    # ("fixed"), or scale it to keep the paper's batches per epoch
-    # ("paper-proportions", see ``minbert.pipeline.multitask.quora_batch_size``).
-    carved_quora_batch: str = "fixed"
-    # Heads fitted on the frozen checkpoint before fine-tuning (``minbert.train.head_warmup``).
-    head_warmup: HeadWarmup = HeadWarmup()
-
-    def __post_init__(self) -> None:
-        if self.gradient not in GRADIENT_MODES:
-            raise ValueError(f"gradient {self.gradient!r} is not one of {list(GRADIENT_MODES)}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
-        if self.sts_output not in STS_OUTPUTS:
-            raise ValueError(f"sts_output {self.sts_output!r} is not one of {list(STS_OUTPUTS)}")
-        for name in ("batch_size", "train_examples", "validation_examples"):
-            if set(getattr(self, name)) != set(TASKS):
-                raise ValueError(f"{name} must give a value for each of {list(TASKS)}")
-        if set(self.history_examples) != {"dev", "train"}:
-            raise ValueError("history_examples must give a size for `dev` and for `train`")
-        if self.epochs < 1 or min(self.batch_size.values()) < 1:
-            raise ValueError("epochs and batch sizes must be at least 1")
-        if self.carved_quora_batch not in ("fixed", "paper-proportions"):
-            raise ValueError(
-                f"carved_quora_batch {self.carved_quora_batch!r} is not 'fixed' or 'paper-proportions'"
-            )
-        if min(self.validation_examples.values()) < 1:
-            raise ValueError("validation_examples must be at least 1 per task")
-
-    @classmethod
-    def from_dict(cls, values: dict) -> MultitaskSettings:
-        """The settings back from their ``asdict`` form (a resolved settings file)."""
-        values = dict(values)
-        smart = values.pop("smart")
-        warmup = HeadWarmup(**values.pop("head_warmup", {}))
-        return cls(**values, smart=None if smart is None else SmartSettings(**smart), head_warmup=warmup)
 
 
 class MultitaskStep:
@@ -140,7 +74,7 @@ class MultitaskStep:
         )
         # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
         self.shared = [p for p in model.encoder.parameters() if p.requires_grad]
-        self.heads = [list(model.heads[t].parameters()) for t in TASKS]
+        self.heads = [list(model.heads[t].parameters()) for t in MULTITASK_TASKS]
         self.optimizer = build_optimizer(
             settings.optimizer,
             model,
@@ -179,9 +113,9 @@ class MultitaskStep:
         """
         world, smart, gram = self.world, self.settings.smart, None
         objectives, rows_used = [], {}
-        local = torch.zeros(len(TASKS), len(LOSS_PARTS), device=self.device)
+        local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         with self.no_sync():
-            for k, task in enumerate(TASKS):
+            for k, task in enumerate(MULTITASK_TASKS):
                 if task not in rows_by_task:
                     continue
                 rows = rows_by_task[task]
@@ -243,7 +177,7 @@ def _non_finite(world: World, at: tuple, local_losses: torch.Tensor, train: dict
     epoch, step, rows = at
     local = [
         f"task {task}; batch example ids: {', '.join(train[task].table.ids[i] for i in rows[task])}"
-        for task, parts in zip(TASKS, local_losses)
+        for task, parts in zip(MULTITASK_TASKS, local_losses)
         if task in rows and not bool(torch.isfinite(parts).all())
     ]
     found = [

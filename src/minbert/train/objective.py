@@ -16,11 +16,11 @@ import torch
 from minbert.data.multitask import Batch, TaskData
 from minbert.device import compute_context
 from minbert.model.multitask import task_loss
-from minbert.train.smart import SmartSettings, bregman_loss
+from minbert.settings import SmartSettings
+from minbert.tasks import TASKS
+from minbert.train.smart import bregman_loss
 from minbert.train.smoothness import DropoutMasks, smoothness_terms
 
-# How SMART compares two outputs of each task.
-DIVERGENCE = {"sst": "multiclass", "quora": "binary", "sts": "regression"}
 # What each training step logs per task: the task's own loss, then SMART's terms
 # (unweighted; zero without SMART): the smoothness term as trained, its control (the
 # same divergence with no perturbation, under the same dropout-mask policy: what of
@@ -94,7 +94,7 @@ def task_objective(
         loss = task_loss(task, output, labels)
         zero = torch.zeros((), device=loss.device)
         return loss, torch.stack([loss.detach(), zero, zero, zero])
-    kind = DIVERGENCE[task]
+    kind = TASKS[task].head_output  # what SMART's divergence compares
     # SMART compares outputs in float32 (bf16 would round its perturbation away, see
     # minbert.train.smart): its passes, the clean one among them (stacked with the
     # perturbed copy, it serves the task loss too), run with autocast off. The teacher's

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from minbert.settings import OPTIMIZERS, SCHEDULERS
+
 
 class AdamaxW(torch.optim.Optimizer):
     r"""Adamax with decoupled weight decay.
@@ -95,16 +97,20 @@ def _adamaxw(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     return AdamaxW(params, lr=lr, weight_decay=weight_decay)
 
 
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+# The builders of minbert.settings.OPTIMIZERS and SCHEDULERS, by name.
+_OPTIMIZER: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamw": _adamw,
     "adamaxw": _adamaxw,
 }
 
-SCHEDULERS: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
+_SCHEDULER: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
     # Stepped once per epoch.
     "constant": lambda opt, gamma: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
     "exponential": lambda opt, gamma: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
 }
+
+
+assert (tuple(_OPTIMIZER), tuple(_SCHEDULER)) == (OPTIMIZERS, SCHEDULERS)
 
 
 def _choose(registry: dict, kind: str, name: str):
@@ -160,8 +166,8 @@ def build_optimizer(
         named = list(model.named_parameters())
         groups = parameter_groups([(n, p) for n, p in named if id(p) in encoder], weight_decay, lr)
         groups += parameter_groups([(n, p) for n, p in named if id(p) not in encoder], weight_decay, head_lr)
-    return _choose(OPTIMIZERS, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
+    return _choose(_OPTIMIZER, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
 
 
 def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float):
-    return _choose(SCHEDULERS, "lr_schedule", name)(optimizer, gamma)
+    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma)

@@ -82,11 +82,11 @@ class ResumePoint:
             return None
         try:
             state = torch.load(self.path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated or foreign file: start over, say so
-            from minbert.progress import console
-
-            console.log(f"{self.path}: unreadable resume state ignored ({exc.__class__.__name__})")
-            return None
+        except Exception as exc:  # damaged (states are written whole) or not ours: ask, not guess
+            raise ValueError(
+                f"{self.path}: not a readable resume state ({exc.__class__.__name__}); "
+                "delete it to start the run over"
+            ) from None
         if not isinstance(state, dict) or state.get("key") != self.key:
             return None
         return state["state"]

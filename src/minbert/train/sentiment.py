@@ -3,7 +3,7 @@
 Two modes, as in the course project and the paper's Table 1:
 
 * ``last-layer``: the encoder is frozen and only the head (dropout + linear on the
-  pooled vector, see ``minbert.model.heads.POOLINGS``) learns. A frozen encoder gives
+  pooled vector, see ``minbert.settings.POOLINGS``) learns. A frozen encoder gives
   the same pooled features for a sentence every epoch, so they are computed once (encoder in eval mode, no
   gradients) and the head trains on the cached features: the same model, at a
   fraction of the cost of re-encoding every sentence every epoch.
@@ -33,58 +33,19 @@ from minbert.data.batches import (
     split_by_tokens,
     subsample,
 )
-from minbert.data.tasks import TASKS
 from minbert.data.validation import carve_validation
 from minbert.device import compute_context, to_device
 from minbert.evaluate.sentiment import encode_pooled, predict_logits
 from minbert.metrics import accuracy, fixed
 from minbert.model.bert import BertModel
-from minbert.model.heads import POOLINGS, ClassificationHead, SentimentClassifier
-from minbert.train.loop import BestEpoch, NonFiniteGuard, cpu_copy, epoch_progress
+from minbert.model.heads import ClassificationHead, SentimentClassifier
+from minbert.settings import SentimentSettings
+from minbert.tasks import TASKS
+from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
 
 MODES = ("last-layer", "full")
-
-
-@dataclass(frozen=True)
-class SentimentSettings:
-    task: str
-    mode: str
-    lr: float
-    epochs: int
-    batch_size: int
-    eval_batch_size: int
-    dropout: float
-    weight_decay: float
-    optimizer: str
-    lr_schedule: str
-    lr_gamma: float
-    grad_clip: float
-    train_examples: int  # 0: the whole training split (less the validation rows)
-    validation_examples: int  # training rows set aside to choose the epoch on
-    seed: int
-    max_tokens: int = 0  # padded tokens per forward pass (0: no limit); bounds memory
-    pooling: str = "pooler"  # a name of minbert.model.heads.POOLINGS
-    head_lr: float | None = None  # full fine-tuning: the head's learning rate (None: ``lr``)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> SentimentSettings:
-        """The settings back from their ``asdict`` form (a resolved settings file)."""
-        return cls(**values)
-
-    def __post_init__(self) -> None:
-        if self.task not in ("sst", "cfimdb"):
-            raise ValueError(f"task {self.task!r} is not one of ['cfimdb', 'sst']")
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {list(MODES)}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "validation_examples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.train_examples < 0:
-            raise ValueError(f"train_examples must be 0 (all) or positive, got {self.train_examples}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
 
 
 @dataclass
@@ -131,102 +92,77 @@ def train_sentiment(
     return result
 
 
-def _epoch_loop(
-    settings,
-    n_batches_per_epoch,
-    run_epoch,
-    evaluate,
-    state_of,
-    load_state,
-    optimizer,
-    rng,
-    resume: ResumePoint | None,
-):
-    """The epoch loop both modes share: score the validation split and dev before
-    training (epoch 0), then train, score both and keep the weights of the epoch
-    best on validation, every epoch. ``evaluate()`` returns ((validation loss,
-    accuracy), (dev loss, accuracy)).
+class _Epochs:
+    """A sentiment mode's epoch for the epoch driver (``minbert.train.loop.Epochs``):
+    train, score the validation split and dev, step the schedule. ``train_epoch(epoch,
+    tick)`` trains one epoch (``tick(loss)`` after every step) and returns its mean loss
+    and accuracy; ``evaluate()`` returns ((validation loss, accuracy), (dev loss,
+    accuracy)); ``module`` holds the weights an epoch is kept with."""
 
-    After every epoch the whole training state goes to ``resume``; a rerun after an
-    interruption starts from the epoch after the last one saved.
-    """
-    scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
-    result = SentimentResult()
-    best = BestEpoch()
-    first_epoch = 1
-    saved = resume.load() if resume else None
-    if saved is not None:
-        load_state(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        restore_generators(saved["generators"], rng)
-        result.history = saved["history"]
-        best.load_state_dict(saved["best"])
-        first_epoch = saved["epoch"] + 1
-    bar, job = epoch_progress(
-        f"{settings.task} {settings.mode}", settings.epochs, n_batches_per_epoch, first_epoch
-    )
-    with bar:
-        if saved is not None:
-            bar.console.log(f"resumed from {resume.path} after epoch {first_epoch - 1}")
-        else:
-            (val_loss, val_acc), (dev_loss, dev_acc) = evaluate()
-            result.history.append(
-                dict(
-                    epoch=0,
-                    lr=None,
-                    train_loss=None,
-                    train_accuracy=None,
-                    val_loss=fixed(val_loss),
-                    val_accuracy=fixed(val_acc),
-                    dev_loss=fixed(dev_loss),
-                    dev_accuracy=fixed(dev_acc),
-                )
-            )
-        for epoch in range(first_epoch, settings.epochs + 1):
-            lr = optimizer.param_groups[0]["lr"]
-            train_loss, train_acc = run_epoch(
-                epoch,
-                # The newest loss the guard has checked (on a GPU, one step behind).
-                lambda loss, epoch=epoch: bar.update(
-                    job, advance=1, status=f"epoch {epoch} loss {'…' if loss is None else f'{loss:.3f}'}"
-                ),
-            )
-            (val_loss, val_acc), (dev_loss, dev_acc) = evaluate()
-            scheduler.step()
-            result.history.append(
-                dict(
-                    epoch=epoch,
-                    lr=lr,
-                    train_loss=fixed(train_loss),
-                    train_accuracy=fixed(train_acc),
-                    val_loss=fixed(val_loss),
-                    val_accuracy=fixed(val_acc),
-                    dev_loss=fixed(dev_loss),
-                    dev_accuracy=fixed(dev_acc),
-                )
-            )
-            bar.console.log(
-                f"epoch {epoch}: train loss {train_loss:.4f} acc {train_acc:.3f} | "
-                f"validation loss {val_loss:.4f} acc {val_acc:.3f}"
-            )
-            best.offer(epoch, val_acc, state_of)
-            if resume:
-                resume.save(
-                    {
-                        "epoch": epoch,
-                        "model": state_of(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "generators": generator_states(rng),
-                        "history": result.history,
-                        "best": best.state_dict(),
-                    }
-                )
-    load_state(best.weights)
-    result.best_epoch = best.epoch
-    result.optimizer_steps = n_batches_per_epoch * settings.epochs  # one step per batch
-    return result
+    def __init__(self, settings, module, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
+        self.module, self.optimizer, self.rng = module, optimizer, rng
+        self.steps_per_epoch, self.train_epoch, self.evaluate = steps_per_epoch, train_epoch, evaluate
+        self.scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
+
+    @staticmethod
+    def _row(epoch, lr, train, scores) -> dict:
+        (val_loss, val_acc), (dev_loss, dev_acc) = scores
+        return dict(
+            epoch=epoch,
+            lr=lr,
+            train_loss=fixed(train[0]),
+            train_accuracy=fixed(train[1]),
+            val_loss=fixed(val_loss),
+            val_accuracy=fixed(val_acc),
+            dev_loss=fixed(dev_loss),
+            dev_accuracy=fixed(dev_acc),
+        )
+
+    def before(self) -> dict:
+        return self._row(0, None, (None, None), self.evaluate())
+
+    def epoch(self, epoch, step, log):
+        lr = self.optimizer.param_groups[0]["lr"]
+        # The newest loss the guard has checked (on a GPU, one step behind).
+        train_loss, train_acc = self.train_epoch(
+            epoch, lambda loss: step(f"epoch {epoch} loss {'…' if loss is None else f'{loss:.3f}'}")
+        )
+        scores = self.evaluate()
+        self.scheduler.step()
+        (val_loss, val_acc), _ = scores
+        log(
+            f"epoch {epoch}: train loss {train_loss:.4f} acc {train_acc:.3f} | "
+            f"validation loss {val_loss:.4f} acc {val_acc:.3f}"
+        )
+        return self._row(epoch, lr, (train_loss, train_acc), scores), val_acc
+
+    def state(self) -> dict:
+        return {
+            "model": cpu_copy(self.module),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generators": generator_states(self.rng),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        restore_generators(state["generators"], self.rng)
+
+    def weights(self) -> dict:
+        return cpu_copy(self.module)
+
+    def load_weights(self, weights: dict) -> None:
+        self.module.load_state_dict(weights)
+
+
+def _run_epochs(settings, loop: _Epochs, resume: ResumePoint | None) -> SentimentResult:
+    """Every epoch through the driver; the result holds the history and the epoch kept,
+    whose weights ``loop.module`` now has."""
+    history, best_epoch = Epochs(resume).run(loop, settings.epochs, f"{settings.task} {settings.mode}")
+    # One optimizer step per batch, every epoch.
+    return SentimentResult(history, best_epoch, optimizer_steps=loop.steps_per_epoch * settings.epochs)
 
 
 def _epoch_sums(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,16 +241,8 @@ def _train_head_on_features(
             )
         return tuple(scores)
 
-    result = _epoch_loop(
-        settings,
-        n_batches,
-        run_epoch,
-        evaluate,
-        lambda: cpu_copy(head),
-        head.load_state_dict,
-        optimizer,
-        rng,
-        resume,
+    result = _run_epochs(
+        settings, _Epochs(settings, head, optimizer, rng, n_batches, run_epoch, evaluate), resume
     )
     result.dev_predictions = logits_of("dev").argmax(-1).numpy()
     if test is not None:
@@ -373,16 +301,8 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
             )
         return tuple(scores)
 
-    result = _epoch_loop(
-        settings,
-        n_batches,
-        run_epoch,
-        evaluate,
-        lambda: cpu_copy(model),
-        model.load_state_dict,
-        optimizer,
-        rng,
-        resume,
+    result = _run_epochs(
+        settings, _Epochs(settings, model, optimizer, rng, n_batches, run_epoch, evaluate), resume
     )
     result.dev_predictions = (
         predict_logits(model, dev, settings.eval_batch_size, device, settings.max_tokens).argmax(-1).numpy()

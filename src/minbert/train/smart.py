@@ -129,89 +129,17 @@ one set of dropout masks).
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert.tasks import HEAD_OUTPUTS
+
+# What the compared outputs are: a task's head output kind (minbert.tasks.HEAD_OUTPUTS).
 Kind = Literal["multiclass", "binary", "regression"]
-KINDS: tuple[str, ...] = ("multiclass", "binary", "regression")
-# How the perturbation is bounded (see the module docstring).
-PROJECTIONS: tuple[str, ...] = ("token", "ball")
-# Whether the perturbed passes reuse the clean pass's dropout masks.
-DROPOUT_MASKS: tuple[str, ...] = ("shared", "independent")
-
-
-@dataclass(frozen=True)
-class SmartSettings:
-    """Hyperparameters of SMART.
-
-    Defaults are those of the paper's experiments (section 5, implementation
-    details) where it gives them: perturbation radius ``epsilon`` = 1e-5, initial
-    noise ``noise_std`` (sigma) = 1e-5, ascent step ``step_size`` (eta) = 1e-3, one
-    ascent step (``steps``; the paper's T_x = 1, chosen for speed), ``mu`` = 1 and
-    teacher momentum ``beta`` = 0.99. ``lambda_s`` was searched over {1, 3, 5} in
-    the paper; 1 is the smallest of those. (The paper raises beta to 0.999 after
-    the first 10% of updates; a caller wanting that builds new settings or sets
-    :attr:`EmaTeacher.beta` itself.)
-
-    The paper does not say how the perturbation's size compares with the
-    embeddings', nor what happens to dropout in the perturbed passes; the module
-    docstring gives the measurements behind these defaults:
-
-    * ``projection``: ``"token"`` (default), the reference implementation's
-      geometry: each token's perturbation scaled to infinity norm ``token_norm``
-      (default 1, the reference code's); ``"ball"``, the paper's literal clamp to
-      ``[-epsilon, epsilon]``.
-    * ``dropout_masks``: ``"shared"`` (default), the perturbed passes replay the
-      clean pass's dropout masks; ``"independent"``, each draws its own.
-
-    ``lambda_s`` = 0 or ``mu`` = 0 switches that term off, so both only need to be
-    non-negative. The others must be strictly positive: a zero noise_std starts
-    the ascent where the divergence is at its minimum, so its gradient is zero
-    and the ascent never moves.
-    """
-
-    lambda_s: float = 1.0
-    epsilon: float = 1e-5
-    noise_std: float = 1e-5
-    step_size: float = 1e-3
-    steps: int = 1
-    mu: float = 1.0
-    beta: float = 0.99
-    projection: str = "token"
-    token_norm: float = 1.0
-    dropout_masks: str = "shared"
-
-    def __post_init__(self) -> None:
-        def fail(name: str, rule: str) -> None:
-            raise ValueError(f"SmartSettings.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        for name in ("lambda_s", "epsilon", "noise_std", "step_size", "mu", "beta", "token_norm"):
-            value = getattr(self, name)
-            # bool is an int subclass; True as a weight is almost surely a mistake.
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                fail(name, "a number")
-            if not math.isfinite(value):
-                fail(name, "finite")
-        for name in ("lambda_s", "mu"):
-            if getattr(self, name) < 0:
-                fail(name, ">= 0")
-        for name in ("epsilon", "noise_std", "step_size", "token_norm"):
-            if getattr(self, name) <= 0:
-                fail(name, "> 0")
-        if not 0 <= self.beta < 1:
-            # beta = 1 would freeze the teacher at its initial weights forever.
-            fail("beta", "in [0, 1)")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            fail("steps", "an integer >= 1")
-        if self.projection not in PROJECTIONS:
-            fail("projection", f"one of {', '.join(PROJECTIONS)}")
-        if self.dropout_masks not in DROPOUT_MASKS:
-            fail("dropout_masks", f"one of {', '.join(DROPOUT_MASKS)}")
+KINDS: tuple[str, ...] = tuple(HEAD_OUTPUTS)
 
 
 # --------------------------------------------------------------------- divergence

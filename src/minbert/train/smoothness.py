@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from minbert.model.dropout import tiled
-from minbert.train.smart import Kind, SmartSettings, divergence
+from minbert.settings import SmartSettings
+from minbert.train.smart import Kind, divergence
 
 
 class DropoutMasks:
@@ -189,9 +191,8 @@ def smoothness_terms(
     embedded: torch.Tensor,
     kind: Kind,
     settings: SmartSettings,
-    generator: torch.Generator | None = None,
-    start: torch.Tensor | None = None,
     masks: DropoutMasks | None = None,
+    **random_start: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clean output, R_s and its control for one batch.
 
@@ -200,7 +201,8 @@ def smoothness_terms(
     the batch stacked along the first dimension (outputs copy after copy);
     ``embedded`` is this batch's embedding output, in the graph. ``masks``, taken
     before any pass of the batch, makes every pass use the same dropout masks
-    (``dropout_masks="shared"``). Four passes, all float32:
+    (``dropout_masks="shared"``); ``random_start`` is the ascent's ``generator`` or
+    ``start``, as :func:`adversarial_perturbation` takes them. Four passes, all float32:
 
     1. the clean output without a graph: the ascent's target and the control's;
     2. the ascent (:func:`adversarial_perturbation`), a forward and a backward pass to
@@ -223,7 +225,9 @@ def smoothness_terms(
     embedded32 = embedded.float()
     with torch.no_grad():
         target = _perturbed_pass(forward_fn, embedded32, masks)
-    noise = adversarial_perturbation(forward_fn, embedded32, target, kind, settings, generator, start, masks)
+    noise = adversarial_perturbation(
+        forward_fn, embedded32, target, kind, settings, masks=masks, **random_start
+    )
     # The pass that draws this step's masks for the training's stream (the others replayed them).
     both = _perturbed_pass(forward_fn, torch.cat([embedded32, embedded32 + noise]), masks, 2, replay=False)
     clean, perturbed = both.chunk(2)

@@ -1,0 +1,177 @@
+"""``params.yaml`` resolved into each stage's typed settings (``minbert.settings``).
+
+``load`` reads and checks the whole file (``minbert.pipeline.schema``); a
+configuration's settings then combine the shared defaults, its overrides, its
+optimizer's hyperparameters and the scale; a sentiment run's, its run and the scale.
+The ``resolve`` stage writes them, one JSON file per stage (``resolve_all``). Needs no
+torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from minbert.pipeline.schema import ParamsError, config_values, read, validate
+from minbert.settings import (
+    HeadWarmup,
+    MlmSettings,
+    MultitaskSettings,
+    SentimentSettings,
+    SmartSettings,
+)
+
+__all__ = [
+    "load",
+    "mlm_settings",
+    "multitask_settings",
+    "resolve_all",
+    "resolve_mlm",
+    "resolve_multitask",
+    "resolve_sentiment",
+    "resolve_tokenize",
+    "resolve_zero_shot",
+    "scale",
+    "sentiment_settings",
+]
+
+
+def load(path: str | Path = "params.yaml") -> dict:
+    """The whole parameters file, every key checked."""
+    return validate(read(path), str(Path(path)))
+
+
+def scale(params: dict) -> dict:
+    """The settings of the chosen scale (``cpu`` or ``paper``)."""
+    return params["scales"][params["scale"]]
+
+
+def _settings(cls, **values):
+    """``cls`` built from ``values``, its float fields as floats: YAML writes ``1`` for
+    1.0, and equal settings must give equal settings files."""
+    floats = {f.name for f in fields(cls) if str(f.type).startswith("float")}
+    return cls(**{k: float(v) if k in floats and v is not None else v for k, v in values.items()})
+
+
+def sentiment_settings(params: dict, run: str) -> SentimentSettings:
+    runs = params["sentiment"]["runs"]
+    if run not in runs:
+        raise ParamsError(f"sentiment run {run!r} is not one of {sorted(runs)}")
+    spec = runs[run]
+    common = params["sentiment"]
+    sized = scale(params)["sentiment"]
+    task, mode = spec["task"], spec["mode"]
+    return _settings(
+        SentimentSettings,
+        task=task,
+        mode=mode,
+        lr=spec["lr"],
+        epochs=sized["epochs"][mode],
+        **{k: sized[k][task] for k in ("batch_size", "train_examples", "validation_examples")},
+        **{k: sized[k] for k in ("dropout", "max_tokens")},
+        **{k: common[k] for k in ("eval_batch_size", "weight_decay", "optimizer", "lr_schedule")},
+        **{k: common[k] for k in ("lr_gamma", "grad_clip")},
+        # Full fine-tuning's head may learn faster than the encoder (``head_lr``);
+        # with only the head training, the run's own lr is the head's.
+        head_lr=None if mode == "last-layer" else sized["head_lr"],
+        seed=params["seed"],
+        pooling=scale(params)["pooling"],
+    )
+
+
+def multitask_settings(params: dict, config: str) -> MultitaskSettings:
+    values = config_values(params, config)
+    common, sized = params["multitask"], scale(params)["multitask"]
+    smart, warmup = values["smart"], sized["head_warmup"]
+    # The learning rates, their schedule and the weight decay belong to the optimizer.
+    optimizer = sized["optimizers"][values["optimizer"]]
+    return _settings(
+        MultitaskSettings,
+        **{k: values[k] for k in ("paraphrase_head", "sts_head", "sts_output", "gradient", "optimizer")},
+        **{k: optimizer[k] for k in ("lr", "head_lr", "weight_decay", "lr_schedule")},
+        lr_gamma=optimizer.get("lr_gamma", 1.0),
+        batch_size={t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()},
+        **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
+        **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
+        head_warmup=_settings(HeadWarmup, **{**warmup, "tasks": tuple(warmup["tasks"])}),
+        **{k: common[k] for k in ("eval_batch_size", "grad_clip", "compile")},
+        seed=params["seed"],
+        pooling=scale(params)["pooling"],
+        smart=_settings(SmartSettings, **{k: v for k, v in smart.items() if k != "enabled"})
+        if smart["enabled"]
+        else None,
+    )
+
+
+def mlm_settings(params: dict, start: str) -> MlmSettings:
+    common = params["mlm"]
+    if start not in common["starts"]:
+        raise ParamsError(f"MLM start {start!r} is not one of {sorted(common['starts'])}")
+    spec = dict(common["starts"][start])
+    sized = scale(params)["mlm"]
+    return _settings(
+        MlmSettings,
+        start=start,
+        lr=spec.pop("lr"),
+        **{k: sized[k] for k in ("epochs", "batch_size", "max_length", "sequences")},
+        **{k: common[k] for k in ("heldout_fraction", "mask_prob", "weight_decay", "grad_clip")},
+        sources=tuple(common["sources"]),
+        scratch_config=spec,  # the fresh model's size (scratch only)
+        seed=params["seed"],
+    )
+
+
+# ----------------------------------------------------------------------------- resolved
+
+
+def _run_context(params: dict) -> dict:
+    return {"checkpoint": params["checkpoint"], "device": params["device"], "scale": params["scale"]}
+
+
+def resolve_sentiment(params: dict, run: str) -> dict:
+    return {"run": run, **_run_context(params), "settings": asdict(sentiment_settings(params, run))}
+
+
+def resolve_multitask(params: dict, config: str) -> dict:
+    # The tokenised lengths travel with the fine-tuned model, for predicting new text.
+    return {
+        "config": config,
+        **_run_context(params),
+        "max_length": scale(params)["max_length"],
+        "settings": asdict(multitask_settings(params, config)),
+    }
+
+
+def resolve_mlm(params: dict, start: str) -> dict:
+    return {"start": start, **_run_context(params), "settings": asdict(mlm_settings(params, start))}
+
+
+def resolve_zero_shot(params: dict) -> dict:
+    return {
+        **_run_context(params),
+        "seed": params["seed"],
+        "pooling": scale(params)["pooling"],
+        "quora_train_pairs": params["zero_shot"]["quora_train_pairs"],
+        "eval_batch_size": params["multitask"]["eval_batch_size"],
+    }
+
+
+def resolve_tokenize(params: dict) -> dict:
+    return {"checkpoint": params["checkpoint"], "max_length": scale(params)["max_length"]}
+
+
+def resolve_all(params: dict) -> dict[str, dict]:
+    """Every stage's settings, resolved from ``params``: file name -> content.
+
+    The ``resolve`` stage writes them, one file per stage; a stage then depends on its
+    own file rather than on ``params.yaml``, so a change reruns exactly the stages
+    whose resolved settings it changes (``dvc exp run -S smart.beta=0.95`` reruns the
+    configurations with SMART, and no other).
+    """
+    out = {"tokenize.json": resolve_tokenize(params), "zero-shot.json": resolve_zero_shot(params)}
+    out.update(
+        {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}
+    )
+    out.update({f"multitask/{c}.json": resolve_multitask(params, c) for c in params["configs"]})
+    out.update({f"mlm/{start}.json": resolve_mlm(params, start) for start in params["mlm"]["starts"]})
+    return out
