@@ -22,20 +22,11 @@ import json
 from pathlib import Path
 
 from minbert.atomic import atomic_write_text
-from minbert.tasks import AVERAGE
 
 RECORD_SUFFIX = "-run.json"
-# The keys of the metrics files besides the task names (the multitask scores) and AVERAGE.
+# The keys of the metrics files besides the task names (the multitask scores) and
+# ``minbert.tasks.AVERAGE``.
 EPOCH, STEPS, ACCURACY = "epoch", "steps", "accuracy"
-__all__ = [
-    "ACCURACY",
-    "AVERAGE",
-    "EPOCH",
-    "STEPS",
-    "read_result",
-    "read_results",
-    "write_result",
-]
 
 
 def metrics_file(directory: Path, name: str) -> Path:

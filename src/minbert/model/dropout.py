@@ -40,11 +40,6 @@ def tiled(copies: int) -> Iterator[None]:
         _COPIES.reset(token)
 
 
-def tiling() -> int | None:
-    """The number of copies of :func:`tiled`'s block, or None outside one."""
-    return _COPIES.get()
-
-
 def tiled_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """Training-mode dropout of ``x`` whose mask is drawn for one copy of the batch and
     repeated for every copy (``x``'s first dimension holds the copies, one after the other)."""

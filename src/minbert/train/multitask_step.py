@@ -72,9 +72,6 @@ class MultitaskStep:
             if world.distributed and settings.gradient == "pcgrad"
             else contextlib.nullcontext
         )
-        # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
-        self.shared = [p for p in model.encoder.parameters() if p.requires_grad]
-        self.heads = [list(model.heads[t].parameters()) for t in MULTITASK_TASKS]
         self.optimizer = build_optimizer(
             settings.optimizer,
             model,
@@ -84,8 +81,14 @@ class MultitaskStep:
         )
         self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
         self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
+        # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
         self.pcgrad = (
-            PCGrad(self.shared, self.heads, self.pcgrad_generator, world.all_reduce_mean_)
+            PCGrad(
+                [p for p in model.encoder.parameters() if p.requires_grad],
+                [list(model.heads[t].parameters()) for t in MULTITASK_TASKS],
+                self.pcgrad_generator,
+                world.all_reduce_mean_,
+            )
             if settings.gradient == "pcgrad"
             else None
         )

@@ -82,18 +82,17 @@ def task_objective(
     ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
     that builds the graph goes through it. ``start`` is SMART's random start.
     """
-    shared = smart is not None and smart.dropout_masks == "shared"
+    if smart is None:
+        with compute_context(device):
+            output = net(task, batch, model.embed(batch))
+        loss = task_loss(task, output, labels)
+        zero = torch.zeros((), device=loss.device)
+        return loss, torch.stack([loss.detach(), zero, zero, zero])
     with compute_context(device):
         embedded = model.embed(batch)
         # After the embedding layer (its output is reused, masks and all), before the
         # clean pass draws the encoder's and the head's masks.
-        masks = DropoutMasks(embedded.device) if shared else None
-        if smart is None:
-            output = net(task, batch, embedded)
-    if smart is None:
-        loss = task_loss(task, output, labels)
-        zero = torch.zeros((), device=loss.device)
-        return loss, torch.stack([loss.detach(), zero, zero, zero])
+        masks = DropoutMasks(embedded.device) if smart.dropout_masks == "shared" else None
     kind = TASKS[task].head_output  # what SMART's divergence compares
     # SMART compares outputs in float32 (bf16 would round its perturbation away, see
     # minbert.train.smart): its passes, the clean one among them (stacked with the
