@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from minbert.pipeline.sweep import DVC, flatten_params
 from minbert.results import ACCURACY, EPOCH, STEPS
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
@@ -37,20 +37,10 @@ class Experiment:
     metrics: dict[str, dict]  # "multitask/best" -> the metrics file's numbers
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _experiment(name: str, data: dict) -> Experiment:
     params = {}
     for content in (data.get("params") or {}).values():
-        params.update(_flatten(content.get("data") or {}))
+        params.update(flatten_params(content.get("data") or {}))
     metrics = {}
     for path, content in (data.get("metrics") or {}).items():
         run = path[len("metrics/") :] if path.startswith("metrics/") else path
@@ -74,9 +64,7 @@ def parse_exp_show(rows: list[dict]) -> list[Experiment]:
 
 
 def exp_show(repo: Path) -> list[Experiment]:
-    done = subprocess.run(
-        [sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=repo, capture_output=True, text=True
-    )
+    done = subprocess.run([*DVC, "exp", "show", "--json"], cwd=repo, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"dvc exp show failed in {repo}: {done.stderr.strip()}")
     return parse_exp_show(json.loads(done.stdout))
@@ -95,8 +83,8 @@ def changed_params(experiments: list[Experiment]) -> dict[str, dict[str, object]
     }
 
 
-def table_rows(experiments: list[Experiment], metric: str) -> tuple[list[str], list[list[str]]]:
-    """The runs that have ``metric`` in some experiment, and each run's row of values."""
+def table_rows(experiments: list[Experiment], metric: str) -> list[list[str]]:
+    """A row per run that has ``metric`` in some experiment: the run, then its values."""
     runs = sorted({r for e in experiments for r, numbers in e.metrics.items() if metric in numbers})
     rows = []
     for run in runs:
@@ -105,7 +93,7 @@ def table_rows(experiments: list[Experiment], metric: str) -> tuple[list[str], l
             value = e.metrics.get(run, {}).get(metric)
             cells.append("—" if value is None else f"{value:g}" if isinstance(value, int) else f"{value:.4f}")
         rows.append([run, *cells])
-    return runs, rows
+    return rows
 
 
 def fitting(
@@ -133,8 +121,8 @@ def print_comparison(repo: Path, metrics: list[str] | None = None) -> None:
     if not experiments:
         raise FileNotFoundError(f"{repo}: no experiments or results to compare (run `dvc repro` first)")
     for key in metrics or DEFAULT_METRICS:
-        runs, rows = table_rows(experiments, key)
-        if not runs:
+        rows = table_rows(experiments, key)
+        if not rows:
             continue
         table = Table(title=TITLES.get(key, key), title_justify="left")
         table.add_column("run")

@@ -50,12 +50,14 @@ class Run:
     metrics: dict[str, dict]  # "multitask/baseline" -> its metrics file joined with its record
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def flatten_params(d: dict, prefix: str = "") -> dict:
+    """``params.yaml``'s nested mappings as one: ``"configs.best.optimizer" -> value``
+    (a list as its JSON text, so that every value can be compared and grouped)."""
     out = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
+            out.update(flatten_params(value, f"{name}."))
         else:
             out[name] = json.dumps(value, sort_keys=True) if isinstance(value, list) else value
     return out
@@ -74,7 +76,7 @@ def aggregate(runs: list[Run]) -> str:
             "no runs to aggregate: queue and run experiments first "
             "(dvc exp run --queue -S 'seed=1,2,3'; dvc queue start)"
         )
-    flat = {run.name: _flatten(run.params) for run in runs}
+    flat = {run.name: flatten_params(run.params) for run in runs}
     keys = sorted({k for f in flat.values() for k in f} - {"seed"})
     varying = [k for k in keys if len({json.dumps(f.get(k), default=str) for f in flat.values()}) > 1]
     groups: dict[tuple, list[Run]] = defaultdict(list)
@@ -178,7 +180,8 @@ def collect_runs(repo: Path = Path(".")) -> list[Run]:
 
 
 def _without_seed(params: dict) -> str:
-    return json.dumps({k: v for k, v in _flatten(params).items() if k != "seed"}, sort_keys=True, default=str)
+    flat = flatten_params(params)
+    return json.dumps({k: v for k, v in flat.items() if k != "seed"}, sort_keys=True, default=str)
 
 
 def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
