@@ -51,8 +51,10 @@ def findings_section(
     missed_controls: list[str],
     controls_checked: int,
     paper_best: tuple[str, float] | None,
+    paper_setting: str,
 ) -> list[str]:
-    """One paragraph of findings, then the table behind its first claim."""
+    """One paragraph of findings, then the table behind its first claim; ``paper_setting``:
+    the paper's setting in a few words (paper.yaml's ``setup.summary``)."""
     if not runs:
         return ["No multitask configuration has been run (stage `multitask`): nothing to report yet."]
     said = []
@@ -62,8 +64,8 @@ def findings_section(
     scale = usual({n: f"`{m['scale']}`" for n, m in runs.items()})
     said.append(
         f"These runs fine-tune {checkpoint} on {sizes}, {epochs} epochs (scale {scale}; the "
-        "paper: bert-base-uncased, all the training data, 10 epochs), so they show how the "
-        "methods behave at this budget, not the paper's effect sizes."
+        f"paper: {paper_setting}), so they show how the methods behave at this budget, not "
+        "the paper's effect sizes."
     )
     table = []
     if zero_shot is not None:

@@ -162,7 +162,14 @@ def write_report(
         "## Findings",
         "",
         *findings_section(
-            multitask, zero_shot, evidence, compared, controls.missed, controls.checked, _paper_best(paper)
+            multitask,
+            zero_shot,
+            evidence,
+            compared,
+            controls.missed,
+            controls.checked,
+            _paper_best(paper),
+            paper["setup"]["summary"],
         ),
         "",
         "## How to read the tables",
