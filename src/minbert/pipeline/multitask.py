@@ -27,7 +27,7 @@ from minbert.pipeline.stage import started
 from minbert.results import EPOCH, STEPS, write_result
 from minbert.settings import MultitaskSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SPLITS, TASKS
-from minbert.train.multitask import MultitaskResult, conflict_columns, train_multitask
+from minbert.train.multitask import CONFLICT_COLUMNS, MultitaskResult, train_multitask
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 # Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
@@ -216,7 +216,7 @@ def _write(name, resolved, settings, result, numbers, record, tables, stage, met
             save_multitask(result.model.to("cpu"), directory, stage.checkpoint_dir / "vocab.txt", info)
             (directory / MODEL_CARD).write_text(card, encoding="utf-8")
     outputs.write_history(metrics_dir / f"{name}-history.csv", result.history)
-    outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, conflict_columns())
+    outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
     write_result(metrics_dir, name, numbers, record)
 
 

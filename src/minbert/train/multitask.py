@@ -32,6 +32,7 @@ Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -315,10 +316,10 @@ class _MultitaskEpochs:
         self.model.load_state_dict(weights)
 
 
-def conflict_columns() -> list[str]:
-    n = len(MULTITASK_TASKS)
-    pairs = [f"cos_{MULTITASK_TASKS[i]}_{MULTITASK_TASKS[j]}" for i in range(n) for j in range(i + 1, n)]
-    return ["epoch", "step", "conflicts", "pairs", *pairs]
+# PCGrad's log: per step, the cosine of each pair of task gradients (i < j, the Gram
+# matrix's upper triangle), by column name.
+_PAIRS = {f"cos_{a}_{b}": (i, j) for (i, a), (j, b) in itertools.combinations(enumerate(MULTITASK_TASKS), 2)}
+CONFLICT_COLUMNS = ["epoch", "step", "conflicts", "pairs", *_PAIRS]
 
 
 def _conflict_rows(epoch: int, grams: list[tuple[int, torch.Tensor]]) -> list[dict]:
@@ -326,12 +327,9 @@ def _conflict_rows(epoch: int, grams: list[tuple[int, torch.Tensor]]) -> list[di
     transfer to the host for the whole epoch)."""
     if not grams:
         return []
-    rows, pairs = [], len(MULTITASK_TASKS) * (len(MULTITASK_TASKS) - 1) // 2
+    rows = []
     for (step, _), gram in zip(grams, torch.stack([g for _, g in grams]).cpu()):
         cos, conflicts = gram_stats(gram)
-        row = {"epoch": epoch, "step": step, "conflicts": conflicts, "pairs": pairs}
-        for i in range(len(MULTITASK_TASKS)):
-            for j in range(i + 1, len(MULTITASK_TASKS)):
-                row[f"cos_{MULTITASK_TASKS[i]}_{MULTITASK_TASKS[j]}"] = fixed(cos[i, j])
-        rows.append(row)
+        row = {"epoch": epoch, "step": step, "conflicts": conflicts, "pairs": len(_PAIRS)}
+        rows.append(row | {name: fixed(cos[i, j]) for name, (i, j) in _PAIRS.items()})
     return rows

@@ -272,6 +272,7 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
         for step, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
             batch_loss = torch.zeros((), dtype=torch.float64, device=device)
+            at = (epoch, step, [train.ids[i] for i in batch])  # where, for the guard's message
             # Pieces under the token budget, gradients accumulated: the same update as
             # the whole batch at once (the loss is the batch mean), in bounded memory.
             for rows in split_by_tokens(batch, lengths, settings.max_tokens):
@@ -280,7 +281,7 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
                 with compute_context(device):
                     logits = model(to_device(ids, device), to_device(mask, device))
                 loss = F.cross_entropy(logits.float(), y, reduction="sum") / len(batch)
-                guard.push(loss, (epoch, step, [train.ids[i] for i in batch]))
+                guard.push(loss, at)
                 loss.backward()
                 batch_loss += loss.detach().double()
                 correct += (logits.argmax(-1) == y).sum()
@@ -291,10 +292,13 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
             tick(guard.last)
         return float(total) / len(train), int(correct) / len(train)
 
+    def logits_of(table):
+        return predict_logits(model, table, settings.eval_batch_size, device, settings.max_tokens)
+
     def evaluate():
         scores = []
         for table in (validation, dev):
-            logits = predict_logits(model, table, settings.eval_batch_size, device, settings.max_tokens)
+            logits = logits_of(table)
             y = torch.tensor(table.labels, dtype=torch.long)
             scores.append(
                 (F.cross_entropy(logits, y).item(), accuracy(table.labels, logits.argmax(-1).numpy()))
@@ -304,13 +308,7 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
     result = _run_epochs(
         settings, _Epochs(settings, model, optimizer, rng, n_batches, run_epoch, evaluate), resume
     )
-    result.dev_predictions = (
-        predict_logits(model, dev, settings.eval_batch_size, device, settings.max_tokens).argmax(-1).numpy()
-    )
+    result.dev_predictions = logits_of(dev).argmax(-1).numpy()
     if test is not None:
-        result.test_predictions = (
-            predict_logits(model, test, settings.eval_batch_size, device, settings.max_tokens)
-            .argmax(-1)
-            .numpy()
-        )
+        result.test_predictions = logits_of(test).argmax(-1).numpy()
     return result
