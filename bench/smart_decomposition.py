@@ -262,8 +262,8 @@ def main() -> None:
             embedded = model.embed(b)
             masks = DropoutMasks("cpu")
             fn = forward_fn(t, b, False)
-            noise = adversarial_perturbation(
-                fn, embedded, fn(embedded), TASKS[t].head_output, settings, start=s, masks=masks
+            noise, _ = adversarial_perturbation(
+                fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
             )
             real = b.mask.bool()
             ratios.append((noise.norm(dim=-1) / embedded.norm(dim=-1))[real])
@@ -304,8 +304,8 @@ def main() -> None:
                     hooks.take()
                     clean = run(embedded)
                     clean_calls = hooks.take()
-                    noise = adversarial_perturbation(
-                        fn, embedded, clean, TASKS[t].head_output, settings, start=s, masks=masks
+                    noise, _ = adversarial_perturbation(
+                        fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
                     )
                     perturbed = run(embedded + noise)
                     calls = hooks.take()[-len(clean_calls) :]  # the last pass's, after the ascent's

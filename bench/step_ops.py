@@ -15,6 +15,21 @@ step it wraps.
 
     python bench/step_ops.py                    # the cross-encoder `best` heads, cpu scale
     python bench/step_ops.py --config baseline  # siamese heads
+    python bench/step_ops.py --study gpu        # the whole study at a scale, and its node calls
+
+``--study SCALE`` counts the whole study of params.yaml at SCALE, every stage the
+offline runner takes (``minbert bundle --set scale=SCALE``), and writes
+``bench/results/<scale>_study_ops.json``: per stage its optimizer steps and scoring
+batches (from the scale's sizes and the tokenised data), the operators of each (counted
+on the stage's own code: every multitask configuration's ``MultitaskStep`` and
+``evaluate_multitask``; a sentiment run's and MLM's training code run for one epoch on
+one and on three batches, the difference being two steps; their scoring batches and
+the zero-shot stage's counted as the multitask model's SST scoring batches), the
+minutes at ``--us-per-op`` (10 us: a step this small is bound by kernel launches on a
+GPU), and the study cut into node calls: stages in priority order, each call at most
+``--call-minutes`` at the worst estimate (the operators, ``STAGE_START_S`` for every
+stage and ``CALL_START_S`` for the stages every call reruns). Target: the study's
+operators within 15 minutes.
 """
 
 from __future__ import annotations
@@ -52,8 +67,14 @@ def main() -> None:
     p.add_argument("--config", default="best", help="a configuration of params.yaml (its heads)")
     p.add_argument("--scale", default="cpu", help="a scale of params.yaml (sizes)")
     p.add_argument("--pool", type=int, default=6, help="steps counted per mode")
+    p.add_argument("--study", metavar="SCALE", help="count the whole study at SCALE instead")
+    p.add_argument("--us-per-op", type=float, default=10.0, help="--study: microseconds per operator")
+    p.add_argument("--call-minutes", type=float, default=8.0, help="--study: a node call's worst minutes")
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=1)
+    if args.study:
+        study(args)
+        return
 
     from minbert.data.multitask import epoch_steps
     from minbert.settings import SmartSettings
@@ -111,6 +132,287 @@ def main() -> None:
             "modes": results,
         },
         targets,
+    )
+
+
+# ----------------------------------------------------------------------------- the whole study
+
+# The stages of the study in the order a GPU period should bring them back: zero-shot,
+# Table 1, `baseline`, `best` and its ablations (Table 4), Table 3, then MLM (whose
+# models never leave the node, so `mlm@*` and `multitask-mlm@*` share a call).
+PRIORITY = [
+    "zero-shot",
+    "sentiment",
+    "multitask@baseline",
+    "multitask@best",
+    "multitask@best-round-robin",
+    "multitask@best-adamw",
+    "multitask@best-no-smart",
+    "multitask@best-summed",
+    "multitask@best-round-robin-equal",
+    "multitask@siamese-diff",
+    "multitask@siamese-diff-prod",
+    "multitask@cosine-sts",
+    "multitask@concatenation",
+    "mlm",
+]
+STAGE_START_S = 30  # worst start-up of a stage on the node: Python, torch, CUDA, the model, the tables
+CALL_START_S = 90  # worst time of the stages every call reruns: prepare, resolve, tokenize, features
+
+
+def counted(fn) -> int:
+    """Operators ``fn()`` dispatches."""
+    counter = OperatorCount()
+    with counter:
+        fn()
+    return sum(counter.ops.values())
+
+
+def batches(rows: int, batch_size: int) -> int:
+    return -(-rows // batch_size)
+
+
+def multitask_stage(params: dict, config: str, tables: dict, device: torch.device) -> dict:
+    """A multitask stage's operators: its configuration's own step over a pool of the
+    steps a run takes, its own scoring batches, times how many of each its run makes."""
+    from minbert.data.batches import subsample
+    from minbert.data.multitask import TaskData, epoch_steps
+    from minbert.evaluate.multitask import evaluate_multitask
+    from minbert.pipeline import params as params_module
+    from minbert.train.multitask import run_data
+
+    settings = params_module.multitask_settings(params, config)
+    if settings.head_warmup.epochs:
+        raise SystemExit(f"{config}: the head warm-up's operators are not counted here")
+    runner = common.MultitaskRunner(settings, params["checkpoint"], device)
+    run = run_data(settings, runner.model, tables)
+    one_task = settings.gradient == "round-robin"
+    epoch = epoch_steps(
+        runner.lengths, settings.batch_size, np.random.default_rng(0), one_task_per_step=one_task
+    )
+    step = runner.step(settings)
+    step(epoch[0])  # the optimizer's state is created on its first step: not counted
+    pool = epoch[1 : 1 + (3 if one_task else 2)]
+    per_step = counted(lambda: [step(rows) for rows in pool]) / len(pool)
+    step.flush()
+    size = settings.eval_batch_size
+
+    def one_batch(task: str, data) -> int:
+        """Operators of scoring one batch of ``task`` (the head the run uses)."""
+        sample = {task: TaskData(task, subsample(data.table, size, 0), data.siamese)}
+        return counted(lambda: evaluate_multitask(runner.model, sample, size, device))
+
+    per_batch = {t: one_batch(t, d) for t, d in run.validation.items()}
+
+    def scoring(tasks: dict) -> int:
+        return sum(batches(len(d), size) * per_batch[t] for t, d in tasks.items())
+
+    # Before training and after every epoch: validation and the history's slices; once:
+    # SST dev at the start, the full dev sets and the test sets with the chosen epoch.
+    per_epoch = scoring(run.validation) + sum(scoring(s) for s in run.slices.values())
+    once = scoring({"sst": run.dev["sst"]}) + scoring(run.dev) + scoring(run.test)
+    steps = len(epoch) * settings.epochs
+    return {
+        "steps": steps,
+        "ops_per_step": per_step,
+        "scoring_ops": per_epoch * (settings.epochs + 1) + once,
+        "ops": per_step * steps + per_epoch * (settings.epochs + 1) + once,
+        "sst_scoring_batch_ops": per_batch["sst"],
+    }
+
+
+def per_step_by_difference(train_on) -> float:
+    """Operators per step of a training run whose ``train_on(n)`` runs one epoch of
+    ``n`` batches with every other cost the same: half the difference of 3 and 1."""
+    return (counted(lambda: train_on(3)) - counted(lambda: train_on(1))) / 2
+
+
+def sentiment_stage(params: dict, run: str, tokenized, device, scoring_batch_ops: float) -> dict:
+    import dataclasses as dc
+
+    from minbert.data.batches import TokenizedTable, subsample
+    from minbert.model.bert import BertModel
+    from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.pipeline import params as params_module
+    from minbert.train.sentiment import train_sentiment
+
+    settings = params_module.sentiment_settings(params, run)
+    table = {
+        s: TokenizedTable.read(tokenized / f"{settings.task}-{s}.parquet") for s in ("train", "dev", "test")
+    }
+    directory = resolve_checkpoint(params["checkpoint"])
+
+    def train_on(n: int) -> None:
+        small = dc.replace(settings, epochs=1, train_examples=n * settings.batch_size, validation_examples=8)
+        train_sentiment(
+            small,
+            BertModel.from_pretrained(directory),
+            table["train"],
+            subsample(table["dev"], 8, 0),
+            None,
+            device,
+        )
+
+    per_step = per_step_by_difference(train_on)
+    train_rows = len(table["train"]) - settings.validation_examples
+    steps = batches(train_rows, settings.batch_size) * settings.epochs
+    size = settings.eval_batch_size
+    # Validation and dev before training and after every epoch; then dev and test; the
+    # last-layer mode encodes every table once more for its features.
+    scored = (settings.epochs + 1) * (
+        batches(settings.validation_examples, size) + batches(len(table["dev"]), size)
+    )
+    scored += batches(len(table["dev"]), size) + batches(len(table["test"]), size)
+    if settings.mode == "last-layer":
+        scored += sum(batches(len(t), size) for t in table.values())
+    return {
+        "steps": steps,
+        "ops_per_step": per_step,
+        "scoring_ops": scored * scoring_batch_ops,
+        "ops": per_step * steps + scored * scoring_batch_ops,
+    }
+
+
+def mlm_stage(params: dict, start: str, tokenized, device, scoring_batch_ops: float) -> dict:
+    import dataclasses as dc
+
+    from minbert.data.corpus import build_corpus
+    from minbert.data.masking import Vocabulary
+    from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.pipeline import params as params_module
+    from minbert.train.mlm import _MlmEpochs, build_model, split_corpus
+
+    settings = params_module.mlm_settings(params, start)
+    directory = resolve_checkpoint(params["checkpoint"])
+    vocab = Vocabulary.read(directory / "vocab.txt")
+    corpus = build_corpus(
+        tokenized, settings.sources, settings.max_length, cls_id=vocab.cls_id, sep_id=vocab.sep_id
+    )
+    train, heldout = split_corpus(corpus, settings)
+
+    def train_on(n: int) -> None:
+        rows = train.subset(np.arange(n * settings.batch_size))
+        loop = _MlmEpochs(
+            dc.replace(settings, epochs=1), build_model(settings, directory), rows, [], vocab, device
+        )
+        loop.epoch(1, lambda _: None, lambda _: None)
+
+    per_step = per_step_by_difference(train_on)
+    steps = batches(len(train), settings.batch_size) * settings.epochs
+    # The held-out sequences before training, after every epoch and at the end.
+    scored = batches(len(heldout), 128) * (settings.epochs + 2)
+    return {
+        "steps": steps,
+        "ops_per_step": per_step,
+        "scoring_ops": scored * scoring_batch_ops,
+        "ops": per_step * steps + scored * scoring_batch_ops,
+    }
+
+
+def zero_shot_stage(params: dict, tables: dict, scoring_batch_ops: float) -> dict:
+    """Each dev pair's two sentences and the Quora training pairs that set the threshold,
+    encoded in scoring batches (no training)."""
+    size = params["multitask"]["eval_batch_size"]
+    pairs = len(tables["sts", "dev"]) + len(tables["quora", "dev"]) + params["zero_shot"]["quora_train_pairs"]
+    scored = 2 * (batches(pairs, size) + 2)
+    return {
+        "steps": 0,
+        "ops_per_step": 0,
+        "scoring_ops": scored * scoring_batch_ops,
+        "ops": scored * scoring_batch_ops,
+    }
+
+
+def node_calls(stages: dict, us_per_op: float, call_minutes: float) -> list[dict]:
+    """The study cut into node calls in priority order, each at most ``call_minutes``
+    at the worst estimate; a stage group (``sentiment``, ``mlm``) stays whole where it
+    must (``mlm``: its models stay on the node) or fits."""
+    groups = []
+    for name in PRIORITY:
+        if name == "mlm":
+            groups.append([s for s in stages if s.startswith(("mlm@", "multitask-mlm@"))])
+        else:
+            groups.append([s for s in stages if s == name or s.startswith(f"{name}@")])
+
+    def minutes(names: list[str]) -> float:
+        ops = sum(stages[s]["ops"] for s in names)
+        return (ops * us_per_op / 1e6 + STAGE_START_S * len(names) + CALL_START_S) / 60
+
+    calls: list[list[str]] = []
+    for group in groups:
+        if calls and minutes(calls[-1] + group) <= call_minutes:
+            calls[-1] += group
+        else:
+            calls.append(list(group))
+    return [
+        {
+            "stages": names,
+            "operator_minutes": sum(stages[s]["ops"] for s in names) * us_per_op / 6e7,
+            "worst_minutes": minutes(names),
+        }
+        for names in calls
+    ]
+
+
+def study(args) -> None:
+    from minbert.pipeline import params as params_module
+    from minbert.pipeline.multitask import load_tables
+
+    params = params_module.load(common.REPO / "params.yaml")
+    params["scale"] = args.study
+    device = torch.device(args.device)
+    tables = load_tables(common.TOKENIZED)
+    stages = {}
+    for config in params["configs"]:
+        stages[f"multitask@{config}"] = multitask_stage(params, config, tables, device)
+        common.console.log(f"multitask@{config}: {stages[f'multitask@{config}']['ops'] / 1e6:.2f}M operators")
+    sst_batch = stages["multitask@baseline"]["sst_scoring_batch_ops"]
+    for run in params["sentiment"]["runs"]:
+        stages[f"sentiment@{run}"] = sentiment_stage(params, run, common.TOKENIZED, device, sst_batch)
+    stages["zero-shot"] = zero_shot_stage(params, tables, sst_batch)
+    for start in params["mlm"]["pretrain"]:
+        stages[f"mlm@{start}"] = mlm_stage(params, start, common.TOKENIZED, device, sst_batch)
+        for config in params["mlm"]["finetune"]:
+            stages[f"multitask-mlm@{start}-{config}"] = stages[f"multitask@{config}"]
+    for s in stages.values():
+        s["minutes"] = s["ops"] * args.us_per_op / 6e7
+    total = sum(s["ops"] for s in stages.values())
+    minutes = total * args.us_per_op / 6e7
+    calls = node_calls(stages, args.us_per_op, args.call_minutes)
+    common.table(
+        f"the {args.study} study: aten operators per stage, minutes at {args.us_per_op:g} us per operator",
+        ["stage", "steps", "ops per step", "scoring ops", "ops", "minutes"],
+        [
+            [n, s["steps"], f"{s['ops_per_step']:.0f}", f"{s['scoring_ops'] / 1e6:.2f}M",
+             f"{s['ops'] / 1e6:.2f}M", f"{s['minutes']:.2f}"]
+            for n, s in stages.items()
+        ] + [["the study", "", "", "", f"{total / 1e6:.1f}M", f"{minutes:.1f}"]],
+    )  # fmt: skip
+    common.table(
+        f"node calls of at most {args.call_minutes:g} minutes at the worst estimate",
+        ["call", "stages", "operator minutes", "worst minutes"],
+        [[i + 1, " ".join(c["stages"]), f"{c['operator_minutes']:.1f}", f"{c['worst_minutes']:.1f}"]
+         for i, c in enumerate(calls)],
+    )  # fmt: skip
+    common.finish(
+        f"{args.study}_study_ops",
+        args,
+        {
+            "scale": args.study,
+            "us_per_op": args.us_per_op,
+            "stage_start_s": STAGE_START_S,
+            "call_start_s": CALL_START_S,
+            "stages": stages,
+            "total_ops": total,
+            "total_minutes": minutes,
+            "calls": calls,
+        },
+        [
+            common.target("the study's operator minutes", minutes, "<=", 15.0),
+            common.target(
+                "the worst call's minutes", max(c["worst_minutes"] for c in calls), "<=", args.call_minutes
+            ),
+        ],
     )
 
 

@@ -10,6 +10,7 @@ one row: one rank's shard of it is empty.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,8 +27,8 @@ from test_multitask import _prepared
 from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
 from minbert.distributed import World
+from minbert.pipeline import features, resolve
 from minbert.pipeline import params as params_module
-from minbert.pipeline import resolve
 from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.tasks import MULTITASK_TASKS
@@ -139,6 +140,8 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     resolve.run(tmp_path / "params.yaml", tmp_path / "data" / "settings")  # what `resolve` writes
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
+    settings = json.loads((tmp_path / "data" / "settings" / "features.json").read_text())
+    features.run(settings, tokenized / "tok", tmp_path / "data" / "features")  # what `features` writes
     # The command dvc.yaml gives the stage, run by torchrun.
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["multitask"]["do"]["cmd"]
     args = stage.replace("${key}", "best-no-smart").split()[2:]  # after the launcher and the script

@@ -62,3 +62,42 @@ def test_a_damaged_resume_state(tmp_path, capsys):
         point.load()
     err = capsys.readouterr().err
     assert err.startswith(f"error: {point.path}: not a readable resume state") and err.count("\n") == 1
+
+
+def test_an_interrupted_stage_ends_in_one_line_saying_what_was_kept(capsys, monkeypatch):
+    from minbert.errors import reported
+
+    monkeypatch.delenv("MINBERT_DEBUG", raising=False)
+
+    @reported
+    def stage():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        stage()
+    assert ended.value.code == 130
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("interrupted:") and ".resume/" in said[0]
+    assert "dvc repro" in said[0]
+
+
+def test_progress_logs_plain_lines_where_stderr_is_not_a_terminal(monkeypatch):
+    """A log file or CI sees a line every few seconds, not nothing until the end."""
+    from rich.console import Console
+
+    from minbert import progress as progress_module
+
+    console = Console(record=True, width=120, force_terminal=False)
+    monkeypatch.setattr(progress_module, "console", console)
+    monkeypatch.setattr(progress_module, "LINE_INTERVAL", 0.0)
+    with progress_module.progress() as bar:
+        job = bar.add_task("epoch", total=3, status="")
+        for step in range(3):
+            bar.update(job, advance=1, status=f"loss {step}")
+    lines = [line for line in console.export_text().splitlines() if "epoch: " in line]
+    assert len(lines) == 3 and "epoch: 3/3" in lines[-1] and "loss 2" in lines[-1]
+    # Quiet (ranks other than 0): nothing at all.
+    monkeypatch.setattr(progress_module, "console", Console(record=True, force_terminal=False))
+    with progress_module.progress(quiet=True) as bar:
+        bar.update(bar.add_task("epoch", total=1, status=""), advance=1)
+    assert "epoch: " not in progress_module.console.export_text()

@@ -50,19 +50,18 @@ def test_warm_up_fits_the_heads_and_leaves_encoder_and_random_state_alone(tokeni
         model,
         data,
         data,  # validation = training rows: the fit must lower this loss
-        HeadWarmup(epochs=30, lr=1e-2),
-        {"sst": 8, "quora": 6, "sts": 4},
-        7,
-        0.01,
-        torch.device("cpu"),
+        HeadWarmup(epochs=30, lr=1e-2, batch_size=6),
+        weight_decay=0.01,
+        device=torch.device("cpu"),
         seed=3,
+        eval_batch_size=7,
     )
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(v, encoder[k]) for k, v in model.encoder.state_dict().items())
     # The cosine head has no parameters: nothing to fit.
     assert set(report) == {"sst", "quora"}
     for task in ("sst", "quora"):
-        assert report[task]["epochs_kept"] > 0
+        assert report[task]["epochs_kept"] > 0 and report[task]["rows"] == len(data[task])
         assert report[task]["validation_loss_after"] < report[task]["validation_loss_before"]
         moved = [
             not torch.equal(v, heads[k]) for k, v in model.heads.state_dict().items() if k.startswith(task)
@@ -80,12 +79,11 @@ def test_warm_up_fits_the_heads_and_leaves_encoder_and_random_state_alone(tokeni
         again,
         data,
         data,
-        HeadWarmup(30, 1e-2),
-        {"sst": 8, "quora": 6, "sts": 4},
-        7,
-        0.01,
-        torch.device("cpu"),
-        3,
+        HeadWarmup(30, 1e-2, batch_size=6),
+        weight_decay=0.01,
+        device=torch.device("cpu"),
+        seed=3,
+        eval_batch_size=7,
     )
     assert all(torch.equal(v, again.heads.state_dict()[k]) for k, v in model.heads.state_dict().items())
 
@@ -94,9 +92,7 @@ def test_no_warm_up_changes_nothing(tokenized, tiny_checkpoint):
     model, data = _model_and_data(tokenized, tiny_checkpoint)
     heads = {k: v.clone() for k, v in model.heads.state_dict().items()}
     assert (
-        warm_up_heads(
-            model, data, data, HeadWarmup(0), {t: 4 for t in MULTITASK_TASKS}, 7, 0.01, torch.device("cpu"), 0
-        )
+        warm_up_heads(model, data, data, HeadWarmup(0), weight_decay=0.01, device=torch.device("cpu"), seed=0)
         == {}
     )
     assert all(torch.equal(v, heads[k]) for k, v in model.heads.state_dict().items())
@@ -112,6 +108,7 @@ def test_a_stage_with_warm_up_records_it_and_starts_epoch_0_from_fitted_heads(
     tiny_params["scales"]["cpu"]["multitask"]["head_warmup"] = {
         "epochs": 20,
         "lr": 1e-2,
+        "batch_size": 8,
         "tasks": ["sst", "quora", "sts"],
     }
     metrics = run_in(tmp_path, validate(tiny_params), "siamese-diff", tokenized)
@@ -129,6 +126,8 @@ def test_head_warmup_is_checked():
         HeadWarmup(epochs=-1)
     with pytest.raises(ValueError, match="head warm-up"):
         HeadWarmup(epochs=3, lr=0)
+    with pytest.raises(ValueError, match="head warm-up"):
+        HeadWarmup(epochs=3, batch_size=0)
 
 
 def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
@@ -139,14 +138,58 @@ def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
         data,
         data,
         HeadWarmup(10, 1e-2, ("sst",)),
-        {t: 4 for t in MULTITASK_TASKS},
-        7,
-        0.0,
-        torch.device("cpu"),
-        0,
+        weight_decay=0.0,
+        device=torch.device("cpu"),
+        seed=0,
     )
     assert set(report) == {"sst"}
     for k, v in model.heads.state_dict().items():
         assert torch.equal(v, heads[k]) == (not k.startswith("sst")), k
     with pytest.raises(ValueError, match="not among"):
         HeadWarmup(3, 1e-3, ("sst", "imdb"))
+
+
+def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenized, tiny_checkpoint, tmp_path):
+    """The `features` stage computes the frozen checkpoint's vectors once; a warm-up that
+    reads them fits the same heads as one that computes them, from any subset of rows."""
+    from minbert.pipeline.features import run as features_stage
+    from minbert.train.head_warmup import ProbeFeatures
+
+    resolved = {
+        "checkpoint": str(tiny_checkpoint),
+        "device": "cpu",
+        "scale": "cpu",
+        "pooling": "mean",
+        "eval_batch_size": 7,
+        "tasks": list(MULTITASK_TASKS),
+    }
+    written = features_stage(resolved, tokenized / "tok", tmp_path / "features")
+    assert set(written) == {"sst-sentence", "quora-cross", "quora-siamese", "sts-cross", "sts-siamese"}
+    features = ProbeFeatures(tmp_path / "features")
+    fitted = []
+    for given in (None, features):
+        model, data = _model_and_data(tokenized, tiny_checkpoint, "cross-encoder", "siamese-concat")
+        part = {t: TaskData(t, d.table.subset(np.arange(1, len(d), 2)), d.siamese) for t, d in data.items()}
+        cpu = torch.device("cpu")
+        for task, d in part.items():
+            torch.testing.assert_close(
+                features.vectors(d, d.table.ids, cpu),
+                pooled_vectors(model, task, d, 5, cpu),
+                atol=1e-5,
+                rtol=1e-5,
+            )
+        warm_up_heads(
+            model,
+            part,
+            data,
+            HeadWarmup(5, 1e-2, batch_size=4),
+            weight_decay=0.0,
+            device=cpu,
+            seed=1,
+            features=given,
+        )
+        fitted.append(model.heads.state_dict())
+    for k, v in fitted[0].items():
+        torch.testing.assert_close(v, fitted[1][k], atol=1e-5, rtol=1e-4)
+    with pytest.raises(KeyError, match="no vector for ids"):
+        features.vectors(part["sst"], ["not-an-id"], torch.device("cpu"))

@@ -15,8 +15,10 @@ from minbert.metrics import (
     paired_average,
     pearson,
     score,
+    selection_score,
 )
 from minbert.pipeline.outputs import history_csv
+from minbert.tasks import TASKS
 
 
 def test_fixed_precision():
@@ -33,6 +35,32 @@ def test_scores_and_written_predictions():
     assert pearson(labels, np.ones(4)) == 0.0  # constant: no correlation
     assert as_written("sts", np.array([1.23456])).tolist() == [1.235]
     assert as_written("quora", np.array([1.0, 0.0])).dtype.kind == "i"
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_constant_answer_scores_zero_on_every_selection_metric(task):
+    """What chooses epochs and learning rates cannot be won by a collapsed head: every
+    constant answer scores 0, while on accuracy the majority answer scores its share
+    (Quora's always-not-duplicate: 0.63 of the carved held-out pairs)."""
+    rng = np.random.default_rng(0)
+    spec = TASKS[task]
+    if spec.label_kind == "class":
+        labels = rng.choice(
+            spec.num_classes, 500, p=np.r_[0.6, [0.4 / (spec.num_classes - 1)] * (spec.num_classes - 1)]
+        )
+        answers = range(spec.num_classes)
+    else:
+        labels = rng.uniform(*spec.score_range, 500)
+        answers = [0.0, 2.5, 5.0]
+    for answer in answers:
+        constant = np.full(len(labels), answer)
+        assert selection_score(task, labels, constant) == 0.0
+    if spec.label_kind == "class":  # the control that accuracy fails
+        assert score(task, labels, np.zeros(len(labels))) == pytest.approx(0.6, abs=0.05)
+    assert selection_score(task, labels, labels) == pytest.approx(1.0)
+    # Chance scores about 0 too.
+    shuffled = rng.permutation(labels)
+    assert abs(selection_score(task, labels, shuffled)) < 0.15
 
 
 def test_interval_width_matches_the_binomial_standard_error():
@@ -82,3 +110,27 @@ def test_history_csv_orders_columns_by_the_fullest_row():
         ]
     )
     assert text.splitlines() == ["epoch,lr,train_loss_sst,dev_average", "0,,,0.25", "1,0.1,1.5,0.5"]
+
+
+@pytest.mark.parametrize("task", ["sst", "quora"])
+def test_the_resampled_selection_metric_is_mcc_on_the_drawn_examples(task):
+    """The bootstrap of the chance-corrected score (what ranks configurations) recomputes
+    Matthews' correlation from each resample's counts, also when whole clusters are drawn."""
+    from minbert.metrics import _clusters, _resampled, mcc
+
+    rng = np.random.default_rng(0)
+    k = TASKS[task].num_classes
+    labels = rng.integers(0, k, 300).astype(float)
+    predictions = np.where(rng.random(300) < 0.6, labels, rng.integers(0, k, 300)).astype(float)
+    drawn = rng.integers(0, 300, (4, 300))
+    resampled = _resampled(task, labels, predictions, selection=True)(drawn)
+    assert resampled == pytest.approx([mcc(labels[i], predictions[i]) for i in drawn], abs=1e-12)
+    clusters = _clusters(task, rng.integers(0, 60, 300), 300)
+    units = rng.integers(0, len(clusters), (3, len(clusters)))
+    by_cluster = _resampled(task, labels, predictions, clusters, selection=True)(units)
+    for value, row in zip(by_cluster, units):
+        rows = np.concatenate([np.flatnonzero(clusters.index == u) for u in row])
+        assert value == pytest.approx(mcc(labels[rows], predictions[rows]), abs=1e-12)
+    # Paired: a model against itself differs by exactly zero.
+    same = paired_average([(task, labels, predictions, predictions)], selection=True)
+    assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)

@@ -225,9 +225,20 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     trained = history[history.epoch > 0]
     # The epoch is chosen on the validation split (6 training rows per task set aside).
     assert metrics["validation_examples"] == {"sst": 6, "quora": 6, "sts": 6}
-    assert trained.loc[trained.val_average.idxmax(), "epoch"] == metrics["epoch"]
-    for column in ("val_average", "dev_average", "train_average", "dev_loss_sts", "train_sts_pearson"):
+    # Chosen by the chance-corrected selection score (a constant answer scores 0 on it),
+    # not by the plain average of the tables.
+    assert trained.loc[trained.val_selection.idxmax(), "epoch"] == metrics["epoch"]
+    assert "mean of SST MCC, Quora MCC, STS Pearson" in metrics["selection"]
+    assert set(metrics["dev_selection"]) == {"sst_mcc", "quora_mcc", "sts_pearson", "selection"}
+    for column in ("val_average", "val_selection", "val_quora_mcc", "dev_average", "train_average"):
         assert history[column].notna().all(), column
+    # Where fine-tuning started (heads fitted on the frozen checkpoint), scored on SST dev:
+    # the run's own SST control.
+    assert set(metrics["head_warmup"]) == set(MULTITASK_TASKS) - (
+        {"sts"} if metrics["settings"]["sts_head"] == "siamese-cosine" else set()
+    )
+    assert set(metrics["start_dev"]) == {"sst_accuracy"}
+    assert (tmp_path / "pred" / config / "sst-dev-start-out.csv").is_file()
     smart = metrics["settings"]["smart"] is not None
     assert smart == (config.startswith("best") and config != "best-no-smart")
     # SMART's terms are logged apart from the task losses.
@@ -362,7 +373,16 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
         "heads.safetensors",
         "minbert.json",
         "README.md",
+        "training-ids.json.gz",
     }
+    # The rows it learned from (the heads' warm-up read every row outside validation), so
+    # that scoring the model on them can be caught; validation rows apart.
+    import gzip
+
+    learned = json.loads(gzip.decompress((directory / "training-ids.json.gz").read_bytes()))["tasks"]
+    train_ids = TokenizedTable.read(tokenized / "tok" / "quora-train.parquet").ids
+    assert sorted(learned["quora"]["trained"] + learned["quora"]["validation"]) == sorted(train_ids)
+    assert not set(learned["quora"]["trained"]) & set(learned["quora"]["validation"])
     model, info = load_multitask(directory)
     assert info["dev"]["average"] == metrics["average"] and info["best_epoch"] == metrics["epoch"]
     # The model card: its dev scores with intervals, as the metrics file has them.

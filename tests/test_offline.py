@@ -1,11 +1,19 @@
-"""Running the pipeline without DVC: bundle -> run with no dvc on PATH -> pack -> unpack
--> staleness check, on a tiny copy of the project and a slice of the course data."""
+"""The GPU study without DVC, on the CPU at a tiny size: the README's commands run verbatim.
+
+A tiny copy of the project (its `gpu` scale the tiny one) is bundled; each node call
+runs on a fresh copy of what a call sends (the files git sends, and the bundle), with
+`python3` and no `python` or `dvc` on PATH and `import dvc` failing; the second call
+has a stage that fails. Both calls are unpacked, then `gpu-status` is asked.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +25,36 @@ from conftest import REPO
 from test_pipeline import _slice, _tiny_scale
 
 from minbert.model.bert import BertModel
-from minbert.offline.bundle import read_bundle
-from minbert.offline.runner import MAX_BYTES, MAX_FILES
-from minbert.offline.stages import StageError, read_stages, select
+from minbert.offline import parts
+from minbert.offline.bundle import SEND_LIMIT, call_size, read_bundle, sent_files
+from minbert.offline.plan import resolve_plan, returned, select
 from minbert.results import read_result
 
-STAGES = ["prepare", "resolve", "tokenize", "multitask@baseline"]
+SECTION = "## Running on a GPU node without DVC or network"
+FAILING = "data/settings/multitask/best-round-robin.json"  # the stage of call 2 made to fail
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's node section, continuation lines joined."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index(SECTION) :]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    lines = block.replace("\\\n", " ").splitlines()
+    return [re.sub(r"\s+", " ", line).strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def node_calls() -> list[str]:
+    return [c for c in readme_commands() if "offline-run" in c]
+
+
+def tiny_gpu_scale(cpu: dict) -> dict:
+    """The README's `scale=gpu` at a tiny size: the tiny cpu scale, one epoch, no head
+    warm-up (as the gpu scale)."""
+    gpu = copy.deepcopy(cpu)
+    gpu["sentiment"]["epochs"] = {"last-layer": 1, "full": 1}
+    gpu["multitask"].update(epochs=1, batch_size={"sst": 16, "quora": 16, "sts": 16})
+    gpu["multitask"]["head_warmup"]["epochs"] = 0
+    return gpu
 
 
 def _git(root: Path, *args: str) -> str:
@@ -33,18 +65,12 @@ def _git(root: Path, *args: str) -> str:
     return done.stdout
 
 
-def _minbert(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m minbert`` from the project copy's own sources, as on a node where
-    nothing is installed."""
-    env = dict(env or os.environ, PYTHONPATH=str(root / "src"))
-    return subprocess.run(
-        [sys.executable, "-m", "minbert", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+def _here(root: Path, command: str) -> subprocess.CompletedProcess:
+    """A README command of the DVC machine, `minbert` run from the project's sources."""
+    assert command.startswith("minbert "), command
+    args = [sys.executable, "-m", "minbert", *command.split()[1:]]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +86,7 @@ def project(tmp_path_factory, shared_data, tiny_checkpoint) -> Path:
     params.update(checkpoint=str(tiny_checkpoint), device="cpu")
     params["data"].update(source=str(root.parent / "slice"), verify_checksums=False, skip_ids={})
     _tiny_scale(params)
+    params["scales"]["gpu"] = tiny_gpu_scale(params["scales"]["cpu"])
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _git(root, "init", "-q")
     _git(root, "add", "-A")
@@ -68,102 +95,217 @@ def project(tmp_path_factory, shared_data, tiny_checkpoint) -> Path:
 
 
 @pytest.fixture(scope="module")
-def round_trip(project, tmp_path_factory) -> dict:
-    """The bundle made, the stages run with no dvc on PATH, the results unpacked."""
-    work = tmp_path_factory.mktemp("trip")
-    made = _minbert(project, "bundle", str(work / "bundle"))
-    assert made.returncode == 0, made.stderr
-    params_before = (project / "params.yaml").read_bytes()
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not shutil.which("dvc", path=p))
-    assert shutil.which("dvc", path=path) is None
-    args = ["offline-run", str(work / "bundle"), "--out", str(work / "out"), "--set", "seed=7"]
-    for stage in STAGES:
-        args += ["--stage", stage]
-    ran = _minbert(project, *args, env=dict(os.environ, PATH=path))
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    unpacked = _minbert(project, "gpu-unpack", str(work / "out" / "gpu-results.json"))
-    assert unpacked.returncode == 0, unpacked.stderr
-    return {"work": work, "params_before": params_before}
-
-
-def test_the_bundle_carries_code_data_and_an_fp16_checkpoint(project, round_trip, tiny_checkpoint):
-    bundle = round_trip["work"] / "bundle"
-    described = read_bundle(bundle)
-    assert described["commit"] == _git(project, "rev-parse", "HEAD").strip()
-    assert {"code.tar", "data/ids-sst-train.csv", "checkpoint/model.safetensors"} <= set(described["files"])
-    assert described["checkpoint"]["copy"] == "fp16"
-    original, copy = (
-        BertModel.from_pretrained(tiny_checkpoint),
-        BertModel.from_pretrained(bundle / "checkpoint"),
+def node_env(tmp_path_factory) -> dict:
+    """The imitation node's environment: `python3` only, `import dvc` failing, and a
+    stage that fails (exit 3) or hangs when its command names FAIL_ARG or HANG_ARG."""
+    base = tmp_path_factory.mktemp("node-env")
+    (base / "bin").mkdir()
+    python3 = base / "bin" / "python3"
+    python3.write_text(f'#!/bin/sh\nPYTHONPATH="{base / "shim"}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python3.chmod(python3.stat().st_mode | stat.S_IEXEC)
+    (base / "shim" / "dvc").mkdir(parents=True)
+    (base / "shim" / "dvc" / "__init__.py").write_text('raise ImportError("no dvc on the node")\n')
+    (base / "shim" / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "if os.environ.get('FAIL_ARG') in sys.argv: os._exit(3)\n"
+        "if os.environ.get('HANG_ARG') in sys.argv: time.sleep(600)\n"
     )
-    for (name, a), b in zip(original.state_dict().items(), copy.state_dict().values()):
+    return {"PATH": str(base / "bin"), "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+
+
+def _node(project: Path, node: Path) -> Path:
+    """A fresh node holding what a call sends: the files git sends, and the bundle."""
+    for path in sent_files(project):
+        target = node / path.relative_to(project)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    shutil.copytree(project / "offline-bundle", node / "offline-bundle")
+    return node
+
+
+def _on_node(node: Path, out: Path, command: str, env: dict, **extra) -> subprocess.CompletedProcess:
+    """A README node command, verbatim, in the node's repository root; ``$OUT`` comes back."""
+    out.mkdir(parents=True)
+    return subprocess.run(
+        ["/bin/bash", "-c", command],
+        cwd=node,
+        env={**env, "OUT": str(out), **extra},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def study(project, node_env, tmp_path_factory) -> dict:
+    """The README's bundle, its first two node calls (the second with a failing stage),
+    both unpacked."""
+    work = tmp_path_factory.mktemp("study")
+    bundle, unpack, status = (c for c in readme_commands() if c.startswith("minbert "))
+    made = _here(project, bundle)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert not _git(project, "status", "--porcelain"), "the bundle is ignored by git"
+    first = _on_node(_node(project, work / "node1"), work / "out1", node_calls()[0], node_env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = _on_node(
+        _node(project, work / "node2"), work / "out2", node_calls()[1], node_env, FAIL_ARG=FAILING
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    for out in ("out1", "out2"):
+        unpacked = _here(project, unpack.replace("gpu-out", str(work / out)))
+        assert unpacked.returncode == 0, unpacked.stdout + unpacked.stderr
+    return {"work": work, "status": status, "bundle": " ".join((made.stdout + made.stderr).split())}
+
+
+def test_the_readme_calls_cover_the_plan_once(project):
+    plan = resolve_plan(project, ["scale=gpu"])
+    named = [re.findall(r"--stage (\S+)", c) for c in node_calls()]
+    ran = [select(plan, names) for names in named]
+    results = [s["name"] for s in plan["stages"] if returned(s)]
+    assert sorted(s for call in ran for s in call if s in results) == sorted(results)
+
+
+def test_the_bundle_holds_dvcs_plan_and_an_fp16_checkpoint(project, study, tiny_checkpoint):
+    described = read_bundle(project / "offline-bundle")
+    assert described["commit"] == _git(project, "rev-parse", "HEAD").strip()
+    plan = described["plan"]
+    assert plan["overrides"] == ["scale=gpu"] and plan["params"]["scale"] == "gpu"
+    assert "report" not in [s["name"] for s in plan["stages"]]
+    best = next(s for s in plan["stages"] if s["name"] == "multitask@best")
+    assert "src/minbert/train/pcgrad.py" in best["sources"]
+    assert "data/settings/multitask/best.json" in best["inputs"] and "features" in best["needs"]
+    assert described["checkpoint"]["copy"] == "fp16" and described["checkpoint"]["name"] == str(
+        tiny_checkpoint
+    )
+    original = BertModel.from_pretrained(tiny_checkpoint)
+    copied = BertModel.from_pretrained(project / "offline-bundle" / "checkpoint")
+    for (name, a), b in zip(original.state_dict().items(), copied.state_dict().values()):
         assert b.dtype == torch.float32 and torch.allclose(a, b, atol=1e-3, rtol=1e-3), name
-    # A damaged file is named.
-    (bundle / "data" / "sts-dev.csv").write_text("damaged")
-    with pytest.raises(ValueError, match="sts-dev.csv: sha256 differs"):
-        read_bundle(bundle)
+    assert "MiB" in study["bundle"] and "a call sends" in study["bundle"]
 
 
-def test_the_run_packs_what_the_stages_wrote_and_leaves_params_alone(project, round_trip):
-    out = round_trip["work"] / "out"
-    files = sorted(out.iterdir())
-    assert len(files) <= MAX_FILES and all(f.stat().st_size <= MAX_BYTES for f in files)
-    assert (project / "params.yaml").read_bytes() == round_trip["params_before"]
-    index = json.loads((out / "gpu-results.json").read_text())
-    assert [s["stage"] for s in index["stages"]] == STAGES
-    assert index["torch"] == torch.__version__ and index["params"]["seed"] == 7
-    assert "metrics/multitask/baseline.json" in index["files"]
-    assert not any(f.startswith(("models/", "data/tokenized")) for f in index["files"])
+def test_each_call_brings_back_what_it_finished(study):
+    for out in ("out1", "out2"):
+        files = sorted((study["work"] / out).iterdir())
+        assert len(files) <= parts.MAX_FILES and all(f.stat().st_size <= parts.MAX_BYTES for f in files)
+    index, files = parts.read(study["work"] / "out2" / parts.INDEX_FILE)
+    assert [f["stage"] for f in index["failed"]] == ["multitask@best-round-robin"]
+    assert index["failed"][0]["reason"] == "exit status 3"
+    finished = [s["stage"] for s in index["stages"]]
+    assert finished == ["prepare", "resolve", "tokenize", "features", "multitask@best"]
+    assert not any(f.startswith(("data/", "models/")) for f in files)
+    assert index["torch"] == torch.__version__
 
 
-def test_unpacked_results_say_how_they_were_made(project, round_trip):
+def test_unpacked_calls_merge_and_name_no_node_path(project, study, tiny_checkpoint):
     gpu = project / "metrics" / "gpu"
-    metrics = read_result(gpu / "metrics" / "multitask" / "baseline.json")
-    assert metrics["seed"] == 7
-    # The record says how the run was made; the metrics file stays numbers only.
-    assert "offline_run" not in json.loads((gpu / "metrics" / "multitask" / "baseline.json").read_text())
-    assert metrics["offline_run"]["checkpoint_copy"] == "fp16"
-    assert metrics["offline_run"]["commit"] == _git(project, "rev-parse", "HEAD").strip()
     provenance = json.loads((gpu / "provenance.json").read_text())
-    sources = next(s["sources"] for s in provenance["stages"] if s["stage"] == "multitask@baseline")
-    assert "src/minbert/train/pcgrad.py" in sources and "stages/multitask.py" in sources
+    assert len(provenance["calls"]) == 2
+    assert {"multitask@best", "multitask@baseline", "zero-shot"} <= set(provenance["stages"])
+    assert list(provenance["failures"]) == ["multitask@best-round-robin"]
+    record = read_result(gpu / "metrics" / "multitask" / "best.json")
+    assert record["checkpoint"]["name"] == str(tiny_checkpoint)
+    assert record["offline_run"]["checkpoint_copy"] == "fp16"
+    leaks = ("node1", "node2", "offline-bundle")
+    for path in gpu.rglob("*"):
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            assert not [leak for leak in leaks if leak in text], path
 
 
-def test_gpu_status_tells_stale_stages_from_current_ones(project, round_trip):
-    done = _minbert(project, "gpu-status")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(": current") == len(STAGES)
+def test_a_third_call_sends_what_the_node_takes(project, study):
+    size = call_size(project, project / "offline-bundle")
+    assert size["total"] <= SEND_LIMIT
+    assert not [p for p in sent_files(project) if "metrics/gpu" in p.as_posix()], "results are not sent"
+
+
+def test_gpu_status_lists_both_calls_and_the_failed_stage(project, study):
+    done = _here(project, study["status"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    for stage in ("zero-shot", "sentiment@sst-full", "multitask@baseline", "multitask@best"):
+        assert lines[stage] == "current", (stage, done.stdout)
+    assert lines["multitask@best-round-robin"].startswith("missing: failed in the call of")
+    assert lines["multitask@best-round-robin"].endswith("exit status 3")
+    assert lines["mlm@continue"] == "missing: not run yet"
+    params = project / "params.yaml"
+    saved = params.read_text()
+    try:
+        changed = yaml.safe_load(saved)
+        changed["sentiment"]["runs"]["sst-full"]["lr"] = 2e-5
+        params.write_text(yaml.safe_dump(changed, sort_keys=False))
+        stale = dict(line.split(": ", 1) for line in _here(project, study["status"]).stdout.splitlines())
+        assert stale["sentiment@sst-full"] == "stale: data/settings/sentiment/sst-full.json changed"
+        assert stale["sentiment@sst-last-layer"] == "current" and stale["multitask@best"] == "current"
+    finally:
+        params.write_text(saved)
     pcgrad = project / "src" / "minbert" / "train" / "pcgrad.py"
     text = pcgrad.read_text()
     try:
         pcgrad.write_text(text + "\n# changed\n")
-        done = _minbert(project, "gpu-status")
-        assert done.returncode == 1
-        assert "multitask@baseline: stale: src/minbert/train/pcgrad.py changed" in done.stdout
-        assert "prepare: current" in done.stdout and "tokenize: current" in done.stdout
+        stale = dict(line.split(": ", 1) for line in _here(project, study["status"]).stdout.splitlines())
+        assert stale["multitask@best"] == "stale: src/minbert/train/pcgrad.py changed"
+        assert stale["zero-shot"] == "current"
     finally:
         pcgrad.write_text(text)
-    params = project / "params.yaml"
-    saved = params.read_text()
-    try:
-        # (the run's own --set seed=7 still holds: a change of seed here changes nothing)
-        params.write_text(saved.replace("seed: 11711", "seed: 12"))
-        assert _minbert(project, "gpu-status").returncode == 0
-        params.write_text(saved.replace("quora_train_pairs: 2000", "quora_train_pairs: 1999"))
-        done = _minbert(project, "gpu-status")
-        assert done.returncode == 1 and done.stdout.count("params.yaml changed") == len(STAGES)
-    finally:
-        params.write_text(saved)
 
 
-def test_stage_names_are_dvcs():
-    """The offline reader expands dvc.yaml to the stages dvc.lock records, by name."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    stages = read_stages(REPO / "dvc.yaml", params)
-    lock = yaml.safe_load((REPO / "dvc.lock").read_text())
-    # (dvc.lock may also keep entries of configurations removed since)
-    assert {s.name for s in stages} <= set(lock["stages"])
-    runs = yaml.safe_load((REPO / "params.yaml").read_text())["sentiment"]["runs"]
-    assert [s.name for s in select(stages, ["sentiment"])] == [f"sentiment@{r}" for r in runs]
-    with pytest.raises(StageError, match="no stage multitsk"):
-        select(stages, ["multitsk"])
+def test_the_node_refuses_other_code_and_stops_at_the_deadline(project, study, node_env, tmp_path):
+    command = 'PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out "$OUT" --stage zero-shot'
+    node = _node(project, tmp_path / "changed")
+    (node / "src" / "minbert" / "evaluate" / "zero_shot.py").write_text("# other code\n")
+    done = _on_node(node, tmp_path / "o", command, node_env)
+    assert done.returncode == 1 and "differ from the plan's" in done.stdout + done.stderr
+    slow = _node(project, tmp_path / "slow")
+    stopped = _on_node(slow, tmp_path / "out", command + " --deadline 0.1", node_env, HANG_ARG="params.yaml")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    index, _ = parts.read(tmp_path / "out" / parts.INDEX_FILE)
+    assert [(s["stage"], s["reason"]) for s in index["failed"]] == [("prepare", "stopped at the --deadline")]
+    assert {s["stage"]: s["reason"] for s in index["not_run"]} == {
+        "resolve": "the --deadline was reached",
+        "tokenize": "needs prepare, which did not finish",
+        "zero-shot": "needs prepare, which did not finish",
+    }
+
+
+def _call_index(out: Path, started: str, files: dict[str, bytes], overrides=("scale=gpu",)) -> Path:
+    """A call's results as the runner packs them: one stage, ``multitask@x``, with ``files``."""
+    index = {
+        "commit": "c" * 40,
+        "uncommitted_changes": [],
+        "checkpoint": {"name": "all-minilm-l6-v2", "copy": "fp16"},
+        "overrides": list(overrides),
+        "started": started,
+        "device": "GPU",
+        "torch": "2.11",
+        "cuda": "13",
+        "python": "3.12",
+        "seconds": 1.0,
+        "stages": [{"stage": "multitask@x", "seconds": 1.0, "files": sorted(files), "fingerprint": {}}],
+        "failed": [],
+        "not_run": [],
+    }
+    parts.write(out, files, index)
+    return out / parts.INDEX_FILE
+
+
+def test_unpacking_keeps_the_newest_call_of_each_stage(tmp_path):
+    from minbert.offline.results import unpack
+
+    into = tmp_path / "gpu"
+    old = _call_index(
+        tmp_path / "old", "2026-01-01T00:00:00.000+00:00", {"metrics/x.json": b"old", "metrics/y": b"1"}
+    )
+    new = _call_index(tmp_path / "new", "2026-01-02T00:00:00.000+00:00", {"metrics/x.json": b"new"})
+    assert unpack(old, into)["added"] == ["multitask@x"]
+    assert unpack(new, into)["added"] == ["multitask@x"]
+    assert (into / "metrics" / "x.json").read_bytes() == b"new" and not (into / "metrics" / "y").exists()
+    assert unpack(old, into)["kept"] == ["multitask@x"]  # an older call unpacked late changes nothing
+    assert (into / "metrics" / "x.json").read_bytes() == b"new"
+    provenance = json.loads((into / "provenance.json").read_text())
+    assert len(provenance["calls"]) == 2 and provenance["stages"]["multitask@x"]["call"].startswith(
+        "2026-01-02"
+    )
+    other = _call_index(tmp_path / "other", "2026-01-03T00:00:00.000+00:00", {}, overrides=["scale=paper"])
+    with pytest.raises(ValueError, match="unpack it --into another folder"):
+        unpack(other, into)

@@ -145,6 +145,18 @@ def test_mlm_settings_per_start(committed):
         params.mlm_settings(committed, "warm")
 
 
+def test_a_configuration_takes_the_rate_its_search_chose(committed):
+    """The cpu scale's encoder rate per configuration (minbert lr-search: one grid, each
+    configuration its own best point); one not listed takes its optimizer's."""
+    scale = committed["scales"]["cpu"]["multitask"]
+    scale["lr_by_config"] = {"baseline": 3e-5}
+    assert params.multitask_settings(validate(committed), "baseline").lr == 3e-5
+    assert params.multitask_settings(committed, "concatenation").lr == scale["optimizers"]["adamw"]["lr"]
+    scale["lr_by_config"] = {"baselin": 3e-5}
+    with pytest.raises(ParamsError, match="lr_by_config names \\['baselin'\\]"):
+        validate(committed)
+
+
 def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     """`dvc exp run -S lr=3e-5` writes `3e-05`, a float in YAML 1.2 (PyYAML's 1.1 reads a string)."""
     from dvc.utils.serialize import modify_yaml

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +14,14 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO
+from scipy import stats
 
 from minbert import metrics
 from minbert.data.predictions import write_predictions
-from minbert.metrics import fixed, score
+from minbert.metrics import fixed, mcc, score, selection_score
 from minbert.report import write_report
-from minbert.results import write_result
-from minbert.tasks import MULTITASK_TASKS, TASKS
+from minbert.results import read_result, write_result
+from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 
 PAPER = REPO / "reference" / "paper.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -111,16 +114,32 @@ def _labels_of(root: Path, task: str) -> tuple[list[str], np.ndarray]:
 
 
 def _write_run(root: Path, folder: str, quality: float, seed: int) -> dict:
-    """Dev predictions of one multitask-style run; returns its metrics (as scored)."""
+    """Dev predictions of one multitask-style run; returns its metrics (as scored) and
+    its chance-corrected scores (the record's ``dev_selection``)."""
     rng = np.random.default_rng(1000 + seed)  # not the labels' generator
-    scores = {}
+    scores, selection = {}, {}
     for task in MULTITASK_TASKS:
         ids, labels = _labels_of(root, task)
         predictions = _predict(task, labels, quality, rng)
         write_predictions(root / "predictions" / folder / f"{task}-dev-out.csv", task, ids, predictions)
         scores[task] = score(task, labels, predictions)
+        selection[TASKS[task].selection_key] = selection_score(task, labels, predictions)
     scores["average"] = float(np.mean(list(scores.values())))
-    return {k: fixed(v) for k, v in scores.items()}
+    selection[SELECTION] = float(np.mean(list(selection.values())))
+    return {k: fixed(v) for k, v in scores.items()} | {
+        "dev_selection": {k: fixed(v) for k, v in selection.items()}
+    }
+
+
+def write_start(root: Path, config: str, quality: float, seed: int) -> dict:
+    """The SST dev predictions of the model ``config``'s fine-tuning started from (the
+    head warm-up's); returns the record's ``start_dev``."""
+    ids, labels = _labels_of(root, "sst")
+    predictions = _predict("sst", labels, quality, np.random.default_rng(2000 + seed))
+    write_predictions(
+        root / "predictions" / "multitask" / config / "sst-dev-start-out.csv", "sst", ids, predictions
+    )
+    return {"sst_accuracy": fixed(score("sst", labels, predictions))}
 
 
 def _metrics(config: str, scores: dict, quora_split: dict, epochs: int, steps_per_epoch: int = 20) -> dict:
@@ -136,7 +155,7 @@ def _metrics(config: str, scores: dict, quora_split: dict, epochs: int, steps_pe
         **scores,
         "epoch": epochs,
         "epochs": epochs,
-        "selection": "the epoch with the best validation average",
+        "selection": "the epoch with the best mean of SST MCC, Quora MCC, STS Pearson on validation",
         "steps": steps,
         "examples_seen": {"sst": 480 * epochs, "quora": 480 * epochs, "sts": 480 * epochs},
         "validation_examples": {"sst": 60, "quora": 60, "sts": 60},
@@ -169,6 +188,7 @@ def _metrics(config: str, scores: dict, quora_split: dict, epochs: int, steps_pe
         "scale": "cpu",
         "seed": 11711,
         "device": "cpu (2 threads)",
+        "start_dev": {},
     } | (
         {
             "smart": {
@@ -185,7 +205,8 @@ def write_multitask(
     root: Path, configs: list[str], quora_split: dict = CARVED, epochs: int = 3, steps_per_epoch: int = 20
 ) -> None:
     """Per configuration: the JSON, the per-epoch history, the per-step conflicts and the
-    dev predictions. `best-no-smart` predicts exactly what `best` predicts."""
+    dev predictions. `best-no-smart` predicts exactly what `best` predicts; every
+    configuration but `baseline` (no head warm-up) starts from a fitted SST head."""
     directory = root / "metrics" / "multitask"
     directory.mkdir(parents=True, exist_ok=True)
     for config in configs:
@@ -195,6 +216,8 @@ def write_multitask(
             root, f"multitask/{config}", 0.3 + 0.06 * CONFIGS.index(source), seed=CONFIGS.index(source)
         )
         metrics = _metrics(config, scores, quora_split, epochs, steps_per_epoch)
+        if config != "baseline":
+            metrics["start_dev"] = write_start(root, config, 0.25, seed=i)
         e = np.arange(epochs + 1)
         history = {"epoch": e, "lr": [None, *(5e-5 * 0.9**k for k in range(epochs))]}
         for t in MULTITASK_TASKS:
@@ -202,6 +225,8 @@ def write_multitask(
             history[f"dev_loss_{t}"] = 1.4 - 0.2 * e
             history[f"dev_{TASKS[t].metric_key}"] = 0.3 + 0.05 * e
             history[f"val_{TASKS[t].metric_key}"] = 0.32 + 0.05 * e
+            history[f"val_{TASKS[t].selection_key}"] = 0.1 + 0.05 * e
+        history["val_selection"] = 0.1 + 0.05 * e
         history["dev_average"] = 0.3 + 0.05 * e + 0.001 * i
         history["train_average"] = 0.3 + 0.1 * e
         columns = ["epoch", "step", "conflicts", "pairs", "cos_sst_quora", "cos_sst_sts", "cos_quora_sts"]
@@ -229,38 +254,46 @@ def write_zero_shot(root: Path) -> None:
     save(root / "metrics", "zero-shot", metrics)
 
 
-def write_sentiment(root: Path) -> None:
-    """Table 1 runs for SST, shaped like minbert.train.sentiment.run_stage's output."""
+def write_sentiment(root: Path, tasks: tuple[str, ...] = ("sst",), last_layer_epochs: int = 2) -> None:
+    """Table 1 runs (full and last layer per task), shaped like the sentiment stage's
+    output; the arms' budgets are equal unless ``last_layer_epochs`` differs from 2."""
     directory = root / "metrics" / "sentiment"
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
-    ids, labels = _labels_of(root, "sst")
-    for run, mode, quality in [("sst-full", "full", 0.6), ("sst-last-layer", "last-layer", 0.3)]:
-        predictions = _predict("sst", labels, quality, rng)
-        write_predictions(root / "predictions" / "sentiment" / run / "dev-out.csv", "sst", ids, predictions)
-        metrics = {
-            "run": run,
-            "task": "sst",
-            "mode": mode,
-            "accuracy": fixed(score("sst", labels, predictions)),
-            "epoch": 2,
-            "steps": 540,
-            "epochs": 2,
-            "lr": 1e-05,
-            "head_lr": 1e-05,
-            "validation_examples": 500,
-            "batch_size": 32,
-            "optimizer": "adamw",
-            "pooling": "mean",
-            "train_examples": 8544,
-            "dev_examples": SIZES["sst"],
-            "data_split": "course sst train / dev",
-            "checkpoint": CHECKPOINT,
-            "scale": "cpu",
-            "seed": 11711,
-            "device": "cpu (2 threads)",
-        }
-        save(directory, run, metrics)
+    for task in tasks:
+        ids, labels = _labels_of(root, task)
+        for mode, quality, epochs in [("full", 0.6, 2), ("last-layer", 0.3, last_layer_epochs)]:
+            run = f"{task}-{mode}"
+            predictions = _predict(task, labels, quality, rng)
+            write_predictions(
+                root / "predictions" / "sentiment" / run / "dev-out.csv", task, ids, predictions
+            )
+            metrics = {
+                "run": run,
+                "task": task,
+                "mode": mode,
+                "accuracy": fixed(score(task, labels, predictions)),
+                "epoch": epochs,
+                "steps": 270 * epochs,
+                "epochs": epochs,
+                "selection": "the epoch (1 or later) with the best MCC on the validation split",
+                "dev_mcc": fixed(mcc(labels, predictions)),
+                "examples_seen": 8544 * epochs,
+                "lr": 1e-05,
+                "head_lr": 1e-05,
+                "validation_examples": 500,
+                "batch_size": 32,
+                "optimizer": "adamw",
+                "pooling": "mean",
+                "train_examples": 8544,
+                "dev_examples": SIZES[task],
+                "data_split": f"course {task} train / dev",
+                "checkpoint": CHECKPOINT,
+                "scale": "cpu",
+                "seed": 11711,
+                "device": "cpu (2 threads)",
+            }
+            save(directory, run, metrics)
 
 
 def save(directory: Path, name: str, run: dict) -> None:
@@ -339,10 +372,15 @@ def test_identical_predictions_are_indistinguishable_and_a_large_gain_is_not(tex
     assert "`best-no-smart` vs `best`: no difference is distinguishable from zero." in table4
     table3 = _sections(text)["Table 3"]
     gain = _row(table3, "| `best` |")[1:]  # far better predictions than the baseline
-    # Outside zero, but with no seed study (†) and a third of the baseline's steps (‡).
-    assert all(c.startswith("+") and c.endswith(" †‡") for c in gain), gain
+    # Outside zero, but with a third of the baseline's steps: ‡, whatever the seeds say.
+    assert all(c.startswith("+") and c.endswith(" ‡") for c in gain), gain
     assert "`best` vs `baseline` (budgets differ: 60 optimizer steps against 180; the same" in table3
-    assert "interval excludes zero, sign across seeds not checked: SST acc higher by" in table3
+    assert (
+        "interval excludes zero, not checked over seeds (fewer than 3 in the study): SST acc higher by"
+        in table3
+    )
+    # Equal budgets, no seed study: †.
+    assert _row(table3, "| `concatenation` |")[-1].endswith(" †")
 
 
 def test_zero_shot_row_test_row_and_checkpoint_note(text):
@@ -382,16 +420,34 @@ def test_no_checkpoint_note_for_a_checkpoint_that_says_nothing(tmp_path):
     assert "**Checkpoint:**" not in text
 
 
-def test_table1_has_paper_handout_and_paired_columns(text):
+def test_table1_has_paper_handout_budget_and_paired_columns(text):
     table1 = _sections(text)["Table 1"]
     header = next(line for line in table1.splitlines() if line.startswith("|"))
     assert "last layer only (paper)" in header and "full fine-tuning (course handout)" in header
+    assert "| last layer only steps / examples |" in header
     row = _row(table1, "SST (5 classes)")
-    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:4] == ["0.380", "0.391"]
-    assert NUMBER_WITH_INTERVAL.match(row[4]) and row[5:7] == ["0.505", "0.515"]
-    # Full fine-tuning's predictions are far better here; no seed study covers Table 1 (†).
-    assert row[7].startswith("+") and row[7].endswith(" †")
+    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:5] == ["0.380", "0.391", "540 / 17,088"]
+    assert NUMBER_WITH_INTERVAL.match(row[5]) and row[6:9] == ["0.505", "0.515", "540 / 17,088"]
+    # Full fine-tuning's predictions are far better here, with the same budget; no seed
+    # study covers Table 1 (†).
+    assert row[9].startswith("+") and row[9].endswith(" †")
+    assert "budgets differ" not in table1
     assert _row(table1, "CFIMDB")[1] == "not run"
+
+
+def test_table1_marks_arms_with_other_budgets(tmp_path):
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline"])
+    write_sentiment(tmp_path, last_layer_epochs=10)
+    table1 = _sections(report(tmp_path, tmp_path / "report"))["Table 1"]
+    row = _row(table1, "SST (5 classes)")
+    assert (row[4], row[8]) == ("2,700 / 85,440", "540 / 17,088")
+    assert row[9].startswith("+") and row[9].endswith(" ‡"), row[9]  # not †: the budget's
+    assert (
+        "a Δ whose interval excludes zero is marked ‡ (it may be the budget's); full fine-tuning "
+        "against last layer only: SST: 540 optimizer steps against 2,700; 17,088 training examples "
+        "seen against 85,440."
+    ) in table1
 
 
 def test_table3_shows_concatenation_and_the_papers_row_as_best(text):
@@ -450,22 +506,26 @@ def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
         report(tmp_path, tmp_path / "report")
 
 
-def test_seed_study_section(outputs, tmp_path):
-    def runs(sst, averages):
-        return [
-            {"seed": s, "sst": sst + 0.01 * k, "quora": 0.7, "sts": 0.8} | {"average": a}
-            for k, (s, a) in enumerate(zip((1, 2, 11711), averages))
+def test_seed_study_section_reads_the_own_seed_from_the_metrics_files(outputs, tmp_path):
+    """The study file holds the extra seeds; the tables' own seed (11711) comes from the
+    current metrics files, even when an older study file holds a stale copy of it."""
+
+    def runs(sst, averages, stale):
+        extra = [
+            {"seed": s, "sst": sst + 0.01 * k, "quora": 0.7, "sts": 0.8, "average": a}
+            for k, (s, a) in enumerate(zip((1, 2, 3), averages))
         ]
+        return [*extra, {"seed": 11711, "sst": stale, "quora": stale, "sts": stale, "average": stale}]
 
     study = {
         "command": "minbert seed-study",
         "how": "queues experiments",
-        "seeds": [1, 2, 11711],
+        "seeds": [1, 2, 3, 11711],
         "configs": {
-            "baseline": runs(0.3, [0.5, 0.5, 0.5]),
-            "best": runs(0.4, [0.6, 0.6, 0.6]),
+            "baseline": runs(0.3, [0.5, 0.5, 0.5], 0.999),
+            "best": runs(0.4, [0.6, 0.6, 0.6], 0.111),
             # Table 4's ablation is compared with `best`, seed by seed.
-            "best-adamw": runs(0.4, [0.59, 0.62, 0.6]),
+            "best-adamw": runs(0.4, [0.59, 0.62, 0.6], 0.222),
         },
     }
     (outputs / "metrics" / "seed-study.json").write_text(json.dumps(study))
@@ -473,21 +533,32 @@ def test_seed_study_section(outputs, tmp_path):
         text = report(outputs, tmp_path / "report")
     finally:
         (outputs / "metrics" / "seed-study.json").unlink()
+    own = {
+        c: json.loads((outputs / "metrics" / "multitask" / f"{c}.json").read_text()) for c in study["configs"]
+    }
     section = _sections(text)["Seed study"]
-    assert _row(section, "`best`")[1:] == [
-        "0.410 ± 0.010",
-        "0.700 ± 0.000",
-        "0.800 ± 0.000",
-        "0.600 ± 0.000",
-        "1, 2, 11711",
-        "vs `baseline`: +0.100, +0.100, +0.100",
-    ]
-    assert _row(section, "`baseline`")[-1] == "—"
-    assert _row(section, "`best-adamw`")[-1] == "vs `best`: -0.010, +0.020, +0.000"
-    assert "- `best` vs `baseline`: higher average with all 3 seeds." in section
-    mixed = "- `best-adamw` vs `best`: the sign of the difference changes with the seed; not separated."
-    assert mixed in section
+    assert "0.999" not in section and "0.111" not in section and "0.222" not in section
+    best = _row(section, "| `best` |")
+    averages = [0.6, 0.6, 0.6, own["best"]["average"]]
+    assert best[4] == f"{statistics.mean(averages):.3f} ± {statistics.stdev(averages):.3f}"
+    assert best[5] == "1, 2, 3, 11711"
+    diffs = [0.1, 0.1, 0.1, own["best"]["average"] - own["baseline"]["average"]]
+    assert best[6] == "vs `baseline`: " + ", ".join(f"{d:+.3f}" for d in diffs)
+    half = stats.t.ppf(0.975, 3) * statistics.stdev(diffs) / 2
+    mean = statistics.mean(diffs)
+    assert best[7] == f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+    assert _row(section, "| `baseline` |")[-2:] == ["—", "—"]
+    assert (
+        f"- `best` vs `baseline`: higher average by {mean:.3f} over 4 seeds, an interval that excludes "
+        "zero: separated by the seeds, but the budgets differ (60 optimizer steps against 180" in section
+    )
+    assert (
+        "- `best-adamw` vs `best`: the interval over 4 seeds contains zero: the seeds do not separate them."
+        in section
+    )
     assert "`minbert seed-study`" in section
+    seeds = _row(_sections(text)["Setup at a glance"], "| Seeds |")[1]
+    assert seeds == "11711 (every table); 1, 2, 3 besides it (the seed study)"
     assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
 
 
@@ -529,12 +600,14 @@ def test_no_metrics_is_an_error(tmp_path):
 
 
 def test_controls_section_checks_each_run_against_its_control(outputs, tmp_path):
-    """Every multitask run against the majority class (SST) and "always not-duplicate"
-    (Quora), the cosine head against the untrained cosine, CFIMDB full against chance;
-    a run at chance is named among the checks not met."""
+    """Every multitask run against the majority class (SST), its start (SST, with a head
+    warm-up) and "always not-duplicate" (Quora), the cosine head against the untrained
+    cosine, CFIMDB against chance; a run at chance is named among the checks not met."""
     section = _sections(report(outputs, tmp_path / "r"))["Controls"]
     rows = [line for line in section.splitlines() if line.startswith("| SST acc above")]
     assert len(rows) == len(CONFIGS)
+    starts = [line for line in section.splitlines() if line.startswith("| SST acc not below its start")]
+    assert len(starts) == len(CONFIGS) - 1 and not any("`baseline`" in line for line in starts)
     assert any(line.startswith("| Quora acc above always not-duplicate") for line in section.splitlines())
     assert "| STS Pearson not below the untrained cosine | `cosine-sts`" in section
     assert "CFIMDB" not in section  # this fixture has no CFIMDB run to check
@@ -543,9 +616,69 @@ def test_controls_section_checks_each_run_against_its_control(outputs, tmp_path)
     assert ("Not met:" in section) == any(v.startswith("no") for v in verdicts)
     # Each unmet accuracy check says how much of dev its run answers one way.
     missed_sst = [line for line in rows if not line.rstrip(" |").endswith("yes")]
+    missed_start = [line for line in starts if not line.rstrip(" |").endswith("yes")]
     # ... and, from its history, its validation accuracy by epoch.
     course = r"; validation SST acc by epoch 0\.32 → 0\.37 → 0\.42 → 0\.47, epoch \d chosen\)"
-    assert len(re.findall(course, section)) == len(missed_sst)
+    assert len(re.findall(course, section)) == len(missed_sst) + len(missed_start)
     assert len(re.findall(r"SST \(predicts class \d for \d+% of the dev examples[;)]", section)) == len(
         missed_sst
     )
+
+
+def test_fine_tuning_must_not_leave_sst_below_its_start(tmp_path):
+    """The start control is met when the interval does not lie below zero (the same
+    predictions: Δ 0 [0, 0] is met), and not met when it does; CFIMDB is checked
+    against chance for both of Table 1's runs."""
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["best", "best-adamw"])
+    write_sentiment(tmp_path, tasks=("sst", "cfimdb"))
+    write_zero_shot(tmp_path)
+    folder = tmp_path / "predictions" / "multitask"
+    shutil.copy(folder / "best" / "sst-dev-out.csv", folder / "best" / "sst-dev-start-out.csv")
+    directory = tmp_path / "metrics" / "multitask"
+    best = read_result(directory / "best.json")
+    save(directory, "best", best | {"start_dev": {"sst_accuracy": best["sst"]}})
+    adamw = read_result(directory / "best-adamw.json")
+    save(directory, "best-adamw", adamw | {"start_dev": write_start(tmp_path, "best-adamw", 0.98, seed=0)})
+    text = report(tmp_path, tmp_path / "report")
+    section = _sections(text)["Controls"]
+    kept = _row(section, "| SST acc not below its start | `best` |")
+    assert kept[-2:] == ["+0.000 [+0.000, +0.000]", "yes"]  # "above zero" would not be met
+    lost = _row(section, "| SST acc not below its start | `best-adamw` |")
+    assert lost[-1] == "no: below"
+    assert "`best-adamw` SST below its start (acc -" in section
+    assert [_row(section, f"| `cfimdb-{mode}` |")[0] for mode in ("full", "last-layer")] == [
+        "CFIMDB acc above chance"
+    ] * 2
+    checks = len([line for line in section.splitlines() if line.startswith("| ") and "`" in line])
+    assert f"of {checks} control checks" in _sections(text)["Findings"]
+
+
+def test_findings_rank_by_the_chance_corrected_score_and_mark_unequal_budgets(tmp_path):
+    """The highest is the record's dev_selection, not the plain average (where
+    `best-round-robin` leads here), and a gap between other budgets is marked ‡."""
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline", "best", "best-round-robin"])
+    directory = tmp_path / "metrics" / "multitask"
+    for config, value in (("baseline", 0.5), ("best", 0.45), ("best-round-robin", 0.2)):
+        run = read_result(directory / f"{config}.json")
+        save(directory, config, run | {"dev_selection": run["dev_selection"] | {SELECTION: value}})
+    text = report(tmp_path, tmp_path / "report")
+    findings = _sections(text)["Findings"]
+    assert (
+        "Ranked on dev by the chance-corrected score that chose the epochs on validation (the mean "
+        "of SST MCC, Quora MCC, STS Pearson; a constant answer scores 0), the highest is "
+        "`baseline`'s 0.500,"
+    ) in findings
+    # The gap to the next comes with its paired interval (the bootstrap of the same score)
+    # and says that the budgets differ.
+    assert "the next, `best`'s 0.450 (Δ " in findings
+    assert (
+        "one seed; ‡ budgets differ: 180 optimizer steps against 60; the same 4,320 training examples seen)."
+    ) in findings
+    # The same scores, per task, in one table where the selection is explained.
+    chose = _sections(text)["What chose what"]
+    assert "| Configuration | SST MCC | Quora MCC | STS Pearson | Mean |" in chose
+    assert _row(chose, "| `best` |")[-1] == "0.450"
+    assert "The epoch of each multitask run: the epoch with the best mean of SST MCC" in chose
+    assert "The epoch of each sentiment run (Table 1)" not in chose  # no sentiment run here

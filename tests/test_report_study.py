@@ -53,13 +53,23 @@ def _seed_rows(config_values: dict[int, float]) -> list[dict]:
 
 
 def _write_seed_study(root: Path, configs: dict[str, dict[int, float]]) -> None:
+    """The study file as `minbert seed-study` writes it: the extra seeds only."""
     study = {
         "command": "minbert seed-study",
         "how": "queues experiments",
-        "seeds": [1, 2, 11711],
+        "seeds": sorted({seed for values in configs.values() for seed in values}),
         "configs": {c: _seed_rows(v) for c, v in configs.items()},
     }
     (root / "metrics" / "seed-study.json").write_text(json.dumps(study))
+
+
+def _own_gap(root: Path, config: str, parent: str) -> float:
+    """``config``'s average minus ``parent``'s with the tables' own seed (their metrics files)."""
+    directory = root / "metrics" / "multitask"
+    return (
+        read_result(directory / f"{config}.json")["average"]
+        - read_result(directory / f"{parent}.json")["average"]
+    )
 
 
 def _edit(directory: Path, name: str, **changes) -> None:
@@ -72,32 +82,44 @@ def _excludes_zero(cell: str) -> bool:
     return low > 0 or high < 0
 
 
-def test_an_interval_that_excludes_zero_is_not_bold_when_the_sign_flips_across_seeds(tmp_path):
+def test_a_sign_that_holds_with_every_seed_is_not_bold_when_the_interval_over_seeds_contains_zero(tmp_path):
     root = _outputs(tmp_path, ["best", "best-adamw"])
-    # Same steps and examples as `best`; higher on seeds 1 and 11711, lower on seed 2.
-    _write_seed_study(
-        root, {"best": {1: 0.5, 2: 0.5, 11711: 0.5}, "best-adamw": {1: 0.6, 2: 0.4, 11711: 0.6}}
-    )
-    table4 = _sections(report(root, tmp_path / "flips"))["Table 4"]
+    own = _own_gap(root, "best-adamw", "best")
+    # Higher with all 3 seeds (1, 2 and the own seed), by amounts too unequal to separate.
+    _write_seed_study(root, {"best": {1: 0.5, 2: 0.5}, "best-adamw": {1: 0.51, 2: 1.1}})
+    assert own > 0
+    text = report(root, tmp_path / "scattered")
+    table4 = _sections(text)["Table 4"]
     delta = _row(table4, "(`best-adamw`)")[-1]
-    assert _excludes_zero(delta), delta  # the interval alone would have made it bold
+    assert _excludes_zero(delta), delta  # the dev interval alone would have made it bold
     assert not delta.startswith("**") and delta.endswith(" †"), delta
-    assert "interval excludes zero, but the sign changes with the seed: " in table4
+    assert "interval excludes zero, but the interval over 3 seeds does not: " in table4
     assert "- `best-adamw` vs `best`: distinguishable" not in table4
-
-    # The same interval with a sign that holds on every seed is distinguishable.
-    _write_seed_study(
-        root, {"best": {1: 0.5, 2: 0.5, 11711: 0.5}, "best-adamw": {1: 0.6, 2: 0.55, 11711: 0.6}}
+    verdict = (
+        "- `best-adamw` vs `best`: the interval over 3 seeds contains zero: the seeds do not separate them."
     )
-    table4 = _sections(report(root, tmp_path / "holds"))["Table 4"]
+    assert verdict in _sections(text)["Seed study"]
+
+    # The same dev interval, with per-seed differences close to the own seed's, is distinguishable.
+    _write_seed_study(
+        root, {"best": {1: 0.5, 2: 0.5}, "best-adamw": {1: 0.5 + own + 0.01, 2: 0.5 + own - 0.01}}
+    )
+    text = report(root, tmp_path / "tight")
+    table4 = _sections(text)["Table 4"]
     assert _row(table4, "(`best-adamw`)")[-1] == f"**{delta.removesuffix(' †')}**"
-    assert "- `best-adamw` vs `best`: distinguishable: " in table4
-    assert "the sign holds with every seed of the seed study" in table4  # footnote and lead
+    assert "- `best-adamw` vs `best`: distinguishable (the interval over 3 seeds excludes zero): " in table4
+    assert "so does the paired interval over seeds, and the budgets are equal" in table4  # the lead
+    assert "so does the paired 95% interval over seeds" in _sections(text)["How to read the tables"]
+    assert "(distinguishable: the interval over 3 seeds, +" in _sections(text)["Findings"]
 
 
-def test_a_row_with_other_steps_is_not_bold_even_when_the_sign_holds(tmp_path):
+def test_a_row_with_other_steps_is_not_bold_even_when_the_seeds_separate_it(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
-    _write_seed_study(root, {"baseline": {1: 0.3, 2: 0.3, 11711: 0.3}, "best": {1: 0.5, 2: 0.5, 11711: 0.5}})
+    own = _own_gap(root, "best", "baseline")
+    _write_seed_study(
+        root,
+        {"baseline": {1: 0.3, 2: 0.3, 3: 0.3}, "best": {1: 0.3 + own, 2: 0.31 + own, 3: 0.29 + own}},
+    )
     table2 = _sections(report(root, tmp_path / "report"))["Table 2"]
     delta = _row(table2, "(`best`)")[-1]
     assert _excludes_zero(delta) and delta.endswith(" ‡") and not delta.startswith("**"), delta
@@ -106,8 +128,8 @@ def test_a_row_with_other_steps_is_not_bold_even_when_the_sign_holds(tmp_path):
     assert _row(table2, "(`baseline`)")[-2] == "180 / 4,320"
     assert (
         "- `best` vs `baseline` (budgets differ: 60 optimizer steps against 180; the same 4,320 "
-        "training examples seen): interval excludes zero and the sign holds with every seed, but "
-        "the budgets differ: "
+        "training examples seen): interval excludes zero and so does the interval over 4 seeds, "
+        "but the budgets differ: "
     ) in table2
 
 
@@ -190,24 +212,54 @@ def _params(tmp_path: Path) -> Path:
     return tmp_path / "params.yaml"
 
 
+def _search_point(config: str, optimizer: str, lr: float, score: float) -> dict:
+    """One point of `minbert lr-search` as metrics/lr-search.json holds it."""
+    validation = {
+        f"validation_{k}": score for k in ("sst_mcc", "sst_accuracy", "quora_mcc", "quora_accuracy")
+    }
+    return {"scale": "cpu", "config": config, "optimizer": optimizer, "lr": lr, "head_lr": 1e-3} | {
+        "seed": 11711,
+        "best_epoch": 3,
+        **validation,
+        "validation_sts_pearson": score,
+        "validation_average": score,
+        "validation_selection": score,
+        "validation_selection_per_epoch": [0.0, score / 2, score],
+        "optimizer_steps": 216 if optimizer == "adamw" else 72,
+    }
+
+
 def test_what_chose_what(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
+    # The baseline ran the search's choice; the fixture's `best` ran lr 5e-05, no heads' rate.
+    _edit(
+        root / "metrics" / "multitask",
+        "baseline",
+        settings=read_result(root / "metrics" / "multitask" / "baseline.json")["settings"]
+        | {"lr": 5e-5, "head_lr": 1e-3},
+    )
+    scores = {"baseline": (0.21, 0.3173, 0.12), "best": (0.3, 0.35, 0.4), "concatenation": (0.1, 0.2, 0.15)}
     search = {
         "command": "minbert lr-search",
         "runs": [
-            {"scale": "cpu", "config": "concatenation", "optimizer": "adamw", "lr": lr, "head_lr": 1e-3}
-            | {"seed": 11711, "best_epoch": 3, "validation_average": average, "optimizer_steps": 216}
-            for lr, average in ((3e-5, 0.51), (5e-5, 0.6173), (1e-4, 0.42))
+            _search_point(config, "adamw" if config != "best" else "adamaxw", lr, score)
+            for config, values in scores.items()
+            for lr, score in zip((3e-5, 5e-5, 1e-4), values)
         ],
         "chosen": {
-            "cpu/adamw": {
+            f"cpu/{config}/{optimizer}": {
                 "scale": "cpu",
-                "optimizer": "adamw",
-                "config": "concatenation",
-                "lr": 5e-5,
+                "config": config,
+                "optimizer": optimizer,
+                "lr": lr,
                 "head_lr": 1e-3,
-                "validation_average": 0.6173,
+                "validation_selection": score,
             }
+            for config, optimizer, lr, score in (
+                ("baseline", "adamw", 5e-5, 0.3173),
+                ("best", "adamaxw", 1e-4, 0.4),
+                ("concatenation", "adamw", 5e-5, 0.2),
+            )
         },
     }
     (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
@@ -219,20 +271,40 @@ def test_what_chose_what(tmp_path):
     # The scale that ran: its metrics (validation 60 per task); the others: params.yaml.
     cpu, gpu, scale_paper = (_row(section, f"| `{s}` (") for s in ("cpu", "gpu", "paper"))
     assert cpu[:2] == ["`cpu` (the runs above)", "SST 60, Quora 60, STS 60"]
-    assert "adamw lr 5e-05, × 0.9 per epoch" in cpu[2]
+    assert "adamw lr 5e-05 (heads 0.001), × 0.9 per epoch" in cpu[2]
     assert gpu[1] == "SST 427, Quora 854, STS 427" and "adamw lr 7e-05 (heads 7e-05), constant" in gpu[2]
     assert scale_paper[1] == "SST 431, Quora 862, STS 431"
     for row, scale in ((cpu, "cpu"), (gpu, "gpu"), (scale_paper, "paper")):
         assert row[3] == paper["learning_rates"][scale]
     assert "Dev is scored once per configuration" in section
     assert "the history's `dev_*` columns: SST 100, Quora 100, STS 100" in section
-    # The search: every point, the chosen one bold.
-    assert _row(section, "| 5e-05 |")[6] == "**0.617**"
-    assert _row(section, "| 0.0001 |")[6] == "0.420"
-    assert "The epoch of each run: the epoch with the best validation average." in section
-    # The fixture's runs used lr 5e-05 without a heads' rate: not the search's choice.
-    assert "Note: `baseline` ran adamw lr 5e-05, × 0.9 per epoch, not the search's choice" in section
+    assert "The epoch of each multitask run: the epoch with the best mean of SST MCC, Quora MCC" in section
+    # The search: one row per configuration, every grid point's score, the chosen one bold,
+    # and whether the tables' run used it.
+    header = next(line for line in section.splitlines() if line.startswith("| Scale | Configuration"))
+    assert "| lr 3e-05, heads 0.001 | lr 5e-05, heads 0.001 | lr 0.0001, heads 0.001 |" in header
+    assert _row(section, "| `baseline` | adamw |")[3:] == [
+        "0.210",
+        "**0.317**",
+        "0.120",
+        "216",
+        "the chosen rates",
+    ]
+    assert _row(section, "| `best` | adamaxw |")[3:] == [
+        "0.300",
+        "0.350",
+        "**0.400**",
+        "72",
+        "not the chosen rates: adamaxw lr 5e-05, × 0.9 per epoch",
+    ]
+    assert _row(section, "| `concatenation` |")[-1] == "not run at `cpu`"
+    assert "validation average" not in section
 
+    # A search written before the selection score is an error, not a half-empty table.
+    search["runs"][0].pop("validation_selection")
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    with pytest.raises(ValueError, match=r"runs\[0\] lacks validation_selection: written by an older"):
+        report(root, tmp_path / "old")
     (root / "metrics" / "lr-search.json").unlink()
     section = _sections(report(root, tmp_path / "r2"))["What chose what"]
     assert "No learning-rate search has been committed" in section
@@ -290,7 +362,33 @@ def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
     assert "| Steps / examples |" in header
     rows = [line for line in section.splitlines() if line.startswith("| `baseline`")]
     assert [r.split(" | ")[-2] for r in rows] == ["180 / 4,320", "90 / 4,320"]
-    # Far better predictions, outside zero, but no seed study covers MLM and half the steps.
+    # Far better predictions, outside zero, but half the steps (no seed study covers MLM).
     delta = rows[1].strip("| ").split(" | ")[-1]
-    assert _excludes_zero(delta) and delta.endswith(" †‡"), delta
+    assert _excludes_zero(delta) and delta.endswith(" ‡"), delta
     assert "- `continue-baseline` vs `baseline` (budgets differ: 90 optimizer steps against 180" in section
+
+
+def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
+    from minbert.report.tables import smart_collapse_section
+
+    def epoch(e, mcc):
+        return {"epoch": e, "validation": {"quora_mcc": mcc}} | (
+            {"head_gradient_quora": {"loss": 0.42, "adversarial": 0.8, "bregman": 0.35}} if e else {}
+        )
+
+    measurement = {
+        "args": {"seed": 11711},
+        "results": {
+            "config": "best",
+            "steps": 72,
+            "variants": {
+                "token_norm 1": {"epochs": [epoch(0, 0.3), epoch(1, 0.0)]},
+                "token_norm 0.1": {"epochs": [epoch(0, 0.3), epoch(1, 0.31)]},
+            },
+        },
+    }
+    text = smart_collapse_section(measurement, "bench/results/smart_collapse.json")
+    assert "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | loss | smoothness | Bregman |" in text
+    assert "| token_norm 1 | 0.300 | 0.000 | 0.42 | 0.80 | 0.35 |" in text
+    assert "seed 11711, 72 optimizer steps" in text
+    assert "No measurement" in smart_collapse_section(None, "x.json")

@@ -258,7 +258,9 @@ def compare(
 
 @command("lr-search")
 def lr_search(
-    config: str = typer.Option(..., "--config", help="The configuration (a key of params.yaml's configs)."),
+    config: list[str] = typer.Option(
+        ..., "--config", help="A configuration (a key of params.yaml's configs); repeat for several."
+    ),
     lr: list[float] = typer.Option(..., "--lr", help="Encoder learning rates to try (repeat the option)."),
     head_lr: list[float] = typer.Option(..., "--head-lr", help="Heads' learning rates to try (repeat)."),
     out: Path = typer.Option(
@@ -268,20 +270,19 @@ def lr_search(
 ) -> None:
     """Choose a scale's learning rates on the validation split, never on dev.
 
-    Trains --config at params.yaml's scale for every (--lr, --head-lr) pair, reading
-    only the training tables of `dvc repro tokenize`, and scores each by its best
-    epoch's validation average (the split the stages choose their epoch on). Adds the
-    points to --out with the best per optimizer; put those into
-    `scales.<scale>.multitask.optimizers` and run `dvc repro`.
+    Trains every --config at params.yaml's scale for every (--lr, --head-lr) pair, reading
+    only the training tables of `dvc repro tokenize` and the vectors of `dvc repro
+    features`, and scores each by its best epoch's validation selection score (the mean
+    of the tasks' chance-corrected metrics, which also chooses each stage's epoch). Adds
+    the points to --out with the best per configuration; put those into
+    `scales.<scale>.multitask` of params.yaml and run `dvc repro`.
     """
+    from minbert.pipeline.lr_search import SCORE
     from minbert.pipeline.lr_search import lr_search as search
 
     study = search(config, lr, head_lr, out, device=device)
     for name, best in study["chosen"].items():
-        typer.echo(
-            f"{name}: lr {best['lr']:g}, head_lr {best['head_lr']:g} "
-            f"(validation average {best['validation_average']:.4f})"
-        )
+        typer.echo(f"{name}: lr {best['lr']:g}, head_lr {best['head_lr']:g} (validation {best[SCORE]:.4f})")
 
 
 @command("seed-study")
@@ -313,81 +314,85 @@ def seed_study(
 
 @command()
 def bundle(
-    out: Path = typer.Argument(..., help="A new directory for the bundle."),
+    out: Path = typer.Argument(..., help="A new directory for the bundle, e.g. offline-bundle."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY.PATH=VALUE of params.yaml for the study (repeat), as `dvc exp run -S`."
+    ),
     data: Path | None = typer.Option(
         None, "--data", help="The course CSV files (default: as `prepare` finds them)."
     ),
 ) -> None:
-    """Pack what an offline node needs: the code at HEAD, the course CSV files and the
-    checkpoint of params.yaml as an fp16 copy (loaded into fp32 there)."""
-    from minbert.data.prepare import resolve_source
-    from minbert.model.checkpoint import resolve_checkpoint
-    from minbert.offline.bundle import make_bundle
-    from minbert.pipeline.params import load
+    """Plan a study for an offline node and pack what the node lacks.
 
-    params = load(Path("params.yaml"))
-    data_dir = data or resolve_source(params["data"]["source"])
-    if data_dir is None:
-        raise FileNotFoundError("no local course files to bundle: give --data DIR")
-    described = make_bundle(
-        Path("."), out, data_dir, resolve_checkpoint(params["checkpoint"]), params["checkpoint"]
-    )
-    size = sum((out / name).stat().st_size for name in described["files"])
-    typer.echo(
-        f"{out}: commit {described['commit'][:12]}, {len(described['files'])} files, {size / 2**20:.1f} MiB"
-    )
+    DVC resolves the stages for params.yaml with the --set overrides (on a copy); the
+    bundle holds that plan, the course CSV files and the checkpoint as an fp16 copy.
+    Refused when one call would send the node more than it takes (the repository's
+    files as git sends them, and the bundle)."""
+    from minbert.offline.bundle import bundle_study
+
+    console.print(bundle_study(Path("."), out, set_, data))
 
 
 @command("offline-run")
 def offline_run(
-    bundle_dir: Path = typer.Argument(..., help="The bundle (`minbert bundle`)."),
-    out: Path = typer.Option(..., "--out", help="Where the packed results go (at most 8 files of 16 MiB)."),
-    stage: list[str] = typer.Option(
-        [], "--stage", help="A stage or a group of dvc.yaml (repeat); none: all."
+    bundle_dir: Path = typer.Argument(..., help="The bundle (`minbert bundle`), inside the repository."),
+    out: Path = typer.Option(
+        ..., "--out", help="The folder that comes back: the results, at most 8 files of 16 MiB."
     ),
-    set_: list[str] = typer.Option(
-        [], "--set", help="KEY.PATH=VALUE of params.yaml (repeat), e.g. scale=gpu."
+    stage: list[str] = typer.Option(
+        [], "--stage", help="A stage or a group of the plan (repeat), run in this order; none: all."
+    ),
+    deadline: float | None = typer.Option(
+        None, "--deadline", help="Minutes: stop the stage running then, start no other, keep what finished."
     ),
 ) -> None:
-    """Run dvc.yaml's stages without DVC (an offline GPU node), in its order, from a
-    bundle, and pack what they wrote. Runs in the repository root:
-    `PYTHONPATH=src python -m minbert offline-run BUNDLE --out OUT --set scale=gpu`."""
-    from minbert.offline.runner import run_offline
+    """Run a bundle's plan without DVC (an offline GPU node), packing each stage's results
+    into --out as it finishes. Runs in the repository root, nothing installed:
+    `PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out OUT --stage zero-shot`.
+    Exit status 1 when a stage failed or was not run."""
+    from minbert.offline.runner import run_call
 
-    overrides = {}
-    for item in set_:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY.PATH=VALUE")
-        overrides[key] = value
-    index = run_offline(Path("."), bundle_dir, out, stage, overrides, log=console.log)
-    typer.echo(f"{out}: {len(index['stages'])} stages on {index['device']}, {len(index['parts'])} part(s)")
+    index = run_call(Path("."), bundle_dir, out, stage, deadline, log=console.log)
+    console.print(
+        f"{out}: {len(index['stages'])} stages finished in {index['seconds']:.0f} s on {index['device']}, "
+        f"{len(index['parts'])} part(s)"
+    )
+    for left in index["failed"] + index["not_run"]:
+        console.print(f"  {left['stage']}: {left['reason']}")
+    if index["failed"] or index["not_run"]:
+        raise typer.Exit(1)
 
 
 @command("gpu-unpack")
 def gpu_unpack(
-    index: Path = typer.Argument(..., help="gpu-results.json, with its parts beside it."),
+    index: Path = typer.Argument(..., help="gpu-results.json of a call, with its parts beside it."),
     into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
 ) -> None:
-    """Unpack an offline run's results into the GPU results folder, with their provenance."""
+    """Add a call's results to the GPU results folder (a stage brought back again: the
+    newest call's wins)."""
     from minbert.offline.results import unpack
 
-    provenance = unpack(index, into)
-    typer.echo(f"{into}: {len(provenance['files'])} files from commit {provenance['commit'][:12]}")
+    changed = unpack(index, into)
+    console.print(f"{into}: added {', '.join(changed['added']) or 'no stage'}")
+    if changed["kept"]:
+        console.print(f"  kept a newer call's {', '.join(changed['kept'])}")
+    if changed["failed"]:
+        console.print(f"  failed: {', '.join(changed['failed'])}")
 
 
 @command("gpu-status")
 def gpu_status(
     into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
 ) -> None:
-    """Which stages of the GPU results are stale against the current code and params
-    (as `dvc status` does for the CPU results); exit status 1 when any is."""
+    """Every stage of the GPU results against the plan DVC resolves now: current, stale
+    (what changed) or missing, as `dvc status` does for the CPU results; exit status 1
+    unless every stage is current."""
     from minbert.offline.results import status
 
     found = status(into)
     for s in found:
-        typer.echo(f"{s.stage}: {'current' if s.current else 'stale: ' + '; '.join(s.reasons)}")
-    if not all(s.current for s in found):
+        typer.echo(f"{s.stage}: {s.state}{': ' + '; '.join(s.reasons) if s.reasons else ''}")
+    if any(s.state != "current" for s in found):
         raise typer.Exit(1)
 
 

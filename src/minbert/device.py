@@ -76,6 +76,12 @@ def pad_multiple(device: torch.device) -> int:
     return CUDA_PAD_MULTIPLE if device.type == "cuda" else 1
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, whatever autocast made it; a float64 tensor (a reference
+    computation, ``bench/ascent_precision.py``) stays float64."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``; to CUDA through pinned memory without making the
     host wait for the copy."""

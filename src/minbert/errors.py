@@ -40,13 +40,28 @@ def report_errors(debug: bool | None = None):
         raise SystemExit(1) from None
 
 
+# What an interrupted stage leaves: its outputs are written only when it ends, and a
+# training stage saves its whole state after every epoch (minbert.train.resume).
+INTERRUPTED = (
+    "interrupted: no output of this stage was written; a training stage keeps the state of "
+    "its last finished epoch in .resume/, and `dvc repro` continues from there"
+)
+
+
 def reported(fn):
-    """A stage's entry function whose bad-input errors end in one line (see above)."""
+    """A stage's entry function whose bad-input errors end in one line (see above), and
+    whose interruption (Ctrl-C) ends in one line saying what was kept."""
     import functools
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with report_errors():
-            return fn(*args, **kwargs)
+        try:
+            with report_errors():
+                return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            if os.environ.get("MINBERT_DEBUG", "") not in ("", "0"):
+                raise
+            print(INTERRUPTED, file=sys.stderr)
+            raise SystemExit(130) from None
 
     return run

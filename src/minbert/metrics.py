@@ -3,7 +3,9 @@
 Defined once here and used by the training loops, the report and the command line
 (which metric a task has, and its names, is the task's record: ``minbert.tasks``):
 
-* the metrics themselves (accuracy; Pearson's r), chosen by the task's record;
+* the metrics themselves (accuracy; Pearson's r), chosen by the task's record, and the
+  chance-corrected ones that choose epochs and learning rates (Matthews' correlation;
+  Pearson's r), on which a constant answer scores 0;
 * the fixed precision of every number a stage writes (``fixed``) and of STS
   predictions (``STS_DECIMALS``). The same seed and code give bit-identical numbers
   on one machine, but CPUs of another vendor or generation run other kernels
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import accuracy_score
+from sklearn.metrics import accuracy_score, matthews_corrcoef
 
 from minbert.tasks import TASKS
 
@@ -68,9 +70,21 @@ def pearson(labels: np.ndarray, predictions: np.ndarray) -> float:
     return float(np.corrcoef(labels, predictions)[0, 1])
 
 
+def mcc(labels: np.ndarray, predictions: np.ndarray) -> float:
+    """Matthews' correlation (its multiclass form for more than two classes): 0 for
+    any constant answer and for chance, 1 for a perfect one."""
+    return float(matthews_corrcoef(np.asarray(labels).astype(int), np.asarray(predictions).astype(int)))
+
+
 def score(task: str, labels: np.ndarray, predictions: np.ndarray) -> float:
     """The task's metric (its record's ``metric``): accuracy or Pearson's r."""
     return (accuracy if TASKS[task].metric == "accuracy" else pearson)(labels, predictions)
+
+
+def selection_score(task: str, labels: np.ndarray, predictions: np.ndarray) -> float:
+    """The task's chance-corrected selection metric (its record's ``selection_metric``):
+    Matthews' correlation or Pearson's r."""
+    return (mcc if TASKS[task].selection_metric == "mcc" else pearson)(labels, predictions)
 
 
 def as_written(task: str, values: np.ndarray) -> np.ndarray:
@@ -114,21 +128,57 @@ def _units(labels: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
     return np.arange(len(labels) if clusters is None else len(clusters))
 
 
-def _resampled(task: str, labels: np.ndarray, predictions: np.ndarray, clusters: _Clusters | None = None):
-    """``f(idx)``: the metric on each row of resampled indices ``idx``, indices of the
-    examples, or of the clusters when ``clusters`` is given.
+def _per_unit(values: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
+    """Per example, or summed per cluster: what a resample of the units adds up."""
+    if clusters is None:
+        return values
+    return np.stack(
+        [np.bincount(clusters.index, weights=v, minlength=len(clusters)) for v in values.T], axis=1
+    )
 
-    Accuracy is the mean of a 0/1 vector computed once; over clusters, it is the sum of
-    the drawn clusters' correct predictions (precomputed per cluster) over the sum of
-    their sizes. Pearson's r is recomputed from the resampled labels and predictions,
-    and has no clustered form."""
-    if TASKS[task].metric == "accuracy":
-        correct = (labels == predictions).astype(float)
-        if clusters is None:
-            return lambda idx: correct[idx].mean(axis=-1)
-        hits = np.bincount(clusters.index, weights=correct, minlength=len(clusters))
-        counts = clusters.counts.astype(float)
-        return lambda idx: hits[idx].sum(axis=-1) / counts[idx].sum(axis=-1)
+
+def _resampled(
+    task: str,
+    labels: np.ndarray,
+    predictions: np.ndarray,
+    clusters: _Clusters | None = None,
+    selection: bool = False,
+):
+    """``f(idx)``: the metric (with ``selection``, the selection metric) on each row of
+    resampled indices ``idx``, indices of the examples, or of the clusters when
+    ``clusters`` is given.
+
+    Accuracy is the sum of the drawn units' correct predictions over their examples;
+    Matthews' correlation follows from the drawn units' counts (correct predictions, true
+    and predicted examples per class). Pearson's r is recomputed from the resampled
+    labels and predictions, and has no clustered form."""
+    spec = TASKS[task]
+    metric = spec.selection_metric if selection else spec.metric
+    if metric in ("accuracy", "mcc"):
+        correct = (labels == predictions).astype(float)[:, None]
+        if metric == "mcc":
+            classes = np.arange(spec.num_classes)
+            truth = (labels[:, None] == classes).astype(float)
+            answered = (predictions[:, None] == classes).astype(float)
+            correct = np.concatenate([correct, truth, answered], axis=1)
+        units = _per_unit(np.concatenate([correct, np.ones((len(labels), 1))], axis=1), clusters)
+
+        def counted(idx):
+            sums = units[idx].sum(axis=-2)  # (..., columns): the drawn units' counts
+            hits, n = sums[..., 0], sums[..., -1]
+            if metric == "accuracy":
+                return hits / n
+            k = spec.num_classes
+            truth, answered = sums[..., 1 : 1 + k], sums[..., 1 + k : 1 + 2 * k]
+            # Gorodkin's multiclass form (the binary MCC for two classes).
+            covariance = hits * n - (truth * answered).sum(axis=-1)
+            scale = np.sqrt(
+                (n * n - (answered * answered).sum(axis=-1)) * (n * n - (truth * truth).sum(axis=-1))
+            )
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(scale > 0, covariance / scale, 0.0)
+
+        return counted
     if clusters is not None:
         raise ValueError(
             f"{task}: Pearson's r has no cluster bootstrap here (STS pairs are not grouped); "
@@ -252,16 +302,22 @@ def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Inte
     return Interval(float(np.mean([score(t, y, p) for t, (y, p), _ in parts])), low, high)
 
 
-def paired_average(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Interval:
+def paired_average(
+    parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED, *, selection: bool = False
+) -> Interval:
     """The difference of two models' averages, each task paired on its own examples:
     ``parts`` holds (task, labels, predictions, reference predictions), or the same
-    followed by ``groups`` to resample that task's examples in whole clusters."""
+    followed by ``groups`` to resample that task's examples in whole clusters. With
+    ``selection``, of the means of the tasks' selection metrics (chance-corrected)."""
     parts = [_part(part, 3) for part in parts]
-    metrics = [(_resampled(t, y, p, c), _resampled(t, y, r, c)) for t, (y, p, r), c in parts]
+    metrics = [
+        (_resampled(t, y, p, c, selection), _resampled(t, y, r, c, selection)) for t, (y, p, r), c in parts
+    ]
 
     def statistic(*indices, axis=-1):
         return np.mean([ours(i) - theirs(i) for (ours, theirs), i in zip(metrics, indices)], axis=0)
 
     low, high = _bootstrap([_units(y, c) for _, (y, _, _), c in parts], statistic, seed)
-    value = float(np.mean([score(t, y, p) - score(t, y, r) for t, (y, p, r), _ in parts]))
+    measure = selection_score if selection else score
+    value = float(np.mean([measure(t, y, p) - measure(t, y, r) for t, (y, p, r), _ in parts]))
     return Interval(value, low, high)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -19,12 +21,46 @@ if not console.is_terminal:
     console = Console(stderr=True, width=160)
 
 
+# Seconds between two plain progress lines when stderr is not a terminal.
+LINE_INTERVAL = 10.0
+
+
+class _Lines(Progress):
+    """Rich's display draws nothing until it stops when stderr is not a terminal (a log
+    file, CI, `2> log`): a long stage would look hung. There, every task also logs one
+    plain line every ``LINE_INTERVAL`` seconds and when it finishes."""
+
+    def __init__(self, *columns, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self._said: dict = {}
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._line(task_id)
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._line(task_id)
+
+    def _line(self, task_id) -> None:
+        task, now = self._tasks[task_id], time.monotonic()
+        if not task.finished and now - self._said.get(task_id, task.start_time or now) < LINE_INTERVAL:
+            return
+        self._said[task_id] = now
+        eta = "" if task.time_remaining is None else f", eta {task.time_remaining:.0f} s"
+        status = task.fields.get("status") or ""
+        count = f"{task.completed:.0f}/{task.total:.0f}"
+        self.console.log(f"{task.description}: {count}, {task.elapsed or 0:.0f} s{eta} {status}")
+
+
 def progress(quiet: bool = False) -> Progress:
     """A progress display with count, elapsed time and ETA; use as a context manager.
+    Where stderr is not a terminal it also logs a plain line every few seconds.
 
     ``quiet`` shows and logs nothing (the ranks other than 0 of a data-parallel run).
     """
-    return Progress(
+    kind = Progress if quiet or console.is_terminal else _Lines
+    return kind(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

@@ -76,8 +76,8 @@ class SmartSettings:
 
     * ``projection``: ``"token"`` (default), the reference implementation's
       geometry: each token's perturbation scaled to infinity norm ``token_norm``
-      (default 1, the reference code's); ``"ball"``, the paper's literal clamp to
-      ``[-epsilon, epsilon]``.
+      (default 0.1; the reference code's 1 collapses the heads at small budgets,
+      docs/smart.md); ``"ball"``, the paper's literal clamp to ``[-epsilon, epsilon]``.
     * ``dropout_masks``: ``"shared"`` (default), the perturbed passes replay the
       clean pass's dropout masks; ``"independent"``, each draws its own.
 
@@ -95,7 +95,7 @@ class SmartSettings:
     mu: float = 1.0
     beta: float = 0.99
     projection: str = "token"
-    token_norm: float = 1.0
+    token_norm: float = 0.1
     dropout_masks: str = "shared"
 
     def __post_init__(self) -> None:
@@ -133,10 +133,14 @@ class HeadWarmup:
     epochs: int = 0  # passes over the cached training vectors at most; 0: no warm-up
     lr: float = 1e-3
     tasks: tuple[str, ...] = MULTITASK_TASKS  # whose heads are fitted; the others start fresh
+    batch_size: int = 64  # vectors per step
 
     def __post_init__(self) -> None:
-        if self.epochs < 0 or self.lr <= 0:
-            raise ValueError(f"head warm-up needs epochs >= 0 and lr > 0, got {self.epochs}, {self.lr}")
+        if self.epochs < 0 or self.lr <= 0 or self.batch_size < 1:
+            raise ValueError(
+                f"head warm-up needs epochs >= 0, lr > 0 and batch_size >= 1, "
+                f"got {self.epochs}, {self.lr}, {self.batch_size}"
+            )
         unknown = set(self.tasks) - set(MULTITASK_TASKS)
         if unknown:
             raise ValueError(f"head warm-up tasks {sorted(unknown)} are not among {list(MULTITASK_TASKS)}")

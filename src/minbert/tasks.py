@@ -96,6 +96,23 @@ class TaskSpec:
         return f"{self.name}_{self.metric}"
 
     @property
+    def selection_metric(self) -> str:
+        """The chance-corrected score that chooses epochs and learning rates: Matthews'
+        correlation for classes, Pearson's r for scores. A constant answer scores 0 on
+        both, where it can score high on accuracy (Quora's always-not-duplicate: 0.63)."""
+        return "mcc" if self.label_kind == "class" else "pearson"
+
+    @property
+    def selection_key(self) -> str:
+        """The selection metric's name in history columns and records: ``quora_mcc``."""
+        return f"{self.name}_{self.selection_metric}"
+
+    @property
+    def selection_title(self) -> str:
+        """The selection metric's title in prose and tables: ``Quora MCC``."""
+        return f"{self.title} {'MCC' if self.selection_metric == 'mcc' else 'Pearson'}"
+
+    @property
     def metric_title(self) -> str:
         """The metric's column title in tables: ``SST acc``, ``STS Pearson``."""
         return f"{self.title} {'acc' if self.metric == 'accuracy' else 'Pearson'}"
@@ -121,8 +138,10 @@ TASKS: dict[str, TaskSpec] = {
     )
 }  # fmt: skip
 #: The tasks of multitask fine-tuning, in the order every table and history file uses,
-#: and the key of the plain mean of their metrics.
+#: the key of the plain mean of their metrics (the paper's average), and the key of the
+#: mean of their selection metrics (chance-corrected: what chooses epochs and rates).
 MULTITASK_TASKS: tuple[str, ...] = ("sst", "quora", "sts")
 AVERAGE = "average"
+SELECTION = "selection"
 #: The tasks of single-task sentiment classification (the paper's Table 1).
 SENTIMENT_TASKS: tuple[str, ...] = ("sst", "cfimdb")

@@ -10,10 +10,10 @@ from minbert.data.batches import length_bucketed_batches
 from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple
 from minbert.distributed import World
-from minbert.metrics import score
+from minbert.metrics import score, selection_score
 from minbert.model.multitask import MultitaskBert, predictions, task_loss
 from minbert.progress import progress
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
 
 
 @torch.inference_mode()
@@ -25,8 +25,9 @@ def evaluate_multitask(
     world: World = World(),
     show_progress: bool = False,
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Each task's loss (``loss_<task>``) and metric, the average of the metrics, and the
-    predictions in row order. Unlabelled tables (test sets) give predictions only.
+    """Each task's loss (``loss_<task>``), metric and selection metric, the average of the
+    metrics and the mean of the selection metrics, and the predictions in row order.
+    Unlabelled tables (test sets) give predictions only.
 
     Under torchrun each rank runs every ``world.size``-th batch and the outputs are
     gathered, so every rank returns the same numbers for every row, each row
@@ -61,7 +62,9 @@ def evaluate_multitask(
             labels = d.labels(np.arange(len(d)))
             metrics[f"loss_{task}"] = task_loss(task, output, labels).item()
             metrics[TASKS[task].metric_key] = score(task, labels.numpy(), preds[task])
+            metrics[TASKS[task].selection_key] = selection_score(task, labels.numpy(), preds[task])
     if all(TASKS[t].metric_key in metrics for t in MULTITASK_TASKS):
         metrics[AVERAGE] = float(np.mean([metrics[TASKS[t].metric_key] for t in MULTITASK_TASKS]))
+        metrics[SELECTION] = float(np.mean([metrics[TASKS[t].selection_key] for t in MULTITASK_TASKS]))
     model.train(was_training)
     return metrics, preds

@@ -8,10 +8,11 @@ the batch dimension (half the operators, the same arithmetic), every dropout ins
 :func:`tiled` draws its mask for one copy and applies it to each.
 
 Outside :func:`tiled` :class:`Dropout` is ``nn.Dropout`` and attention dropout is
-left to ``scaled_dot_product_attention``. Inside, with any number of copies, both are
-drawn explicitly with ``bernoulli_``, in the same order and shapes for one copy or
-for several, so a pass over one copy draws exactly the masks a pass over several
-copies applies to each (given the same random state).
+left to ``scaled_dot_product_attention``. Inside, with any number of copies, attention
+runs as explicit operators and both masks are drawn explicitly with ``bernoulli_``, in
+the same order and shapes for one copy or for several, so a pass over one copy draws
+exactly the masks a pass over several copies applies to each (given the same random
+state).
 """
 
 from __future__ import annotations
@@ -66,12 +67,14 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float
 ) -> torch.Tensor:
     """Scaled dot-product attention over (batch, heads, tokens, head_dim); ``attn_mask`` is
-    SDPA's boolean "may attend" mask. Inside :func:`tiled`, with dropout, the attention
-    probabilities are computed here so that their mask can be shared across copies;
-    otherwise ``F.scaled_dot_product_attention`` (its fastest kernel) does it all."""
-    if _COPIES.get() is None or dropout_p == 0.0:
+    SDPA's boolean "may attend" mask. Inside :func:`tiled` the attention probabilities are
+    computed here, so that their dropout mask can be shared across copies (and forward-mode
+    derivatives pass, which SDPA's CPU kernel lacks); otherwise
+    ``F.scaled_dot_product_attention`` (its fastest kernel) does it all."""
+    if _COPIES.get() is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return tiled_dropout(scores.softmax(dim=-1), dropout_p) @ v
+    probabilities = scores.softmax(dim=-1)
+    return (tiled_dropout(probabilities, dropout_p) if dropout_p else probabilities) @ v

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert.device import at_least_float32
 from minbert.model.bert import BertModel, EncoderOutput
 from minbert.model.dropout import Dropout
 from minbert.settings import PAIR_HEADS, POOLINGS, STS_OUTPUTS
@@ -43,7 +44,7 @@ from minbert.tasks import TASKS
 
 
 def _mean_of_real_tokens(output: EncoderOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    hidden = output.last_hidden_state.float()  # summed in float32, whatever autocast gave
+    hidden = at_least_float32(output.last_hidden_state)  # summed in float32, whatever autocast gave
     if attention_mask is None:
         return hidden.mean(dim=1)
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -73,7 +74,7 @@ def run_head(head: nn.Module, *features: torch.Tensor) -> torch.Tensor:
     multiply-adds: float32 costs nothing measurable.
     """
     with torch.autocast(features[0].device.type, enabled=False):
-        return head(*(f.float() for f in features))
+        return head(*(at_least_float32(f) for f in features))
 
 
 class ClassificationHead(nn.Module):

@@ -1,9 +1,9 @@
 """Running the pipeline where DVC is not: an offline GPU node, an air-gapped cluster.
 
-``bundle`` packs what such a node lacks (the code at a commit, the course CSV files,
-the checkpoint as an fp16 copy); ``stages`` reads the stages, their commands and
-outputs from ``dvc.yaml`` itself; ``runner`` runs them in ``dvc.yaml``'s order and
-packs what they wrote into a few files small enough to copy back; ``results``
-unpacks those on the DVC machine into a GPU results folder and says which of them
-are stale against the current code.
+On the DVC machine, ``plan`` resolves the stages with DVC's own API for a study's
+parameters and ``bundle`` packs the plan with what the node lacks (the course CSV
+files, the checkpoint as an fp16 copy). On the node, ``runner`` runs the plan's stages
+and packs each stage's results as it finishes (``parts``: a few files small enough to
+bring back). Back on the DVC machine, ``results`` adds each call's stages to one GPU
+results folder and says which are current, stale or still missing.
 """

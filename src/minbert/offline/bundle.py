@@ -1,18 +1,18 @@
-"""The bundle: what an offline node needs to run the pipeline, made on the DVC machine.
+"""The bundle: what an offline node needs besides the repository's files, made on the DVC machine.
 
 A directory of
 
-* ``code.tar``: the repository's tracked files at the current commit (``git archive``);
 * ``data/``: the course CSV files the ``prepare`` stage reads (``data.source``);
 * ``checkpoint/``: the checkpoint (``config.json``, ``vocab.txt``, the training-data
   list when there is one) with its weights as an fp16 copy, loaded into fp32 (half
-  the size: all-MiniLM-L6-v2's 91 MB become 45 MB, under a 64 MiB transfer limit);
-* ``bundle.json``: the commit, whether tracked files had uncommitted changes, the
-  checkpoint's original weights file and sha256, and the sha256 of every file above.
+  the size: all-MiniLM-L6-v2's 91 MB become 45 MB);
+* ``bundle.json``: the commit and the files that differ from it, the checkpoint's
+  name, original weights file and sha256, the plan (``minbert.offline.plan``), and
+  the sha256 of every file above.
 
-On a node that has the repository's working tree already (a copy of it, as a GPU
-lending service makes), the runner uses that tree and only ``data/`` and
-``checkpoint/`` need to travel; elsewhere unpack ``code.tar`` first.
+The node runs the repository's working tree as it was sent (a GPU lending service
+copies the tracked files and the untracked ones git does not ignore), with the bundle
+inside it: ``call_size`` is what one call sends, refused above ``SEND_LIMIT``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import subprocess
 from pathlib import Path
 
 BUNDLE_FILE = "bundle.json"
-BUNDLE_FORMAT = "minbert-offline-bundle/1"
+BUNDLE_FORMAT = "minbert-offline-bundle/2"
 CHECKPOINT_COPY = "fp16"  # how the bundle's weights differ from the checkpoint's
+SEND_LIMIT = 64 * 2**20  # what one call may send to the node: the repository's files and the bundle
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -43,6 +44,26 @@ def _files(directory: Path) -> dict[str, str]:
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != BUNDLE_FILE
     }
+
+
+def sent_files(repo: Path) -> list[Path]:
+    """The repository's files a call sends: the tracked ones and the untracked ones git
+    does not ignore, as they are in the working tree."""
+    listed = _git(Path(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    return [
+        Path(repo) / name for name in sorted(set(listed.split("\0")) - {""}) if (Path(repo) / name).is_file()
+    ]
+
+
+def call_size(repo: Path, bundle: Path) -> dict[str, int]:
+    """Bytes one call sends: the repository's files and the bundle (once if it is among them)."""
+    bundle = Path(bundle).resolve()
+    tree = [p for p in sent_files(repo) if bundle not in p.resolve().parents]
+    sizes = {
+        "tree": sum(p.stat().st_size for p in tree),
+        "bundle": sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()),
+    }
+    return {**sizes, "total": sizes["tree"] + sizes["bundle"]}
 
 
 def fp16_checkpoint(source: Path, dest: Path) -> dict:
@@ -67,7 +88,6 @@ def fp16_checkpoint(source: Path, dest: Path) -> dict:
     }
     save_file(state, str(dest / "model.safetensors"))
     return {
-        "source": str(source),
         "source_weights": weights.name,
         "source_sha256": sha256_file(weights),
         "copy": CHECKPOINT_COPY,
@@ -75,34 +95,63 @@ def fp16_checkpoint(source: Path, dest: Path) -> dict:
     }
 
 
-def make_bundle(repo: Path, out: Path, data_dir: Path, checkpoint_dir: Path, checkpoint_name: str) -> dict:
-    """Write the bundle to ``out`` (a new directory); returns ``bundle.json``'s content."""
+def make_bundle(repo: Path, out: Path, data_dir: Path, checkpoint_dir: Path, plan: dict) -> dict:
+    """Write the bundle of ``plan`` to ``out`` (a new directory); returns ``bundle.json``'s content."""
     repo, out = Path(repo), Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: already exists; the bundle is written to a new directory")
     csvs = sorted(Path(data_dir).glob("*.csv"))
     if not csvs:
         raise FileNotFoundError(f"{data_dir}: no course CSV files")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
-    changed = [line[3:] for line in _git(repo, "status", "--porcelain", "--untracked-files=no").splitlines()]
+    changed = [line[3:] for line in _git(repo, "status", "--porcelain").splitlines()]
     out.mkdir(parents=True)
-    with open(out / "code.tar", "wb") as f:
-        subprocess.run(["git", "archive", "--format=tar", commit], cwd=repo, stdout=f, check=True)
     (out / "data").mkdir()
     for path in csvs + [p for p in [Path(data_dir) / "SHA256SUMS"] if p.is_file()]:
         shutil.copyfile(path, out / "data" / path.name)
-    checkpoint = {"name": checkpoint_name, **fp16_checkpoint(Path(checkpoint_dir), out / "checkpoint")}
+    checkpoint = {
+        "name": plan["params"]["checkpoint"],
+        **fp16_checkpoint(Path(checkpoint_dir), out / "checkpoint"),
+    }
     described = {
         "format": BUNDLE_FORMAT,
-        "commit": commit,
-        # Tracked files that differed from the commit: the node runs the commit's code.
+        "commit": _git(repo, "rev-parse", "HEAD").strip(),
+        # The node runs the working tree as sent, these files as they were here.
         "uncommitted_changes": changed,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": checkpoint,
+        "plan": plan,
         "files": _files(out),
     }
     (out / BUNDLE_FILE).write_text(json.dumps(described, indent=2) + "\n", encoding="utf-8")
     return described
+
+
+def bundle_study(repo: Path, out: Path, overrides: list[str], data_dir: Path | None) -> str:
+    """``minbert bundle``: DVC's plan for params.yaml with ``overrides``, packed into ``out``
+    with the course files and the checkpoint; refused (and removed) when one call would
+    send the node more than SEND_LIMIT. Returns the line to print."""
+    from minbert.data.prepare import resolve_source
+    from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.offline.plan import resolve_plan
+
+    plan = resolve_plan(repo, overrides)
+    data_dir = data_dir or resolve_source(plan["params"]["data"]["source"])
+    if data_dir is None:
+        raise FileNotFoundError("no local course files to bundle: give --data DIR")
+    described = make_bundle(repo, out, data_dir, resolve_checkpoint(plan["params"]["checkpoint"]), plan)
+    size = call_size(repo, out)
+    sends = (
+        f"a call sends {size['total'] / 2**20:.1f} MiB: the repository's files "
+        f"{size['tree'] / 2**20:.1f} MiB, the bundle {size['bundle'] / 2**20:.1f} MiB"
+    )
+    if size["total"] > SEND_LIMIT:
+        shutil.rmtree(out)
+        raise ValueError(f"{sends}, more than the node takes ({SEND_LIMIT // 2**20} MiB); bundle removed")
+    return (
+        f"{out}: {len(plan['stages'])} stages at scale {plan['params']['scale']}, "
+        f"commit {described['commit'][:12]} and {len(described['uncommitted_changes'])} changed files; "
+        + sends
+    )
 
 
 def read_bundle(bundle: Path) -> dict:
@@ -115,12 +164,13 @@ def read_bundle(bundle: Path) -> dict:
         raise FileNotFoundError(f"{bundle}: not a bundle (no {BUNDLE_FILE}; `minbert bundle` writes one)")
     described = json.loads(path.read_text(encoding="utf-8"))
     if described.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{path}: format {described.get('format')!r}, expected {BUNDLE_FORMAT!r}")
+        raise ValueError(
+            f"{path}: format {described.get('format')!r}, expected {BUNDLE_FORMAT!r} "
+            "(run `minbert bundle` again)"
+        )
     for name, digest in described["files"].items():
-        if name == "code.tar" and not (bundle / name).is_file():
-            continue  # left behind where the node has the working tree already
         if not (bundle / name).is_file():
             raise FileNotFoundError(f"{bundle / name}: listed in {BUNDLE_FILE} but missing")
-        if name != "code.tar" and sha256_file(bundle / name) != digest:
+        if sha256_file(bundle / name) != digest:
             raise ValueError(f"{bundle / name}: sha256 differs from {BUNDLE_FILE}'s (damaged in transfer?)")
     return described

@@ -1,107 +1,145 @@
-"""Results of an offline run, back on the DVC machine: unpacked, recorded, checked for staleness.
+"""The GPU results, back on the DVC machine: calls unpacked into one folder, and their status.
 
-``unpack`` checks each part against the sha256 its index records, joins them and
-extracts the files under the GPU results folder (``metrics/gpu/`` by default:
-``metrics/gpu/metrics/multitask/best.json``, ``metrics/gpu/report/README.md``, ...),
-with ``provenance.json`` beside them: commit, device, torch version, each stage's
-seconds and the sha256 of every source file it ran. ``status`` compares those hashes
-and the parameters with the working tree, as ``dvc status`` does for the CPU
-results: a stage is stale when a source file it ran has changed since, or when
-params.yaml (with the run's overrides put back in) no longer gives what it ran with.
+The folder (``metrics/gpu/`` by default, ignored by git until committed) mirrors the
+repository: ``metrics/gpu/metrics/multitask/best.json``,
+``metrics/gpu/predictions/multitask/best/sst-dev-out.csv``, ..., with
+``provenance.json`` beside them:
+
+* ``overrides``: the study's ``--set`` (every call unpacked here made with the same);
+* ``calls``: each call by the time it started, with its commit, device, torch and
+  CUDA versions, its seconds, and the stages it finished (with their seconds), those
+  that failed and those it did not run (with why);
+* ``stages``: each stage with results, from the newest call that finished it: that
+  call, its seconds, its files and its fingerprint (``minbert.offline.plan``);
+* ``failures``: the stages whose last attempt failed and that have no results yet.
+
+``unpack`` adds a call's stages: a stage another call already brought back is
+replaced by the newer call's, its old files removed. ``status`` compares every stage
+with the plan DVC resolves now for the study's overrides, as ``dvc status`` does for
+the CPU results: current, stale (what changed), or missing (in the plan, with no
+results yet).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from minbert.offline.runner import INDEX_FORMAT, effective_params, file_hashes
+from minbert.atomic import atomic_write_text
+from minbert.offline import parts
+from minbert.offline.plan import fingerprint, resolve_plan, returned
 
 PROVENANCE_FILE = "provenance.json"
+PROVENANCE_FORMAT = "minbert-gpu-results/1"
+
+
+def read_provenance(into: Path) -> dict:
+    path = Path(into) / PROVENANCE_FILE
+    if not path.is_file():
+        return {"format": PROVENANCE_FORMAT, "overrides": None, "calls": {}, "stages": {}, "failures": {}}
+    provenance = json.loads(path.read_text(encoding="utf-8"))
+    if provenance.get("format") != PROVENANCE_FORMAT:
+        raise ValueError(f"{path}: format {provenance.get('format')!r}, expected {PROVENANCE_FORMAT!r}")
+    return provenance
 
 
 def unpack(index_file: Path, into: Path) -> dict:
-    """Unpack the parts listed by ``index_file`` (beside it) into ``into``; returns the
-    provenance written there."""
-    index_file = Path(index_file)
-    index = json.loads(index_file.read_text(encoding="utf-8"))
-    if index.get("format") != INDEX_FORMAT:
-        raise ValueError(f"{index_file}: format {index.get('format')!r}, expected {INDEX_FORMAT!r}")
-    parts = []
-    for part in index["parts"]:
-        path = index_file.parent / part["file"]
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: a part listed in {index_file.name} is missing")
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != part["sha256"]:
-            raise ValueError(f"{path}: sha256 differs from {index_file.name}'s (damaged in transfer?)")
-        parts.append(data)
+    """Add the call of ``index_file`` (its parts beside it) to the GPU results ``into``;
+    returns what changed: ``added`` and ``kept`` (a newer call's) stages, ``failed``."""
+    index, files = parts.read(index_file)
     into = Path(into)
-    with tarfile.open(fileobj=io.BytesIO(b"".join(parts)), mode="r:gz") as tar:
-        members = tar.getmembers()
-        for member in members:
-            target = (into / member.name).resolve()
-            if not member.isfile() or into.resolve() not in target.parents:
-                raise ValueError(
-                    f"{index_file}: refusing {member.name!r} (not a plain file inside the results)"
-                )
-        into.mkdir(parents=True, exist_ok=True)
-        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse links and odd modes too
-            tar.extractall(into, members=members, filter="data")
-        else:
-            tar.extractall(into, members=members)
-    provenance = {k: v for k, v in index.items() if k not in ("parts", "format")}
-    (into / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
-    return provenance
+    provenance = read_provenance(into)
+    if provenance["overrides"] is None:
+        provenance["overrides"] = index["overrides"]
+    elif provenance["overrides"] != index["overrides"]:
+        raise ValueError(
+            f"{index_file}: made with --set {' '.join(index['overrides']) or '(none)'}, but {into} holds "
+            f"the study made with --set {' '.join(provenance['overrides']) or '(none)'}: "
+            "unpack it --into another folder"
+        )
+    call = index["started"]
+    provenance["calls"][call] = {
+        **{k: index[k] for k in ("commit", "uncommitted_changes", "device", "torch", "cuda", "python")},
+        "checkpoint": index["checkpoint"],
+        "seconds": index["seconds"],
+        "finished": {s["stage"]: s["seconds"] for s in index["stages"]},
+        "failed": index["failed"],
+        "not_run": index["not_run"],
+    }
+    changed = {"added": [], "kept": [], "failed": []}
+    for stage in index["stages"]:
+        name, known = stage["stage"], provenance["stages"].get(stage["stage"])
+        if not stage["files"]:
+            continue  # an upstream stage: its outputs stayed on the node
+        if known is not None and known["call"] > call:
+            changed["kept"].append(name)
+            continue
+        for old in set(known["files"] if known else ()) - set(stage["files"]):
+            (into / old).unlink(missing_ok=True)
+        for name_in_repo in stage["files"]:
+            target = into / name_in_repo
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(files[name_in_repo])
+        provenance["stages"][name] = {
+            "call": call,
+            "seconds": stage["seconds"],
+            "files": stage["files"],
+            "fingerprint": stage["fingerprint"],
+        }
+        provenance["failures"].pop(name, None)
+        changed["added"].append(name)
+    for failed in index["failed"]:
+        known = provenance["stages"].get(failed["stage"])
+        if known is None or known["call"] < call:
+            provenance["failures"][failed["stage"]] = {"call": call, "reason": failed["reason"]}
+            changed["failed"].append(failed["stage"])
+    provenance["calls"] = dict(sorted(provenance["calls"].items()))
+    provenance["stages"] = dict(sorted(provenance["stages"].items()))
+    atomic_write_text(into / PROVENANCE_FILE, json.dumps(provenance, indent=2) + "\n")
+    return changed
 
 
 @dataclass(frozen=True)
 class StageStatus:
     stage: str
-    current: bool
+    state: str  # current | stale | missing
     reasons: tuple[str, ...]
 
 
-def _comparable(params: dict) -> dict:
-    """``params`` less what the runner pointed at the bundle (the checkpoint's path,
-    the course files' directory), which the bundle's own record covers."""
-    params = json.loads(json.dumps(params))
-    params.pop("checkpoint", None)
-    params.get("data", {}).pop("source", None)
-    return params
+def _differences(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    found = []
+    for key in sorted(set(then) | set(now)):
+        if key not in now:
+            found.append(f"{key} is no longer a dependency")
+        elif key not in then:
+            found.append(f"{key} is a new dependency")
+        elif then[key] != now[key]:
+            found.append(f"{key} changed")
+    return found
 
 
 def status(into: Path, repo: Path = Path(".")) -> list[StageStatus]:
-    """Each stage of the committed GPU results: current, or stale and why."""
-    path = Path(into) / PROVENANCE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no GPU results here (`minbert gpu-unpack` writes them)")
-    provenance = json.loads(path.read_text(encoding="utf-8"))
-    now = yaml.safe_load((Path(repo) / "params.yaml").read_text(encoding="utf-8"))
-    params_changed = _comparable(effective_params(now, provenance["overrides"])) != _comparable(
-        provenance["params"]
-    )
-    checkpoint_changed = now.get("checkpoint") != provenance["checkpoint"]["name"]
-    now_hashes = file_hashes(Path(repo), {name for s in provenance["stages"] for name in s["sources"]})
+    """Every stage of the GPU results, and every stage of the plan with results to bring back."""
+    provenance = read_provenance(into)
+    if provenance["overrides"] is None:
+        raise FileNotFoundError(
+            f"{Path(into) / PROVENANCE_FILE}: no GPU results here (`minbert gpu-unpack` writes them)"
+        )
+    plan = resolve_plan(repo, provenance["overrides"])
+    planned = [s["name"] for s in plan["stages"] if returned(s)]
     found = []
-    for stage in provenance["stages"]:
-        reasons = []
-        for name, digest in stage["sources"].items():
-            if name not in now_hashes:
-                reasons.append(f"{name} is gone")
-            elif now_hashes[name] != digest:
-                reasons.append(f"{name} changed")
-        if params_changed:
-            reasons.append("params.yaml changed")
-        if checkpoint_changed:
-            reasons.append(
-                f"checkpoint is now {now.get('checkpoint')!r}, not {provenance['checkpoint']['name']!r}"
+    for name in planned + sorted(set(provenance["stages"]) - set(planned)):
+        known = provenance["stages"].get(name)
+        if known is None:
+            failure = provenance["failures"].get(name)
+            why = (
+                f"failed in the call of {failure['call']}: {failure['reason']}" if failure else "not run yet"
             )
-        found.append(StageStatus(stage["stage"], not reasons, tuple(reasons)))
+            found.append(StageStatus(name, "missing", (why,)))
+        elif name not in planned:
+            found.append(StageStatus(name, "stale", ("no longer a stage of dvc.yaml",)))
+        else:
+            reasons = _differences(known["fingerprint"], fingerprint(plan, name))
+            found.append(StageStatus(name, "stale" if reasons else "current", tuple(reasons)))
     return found

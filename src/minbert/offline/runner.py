@@ -1,78 +1,42 @@
-"""Run the pipeline's stages without DVC, from a bundle, and pack what they wrote.
+"""Run a bundle's plan on a node without DVC, and bring back each stage as it finishes.
 
-The stages and their commands come from ``dvc.yaml`` itself (``minbert.offline.stages``)
-and run in its order, each as DVC would run it: its ``cmd`` in the repository root,
-with ``src/`` on ``PYTHONPATH`` (nothing needs installing). params.yaml is read with
-the bundle's checkpoint and course files put in (``checkpoint``, ``data.source``) and
-any ``--set`` overrides (``scale=gpu``), and restored afterwards. What the stages
-wrote (their outs, metrics and plots, less model weights and tokenised tables) is
-packed into at most ``MAX_FILES`` files of at most ``MAX_BYTES`` each, with a record
-of where and how it ran: commit, device, torch version, each stage's seconds and the
-sha256 of every source file it ran (``minbert.offline.results`` reads it back).
+Runs in the repository root as it was sent, with ``src/`` on ``PYTHONPATH`` (nothing
+installed), each stage's command as the plan has it (its leading ``python`` this
+interpreter). Before anything runs, every source file of the stages to run is checked
+against the plan's sha256: a tree other than the one the plan was made from is
+refused. params.yaml is the plan's for the call, the bundle's checkpoint and course
+files named by their path from the repository root, and is restored afterwards.
+
+After every stage, finished or not, the outputs of every stage finished so far are
+packed into ``out`` (``minbert.offline.parts``), with what the call did: a call that
+fails, or is stopped at its ``deadline`` or by the node's own time limit, still brings
+back every stage it finished. A stage that fails is named with its exit status; the
+stages that need it are not run, the others are. Each result is rewritten on the way
+out so that no node path leaves the node: its records name the checkpoint as
+params.yaml does (``all-minilm-l6-v2``), not as the bundle's copy on the node.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
+import datetime as dt
 import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import yaml
 
+from minbert.offline import parts
 from minbert.offline.bundle import read_bundle
-from minbert.offline.stages import Stage, read_stages, select
+from minbert.offline.plan import by_name, fingerprint, returned, select
 from minbert.results import is_record
 
-MAX_FILES = 8  # parts and the index together
-MAX_BYTES = 16 * 1024 * 1024
-INDEX_FILE = "gpu-results.json"
-INDEX_FORMAT = "minbert-offline-results/1"
-# Outputs too large to carry back, and that the results do not need.
-LEFT_BEHIND = ("models/", "data/tokenized", "data/settings")
-
-
-def _set(params: dict, dotted: str, value) -> None:
-    *parents, last = dotted.split(".")
-    node = params
-    for part in parents:
-        if not isinstance(node.get(part), dict):
-            raise ValueError(f"--set {dotted}: params.yaml has no mapping {part!r}")
-        node = node[part]
-    if last not in node:
-        raise ValueError(f"--set {dotted}: params.yaml has no key {last!r} there")
-    node[last] = value
-
-
-def effective_params(params: dict, overrides: dict[str, str]) -> dict:
-    """``params`` with each ``key.path=value`` of ``overrides`` (values read as YAML)."""
-    params = json.loads(json.dumps(params))  # a deep copy
-    for key, value in overrides.items():
-        _set(params, key, yaml.safe_load(value) if isinstance(value, str) else value)
-    return params
-
-
-def _command(stage: Stage) -> list[str]:
-    """The stage's command, its leading ``python`` this interpreter."""
-    args = shlex.split(stage.cmd)
-    if args and args[0] in ("python", "python3"):
-        args[0] = sys.executable
-    return args
-
-
-def file_hashes(repo: Path, names: set[str]) -> dict[str, str]:
-    """The sha256 of each file named (relative to ``repo``), each file read once
-    however many stages run it."""
-    from minbert.data.download import sha256_file
-
-    return {name: sha256_file(repo / name) for name in sorted(names) if (repo / name).is_file()}
+STOP_GRACE_S = 30  # after SIGTERM at the deadline, before SIGKILL
 
 
 def device_description() -> dict:
@@ -84,103 +48,162 @@ def device_description() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "python": platform.python_version(),
-        "host": platform.node(),
     }
 
 
-def run_offline(
-    repo: Path, bundle: Path, out: Path, names: list[str], overrides: dict[str, str], log=print
+def _check_sources(repo: Path, stages: list[dict]) -> None:
+    """Refuse to run code other than the plan's."""
+    from minbert.data.download import sha256_file
+
+    wanted = {name: digest for s in stages for name, digest in s["sources"].items()}
+    differ = [
+        n for n, d in wanted.items() if (sha256_file(repo / n) if (repo / n).is_file() else "missing") != d
+    ]
+    if differ:
+        raise ValueError(
+            f"{len(differ)} source file(s) differ from the plan's ({', '.join(differ[:3])}"
+            f"{', ...' if len(differ) > 3 else ''}): the bundle was made from other code; "
+            "run `minbert bundle` again and send that"
+        )
+
+
+def _command(cmd: str) -> list[str]:
+    args = shlex.split(cmd)
+    if args and args[0] in ("python", "python3"):
+        args[0] = sys.executable
+    return args
+
+
+def _run_stage(repo: Path, cmd: str, env: dict, seconds_left: float | None) -> str | None:
+    """Run one stage; None when it succeeded, else why not."""
+    process = subprocess.Popen(_command(cmd), cwd=repo, env=env, start_new_session=True)
+    try:
+        code = process.wait(timeout=seconds_left)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return "stopped at the --deadline"
+    return None if code == 0 else f"exit status {code}"
+
+
+def _renamed(value, node_name: str, name: str):
+    """``value`` (a JSON document) with ``node_name`` replaced by ``name`` in every string."""
+    if isinstance(value, str):
+        return value.replace(node_name, name)
+    if isinstance(value, list):
+        return [_renamed(v, node_name, name) for v in value]
+    if isinstance(value, dict):
+        return {k: _renamed(v, node_name, name) for k, v in value.items()}
+    return value
+
+
+def _outputs(repo: Path, stage: dict) -> list[Path]:
+    found = []
+    for out in returned(stage):
+        path = repo / out
+        found += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [p for p in found if p.is_file()]
+
+
+def _portable(name: str, data: bytes, call: dict, node_checkpoint: str, checkpoint: str) -> bytes:
+    """A returned file as it leaves the node: a record names the checkpoint as params.yaml
+    does and says how the run was made."""
+    if not is_record(name):
+        return data
+    record = _renamed(json.loads(data), node_checkpoint, checkpoint)
+    record["offline_run"] = {
+        "commit": call["commit"],
+        "checkpoint_copy": call["checkpoint"]["copy"],
+        "checkpoint_note": call["checkpoint"]["note"],
+        "device": call["device"],
+        "torch": call["torch"],
+    }
+    return (json.dumps(record, indent=2) + "\n").encode()
+
+
+def _pack(repo: Path, out: Path, plan: dict, call: dict, node_checkpoint: str) -> dict:
+    """Everything ``call`` finished so far, packed into ``out``."""
+    stages = by_name(plan)
+    files = {}
+    for done in call["stages"]:
+        done["files"] = []
+        for path in _outputs(repo, stages[done["stage"]]):
+            name = path.relative_to(repo).as_posix()
+            files[name] = _portable(
+                name, path.read_bytes(), call, node_checkpoint, plan["params"]["checkpoint"]
+            )
+            done["files"].append(name)
+    return parts.write(out, files, call)
+
+
+def run_call(
+    repo: Path, bundle: Path, out: Path, names: list[str], deadline_minutes: float | None = None, log=print
 ) -> dict:
-    """Run the stages ``names`` (all when empty) of ``repo`` from ``bundle``; pack their
-    outputs into ``out``; returns the record written beside the parts."""
+    """Run the stages ``names`` (and the stages they need; none named: all) of the plan
+    in ``bundle``, packing into ``out`` after each; returns the index written last."""
+    started = time.monotonic()
     repo, bundle = Path(repo).resolve(), Path(bundle).resolve()
     described = read_bundle(bundle)
-    params_file = repo / "params.yaml"
-    original = params_file.read_text(encoding="utf-8")
-    applied = {"checkpoint": str(bundle / "checkpoint"), "data.source": str(bundle / "data"), **overrides}
-    params = effective_params(yaml.safe_load(original), applied)
-    stages = select(read_stages(repo / "dvc.yaml", params), names)
+    plan = described["plan"]
+    stages = by_name(plan)
+    order = select(plan, names)
+    _check_sources(repo, [stages[n] for n in order])
+    # The bundle by its path from the repository root: no node path in the settings.
+    where = bundle.relative_to(repo).as_posix() if repo in bundle.parents else str(bundle)
+    params = json.loads(json.dumps(plan["params"]))
+    params["checkpoint"] = f"{where}/checkpoint"
+    params["data"]["source"] = f"{where}/data"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")]))
-    ran = []
+    call = {
+        "commit": described["commit"],
+        "uncommitted_changes": described["uncommitted_changes"],
+        "checkpoint": described["checkpoint"],
+        "overrides": plan["overrides"],
+        # When the call started, on the node's clock: names the call, and the newest
+        # call's result of a stage wins when calls are unpacked.
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+        **device_description(),
+        "requested": list(names),
+        "stages": [],  # finished, each with its seconds, files and fingerprint
+        "failed": [],
+        "not_run": [],
+    }
+    params_file = repo / "params.yaml"
+    original = params_file.read_bytes()
     try:
         params_file.write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
-        for stage in stages:
-            log(f"stage {stage.name}: {stage.cmd}")
-            started = time.perf_counter()
-            done = subprocess.run(_command(stage), cwd=repo, env=env)
-            seconds = time.perf_counter() - started
-            if done.returncode != 0:
-                raise ChildProcessError(f"stage {stage.name} failed (exit {done.returncode}): {stage.cmd}")
-            ran.append({"stage": stage.name, "cmd": stage.cmd, "seconds": round(seconds, 1)})
-    finally:
-        params_file.write_text(original, encoding="utf-8")
-    hashes = file_hashes(repo, {name for s in stages for name in s.source_files})
-    record = {
-        "format": INDEX_FORMAT,
-        "commit": described["commit"],
-        "bundle_uncommitted_changes": described["uncommitted_changes"],
-        "checkpoint": described["checkpoint"],
-        "overrides": dict(overrides),
-        "params": params,
-        **device_description(),
-        "stages": [
-            {**r, "sources": {name: hashes[name] for name in s.source_files}} for r, s in zip(ran, stages)
-        ],
-    }
-    return pack(repo, stages, Path(out), record)
-
-
-def _outputs(repo: Path, stages: list[Stage]) -> list[Path]:
-    found = set()
-    for stage in stages:
-        for out in stage.outs:
-            if out.startswith(LEFT_BEHIND):
+        finished = set()
+        for name in order:
+            stage = stages[name]
+            blocked = [n for n in stage["needs"] if n not in finished]
+            seconds_left = (
+                None if deadline_minutes is None else deadline_minutes * 60 - (time.monotonic() - started)
+            )
+            if blocked:
+                call["not_run"].append({"stage": name, "reason": f"needs {blocked[0]}, which did not finish"})
                 continue
-            path = repo / out
-            found |= {p for p in path.rglob("*") if p.is_file()} if path.is_dir() else {path}
-    return sorted(p for p in found if p.is_file())
-
-
-def pack(repo: Path, stages: list[Stage], out: Path, record: dict) -> dict:
-    """The stages' outputs as one gzipped tar cut into parts, and the index that lists
-    the parts with their sha256 and ``record``; every run's record (``minbert.results``)
-    gets the checkpoint copy and commit it was produced with."""
-    files = _outputs(repo, stages)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path in files:
-            name = path.relative_to(repo).as_posix()
-            data = path.read_bytes()
-            if name.startswith("metrics/") and is_record(name):
-                content = json.loads(data)
-                if isinstance(content, dict):
-                    content["offline_run"] = {
-                        "commit": record["commit"],
-                        "checkpoint_copy": record["checkpoint"]["copy"],
-                        "checkpoint_note": record["checkpoint"]["note"],
-                        "device": record["device"],
-                        "torch": record["torch"],
-                    }
-                    data = (json.dumps(content, indent=2) + "\n").encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(data), 0
-            tar.addfile(info, io.BytesIO(data))
-    blob = buffer.getvalue()
-    parts = [blob[i : i + MAX_BYTES] for i in range(0, len(blob), MAX_BYTES)] or [b""]
-    if len(parts) > MAX_FILES - 1:
-        raise ValueError(
-            f"the results take {len(blob) / 2**20:.1f} MiB gzipped: more than {MAX_FILES - 1} parts of "
-            f"{MAX_BYTES // 2**20} MiB; run fewer stages at a time"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    index = {
-        **record,
-        "files": [p.relative_to(repo).as_posix() for p in files],
-        "parts": [],
-    }
-    for i, part in enumerate(parts):
-        name = f"gpu-results.part{i:02d}"
-        (out / name).write_bytes(part)
-        index["parts"].append({"file": name, "bytes": len(part), "sha256": hashlib.sha256(part).hexdigest()})
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return index
+            if seconds_left is not None and seconds_left <= 0:
+                call["not_run"].append({"stage": name, "reason": "the --deadline was reached"})
+                continue
+            log(f"stage {name}: {stage['cmd']}")
+            began = time.monotonic()
+            failure = _run_stage(repo, stage["cmd"], env, seconds_left)
+            seconds = round(time.monotonic() - began, 1)
+            if failure is None:
+                finished.add(name)
+                call["stages"].append(
+                    {"stage": name, "seconds": seconds, "fingerprint": fingerprint(plan, name)}
+                )
+            else:
+                log(f"stage {name} failed after {seconds} s: {failure}")
+                call["failed"].append({"stage": name, "reason": failure, "seconds": seconds})
+            call["seconds"] = round(time.monotonic() - started, 1)
+            _pack(repo, Path(out), plan, call, params["checkpoint"])
+    finally:
+        params_file.write_bytes(original)
+    call["seconds"] = round(time.monotonic() - started, 1)
+    return _pack(repo, Path(out), plan, call, params["checkpoint"])

@@ -1,11 +1,13 @@
 """``minbert lr-search``: the learning rates of a scale, chosen on the validation split.
 
-Each point of a grid (encoder ``lr`` x heads' ``head_lr``) trains one configuration at
+Each point of one grid (encoder ``lr`` x heads' ``head_lr``) trains each configuration at
 the chosen scale exactly as its stage would, except that nothing of dev is scored
-(``train_multitask(score_dev=False)``): the point's score is the validation average
-of its best epoch, the same number the stage chooses its epoch by. The best point
-per optimizer is what ``params.yaml`` then holds for that optimizer at that scale;
-the results go to ``metrics/lr-search.json``, which the report shows.
+(``train_multitask(score_dev=False)``): the point's score is the validation selection
+score of its best epoch (the mean of the tasks' chance-corrected metrics, on which a
+constant answer scores 0), the same number the stage chooses its epoch by. Every
+configuration is searched on the same grid, and each gets its own best point; the results
+go to ``metrics/lr-search.json``, which the report shows, and ``params.yaml`` holds the
+choices (``scales.<scale>.multitask``).
 """
 
 from __future__ import annotations
@@ -23,50 +25,59 @@ from minbert.model.checkpoint import resolve_checkpoint
 from minbert.pipeline.multitask import load_tables, quora_batch_size
 from minbert.pipeline.params import load, multitask_settings
 from minbert.progress import console
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
+from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.multitask import train_multitask
 
+SCORE = f"validation_{SELECTION}"
 
-def search_point(settings, checkpoint_dir: Path, tables, device) -> dict:
+
+def search_point(settings, checkpoint_dir: Path, tables, device, features=None) -> dict:
     """Train ``settings`` once without scoring dev; its best epoch's validation scores."""
     import torch
 
     result = train_multitask(
-        settings, BertModel.from_pretrained(checkpoint_dir), tables, torch.device(device), score_dev=False
+        settings,
+        BertModel.from_pretrained(checkpoint_dir),
+        tables,
+        torch.device(device),
+        score_dev=False,
+        features=features,
     )
     best = result.history[result.best_epoch]
+    keys = [k for t in MULTITASK_TASKS for k in dict.fromkeys((TASKS[t].selection_key, TASKS[t].metric_key))]
     return {
         "best_epoch": result.best_epoch,
-        **{f"validation_{TASKS[t].metric_key}": best[f"val_{TASKS[t].metric_key}"] for t in MULTITASK_TASKS},
+        **{f"validation_{k}": best[f"val_{k}"] for k in keys},
         f"validation_{AVERAGE}": best[f"val_{AVERAGE}"],
-        "validation_average_per_epoch": [row[f"val_{AVERAGE}"] for row in result.history],
+        SCORE: best[f"val_{SELECTION}"],
+        f"{SCORE}_per_epoch": [row[f"val_{SELECTION}"] for row in result.history],
         "optimizer_steps": result.optimizer_steps,
     }
 
 
 def lr_search(
-    config: str,
+    configs: list[str],
     lrs: list[float],
     head_lrs: list[float],
     out: Path,
     params_file: Path = Path("params.yaml"),
     tokenized_dir: Path = Path("data/tokenized"),
     manifest_file: Path = Path("data/prepared/manifest.json"),
+    features_dir: Path | None = Path("data/features"),
     device: str = "cpu",
 ) -> dict:
-    """Train ``config`` at every (lr, head_lr) of the grid and add the points to ``out``
-    (points of other optimizers or scales already there are kept; a point measured
-    again replaces the old one). Returns the whole file's content."""
+    """Train every configuration of ``configs`` at every (lr, head_lr) of the grid and add
+    the points to ``out`` (points of other configurations or scales already there are
+    kept; a point measured again replaces the old one). Returns the whole file's content."""
     pin_cpu_kernels()
     params = load(params_file)
-    base = multitask_settings(params, config)
+    bases = {config: multitask_settings(params, config) for config in configs}  # names checked first
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
-    base = replace(
-        base,
-        test_predictions=False,
-        batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
-    )
     tables = {key: table for key, table in load_tables(Path(tokenized_dir)).items() if key[1] == "train"}
+    features = (
+        ProbeFeatures(features_dir) if features_dir is not None and Path(features_dir).is_dir() else None
+    )
     checkpoint_dir = resolve_checkpoint(params["checkpoint"])
     out = Path(out)
     study = (
@@ -74,36 +85,38 @@ def lr_search(
         if out.is_file()
         else {"command": "minbert lr-search", "runs": [], "chosen": {}}
     )
-    for lr, head_lr in itertools.product(lrs, head_lrs):
-        console.log(f"lr-search {config}: {base.optimizer} lr {lr:g}, head_lr {head_lr:g}")
-        point = search_point(
-            replace(base, lr=float(lr), head_lr=float(head_lr)), checkpoint_dir, tables, device
+    for config, base in bases.items():
+        base = replace(
+            base,
+            test_predictions=False,
+            batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
         )
-        key = {
-            "scale": params["scale"],
-            "config": config,
-            "optimizer": base.optimizer,
-            "lr": float(lr),
-            "head_lr": float(head_lr),
-        }
-        study["runs"] = [r for r in study["runs"] if {k: r[k] for k in key} != key]
-        study["runs"].append({**key, "seed": base.seed, **point})
-        console.log(
-            f"  validation average {point[f'validation_{AVERAGE}']:.4f} (epoch {point['best_epoch']})"
-        )
-    study["chosen"] = _chosen(study["runs"])
-    atomic_write_text(out, json.dumps(study, indent=2) + "\n")
+        for lr, head_lr in itertools.product(lrs, head_lrs):
+            console.log(f"lr-search {config}: {base.optimizer} lr {lr:g}, head_lr {head_lr:g}")
+            settings = replace(base, lr=float(lr), head_lr=float(head_lr))
+            point = search_point(settings, checkpoint_dir, tables, device, features)
+            key = {
+                "scale": params["scale"],
+                "config": config,
+                "optimizer": base.optimizer,
+                "lr": float(lr),
+                "head_lr": float(head_lr),
+            }
+            study["runs"] = [r for r in study["runs"] if {k: r.get(k) for k in key} != key]
+            study["runs"].append({**key, "seed": base.seed, **point})
+            console.log(f"  validation selection score {point[SCORE]:.4f} (epoch {point['best_epoch']})")
+        study["chosen"] = chosen(study["runs"])
+        atomic_write_text(out, json.dumps(study, indent=2) + "\n")
     return study
 
 
-def _chosen(runs: list[dict]) -> dict:
-    """Per scale and optimizer, the point with the best validation average."""
-    chosen: dict = {}
-    for run in runs:
-        name = f"{run['scale']}/{run['optimizer']}"
-        if name not in chosen or run[f"validation_{AVERAGE}"] > chosen[name][f"validation_{AVERAGE}"]:
-            chosen[name] = {
-                k: run[k] for k in ("scale", "optimizer", "config", "lr", "head_lr", f"validation_{AVERAGE}")
-            }
-            chosen[name][f"validation_{AVERAGE}"] = fixed(chosen[name][f"validation_{AVERAGE}"])
-    return dict(sorted(chosen.items()))
+def chosen(runs: list[dict]) -> dict:
+    """Per scale, configuration and optimizer, the point with the best validation
+    selection score (a tie keeps the smaller learning rates: the gentler update)."""
+    best: dict = {}
+    for run in sorted(runs, key=lambda r: (r["lr"], r["head_lr"])):
+        name = f"{run['scale']}/{run['config']}/{run['optimizer']}"
+        if name not in best or run[SCORE] > best[name][SCORE]:
+            best[name] = {k: run[k] for k in ("scale", "config", "optimizer", "lr", "head_lr")}
+            best[name][SCORE] = fixed(run[SCORE])
+    return dict(sorted(best.items()))

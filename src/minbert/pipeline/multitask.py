@@ -9,6 +9,7 @@ not from ``params.yaml``: DVC then reruns it only when its own resolved settings
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ import pandas as pd
 
 from minbert.atomic import atomic_directory
 from minbert.data.batches import TokenizedTable
-from minbert.metrics import fixed
+from minbert.metrics import fixed, score
 from minbert.model.bert import BertModel
 from minbert.model.multitask import save_multitask
 from minbert.pipeline import outputs
@@ -26,9 +27,13 @@ from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
 from minbert.pipeline.stage import started
 from minbert.results import EPOCH, STEPS, write_result
 from minbert.settings import MultitaskSettings
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, SPLITS, TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, SPLITS, TASKS
+from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.multitask import CONFLICT_COLUMNS, MultitaskResult, train_multitask
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
+
+# The model directory's record of the training and validation rows' ids, per task.
+TRAINING_IDS = "training-ids.json.gz"
 
 # Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
 # the number its batch of 36 was sized for.
@@ -76,6 +81,7 @@ def run(
     checkpoint: Path | None = None,
     resume_dir: Path | None = RESUME_DIRECTORY,
     models: Path | None = None,
+    features: Path | None = None,
 ) -> dict:
     """Train one configuration (``resolved``: its resolved settings file's content,
     ``minbert.pipeline.params.resolve_multitask``) on the tokenised tables (``manifest``:
@@ -85,7 +91,9 @@ def run(
 
     With ``checkpoint`` (an ``mlm@<start>`` stage's output) fine-tuning starts from that
     pretrained checkpoint instead of the configured one, and the outputs are named
-    ``<start>-<config>``. Training state is saved to ``resume_dir`` after every epoch,
+    ``<start>-<config>``. ``features``: the ``features`` stage's vectors of the configured
+    checkpoint for the head warm-up (from another checkpoint they are computed here).
+    Training state is saved to ``resume_dir`` after every epoch,
     and a rerun of an interrupted stage continues from it.
     """
     config = resolved["config"]
@@ -112,8 +120,11 @@ def run(
             manifest=manifest,
         )
         encoder = BertModel.from_pretrained(stage.checkpoint_dir)
-        result = train_multitask(settings, encoder, tables, stage.device, resume=resume, world=stage.world)
-        numbers, record = _results(resolved, settings, result, stage, manifest, checkpoint)
+        probe = None if features is None or checkpoint is not None else ProbeFeatures(features)
+        result = train_multitask(
+            settings, encoder, tables, stage.device, resume=resume, world=stage.world, features=probe
+        )
+        numbers, record = _results(resolved, settings, result, stage, manifest, checkpoint, tables)
         if stage.world.is_main:
             _write(
                 name,
@@ -132,8 +143,11 @@ def run(
         return {**record, **numbers}
 
 
-def _results(resolved, settings, result: MultitaskResult, stage, manifest, mlm_dir) -> tuple[dict, dict]:
+def _results(
+    resolved, settings, result: MultitaskResult, stage, manifest, mlm_dir, tables
+) -> tuple[dict, dict]:
     """The metrics file's numbers (the best epoch on the full dev sets) and the record."""
+    start_labels = {t: tables[t, "dev"].labels for t in result.start_predictions}
     numbers = {
         **{t: fixed(result.dev[TASKS[t].metric_key]) for t in MULTITASK_TASKS},
         AVERAGE: fixed(result.dev[AVERAGE]),
@@ -144,9 +158,21 @@ def _results(resolved, settings, result: MultitaskResult, stage, manifest, mlm_d
         "config": resolved["config"],
         "epochs": settings.epochs,
         "selection": (
-            "the epoch (1 or later) with the best average on the validation split, set aside "
+            "the epoch (1 or later) with the best mean of "
+            + ", ".join(TASKS[t].selection_title for t in MULTITASK_TASKS)
+            + " (chance-corrected: a constant answer scores 0) on the validation split, set aside "
             "from the training rows (never trained on); dev is scored once, with that epoch"
         ),
+        # The chance-corrected scores of the chosen epoch on the full dev sets.
+        "dev_selection": {
+            **{TASKS[t].selection_key: fixed(result.dev[TASKS[t].selection_key]) for t in MULTITASK_TASKS},
+            SELECTION: fixed(result.dev[SELECTION]),
+        },
+        # The model fine-tuning started from (fitted heads, untouched encoder) on dev.
+        "start_dev": {
+            TASKS[t].metric_key: fixed(score(t, labels, result.start_predictions[t]))
+            for t, labels in start_labels.items()
+        },
         "examples_seen": result.examples_seen,
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,
@@ -192,6 +218,7 @@ def _write(name, resolved, settings, result, numbers, record, tables, stage, met
     for task in MULTITASK_TASKS:
         for split, ids, predicted in (
             ("dev", result.dev_ids, result.dev_predictions),
+            ("dev-start", result.dev_ids, result.start_predictions),
             ("test", result.test_ids, result.test_predictions),
         ):
             if task in predicted:
@@ -215,10 +242,15 @@ def _write(name, resolved, settings, result, numbers, record, tables, stage, met
         with atomic_directory(models_dir / name) as directory:
             save_multitask(result.model.to("cpu"), directory, stage.checkpoint_dir / "vocab.txt", info)
             (directory / MODEL_CARD).write_text(card, encoding="utf-8")
+            # Which rows the model learned from, so that scoring it on them can be caught.
+            ids = json.dumps({"tasks": result.training_ids}, sort_keys=True).encode("utf-8")
+            (directory / TRAINING_IDS).write_bytes(gzip.compress(ids, mtime=0))
     outputs.write_history(metrics_dir / f"{name}-history.csv", result.history)
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
     write_result(metrics_dir, name, numbers, record)
 
 
 # ``--checkpoint``: an MLM stage's output to fine-tune from (stage multitask-mlm).
-main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", "models", optional=("checkpoint",))
+main = stage_main(
+    run, "tokenized", "manifest", "metrics", "predictions", "models", optional=("checkpoint", "features")
+)

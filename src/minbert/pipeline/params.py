@@ -26,6 +26,7 @@ __all__ = [
     "mlm_settings",
     "multitask_settings",
     "resolve_all",
+    "resolve_features",
     "resolve_mlm",
     "resolve_multitask",
     "resolve_sentiment",
@@ -83,12 +84,14 @@ def multitask_settings(params: dict, config: str) -> MultitaskSettings:
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart, warmup = values["smart"], sized["head_warmup"]
-    # The learning rates, their schedule and the weight decay belong to the optimizer.
+    # The learning rates, their schedule and the weight decay belong to the optimizer; the
+    # encoder's rate, to the configuration where the scale's search chose one for it.
     optimizer = sized["optimizers"][values["optimizer"]]
     return _settings(
         MultitaskSettings,
         **{k: values[k] for k in ("paraphrase_head", "sts_head", "sts_output", "gradient", "optimizer")},
-        **{k: optimizer[k] for k in ("lr", "head_lr", "weight_decay", "lr_schedule")},
+        lr=sized["lr_by_config"].get(config, optimizer["lr"]),
+        **{k: optimizer[k] for k in ("head_lr", "weight_decay", "lr_schedule")},
         lr_gamma=optimizer.get("lr_gamma", 1.0),
         batch_size={t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()},
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
@@ -156,6 +159,17 @@ def resolve_zero_shot(params: dict) -> dict:
     }
 
 
+def resolve_features(params: dict) -> dict:
+    """The head warm-up's vectors: the tasks it fits at this scale (none without a warm-up)."""
+    warmup = scale(params)["multitask"]["head_warmup"]
+    return {
+        **_run_context(params),
+        "pooling": scale(params)["pooling"],
+        "eval_batch_size": params["multitask"]["eval_batch_size"],
+        "tasks": list(warmup["tasks"]) if warmup["epochs"] else [],
+    }
+
+
 def resolve_tokenize(params: dict) -> dict:
     return {"checkpoint": params["checkpoint"], "max_length": scale(params)["max_length"]}
 
@@ -168,7 +182,11 @@ def resolve_all(params: dict) -> dict[str, dict]:
     whose resolved settings it changes (``dvc exp run -S smart.beta=0.95`` reruns the
     configurations with SMART, and no other).
     """
-    out = {"tokenize.json": resolve_tokenize(params), "zero-shot.json": resolve_zero_shot(params)}
+    out = {
+        "tokenize.json": resolve_tokenize(params),
+        "zero-shot.json": resolve_zero_shot(params),
+        "features.json": resolve_features(params),
+    }
     out.update(
         {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}
     )

@@ -12,8 +12,11 @@ from minbert.report import write_report
 @reported
 def main(argv: list[str]) -> None:
     """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
-    scales the runs were not made at, for "What chose what")."""
-    given = paths(argv, "metrics", "predictions", "prepared", "paper", "out", optional=("params",))
+    scales the runs were not made at, for "What chose what"; ``--smart-measurement``:
+    ``bench/smart_collapse.py``'s result)."""
+    given = paths(
+        argv, "metrics", "predictions", "prepared", "paper", "out", optional=("params", "smart-measurement")
+    )
     write_report(
         given["metrics"],
         given["predictions"],
@@ -21,4 +24,5 @@ def main(argv: list[str]) -> None:
         given["paper"],
         given["out"],
         given["params"],
+        given["smart_measurement"],
     )

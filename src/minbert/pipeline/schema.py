@@ -134,9 +134,10 @@ _SCALE = {
         "validation_examples": _PER_MULTITASK_TASK,
         "carved_quora_batch": CARVED_QUORA_BATCH,
         "history_examples": {"dev": int, "train": int},
-        "head_warmup": {"epochs": int, "lr": _NUMBER, "tasks": [tuple(MULTITASK_TASKS)]},
+        "head_warmup": {"epochs": int, "lr": _NUMBER, "batch_size": int, "tasks": [tuple(MULTITASK_TASKS)]},
         "test_predictions": bool,
         "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
+        "lr_by_config": {"*": _NUMBER},  # names from `configs`, checked in validate()
     },
     "mlm": {"max_length": int, "epochs": int, "batch_size": int, "sequences": int},
 }
@@ -244,6 +245,12 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
                 f"{source}: {key} names {unknown}, which are not in configs: {sorted(params['configs'])}"
             )
     for name, scale_params in params["scales"].items():
+        unknown = [c for c in scale_params["multitask"]["lr_by_config"] if c not in params["configs"]]
+        if unknown:
+            raise ParamsError(
+                f"{source}: scales.{name}.multitask.lr_by_config names {unknown}, which are not in "
+                f"configs: {sorted(params['configs'])}"
+            )
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
             key = f"scales.{name}.multitask.optimizers.{optimizer}"
             missing = [k for k in ("lr", "head_lr", "lr_schedule", "weight_decay") if k not in spec]

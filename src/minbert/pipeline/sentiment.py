@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minbert.data.batches import TokenizedTable
-from minbert.metrics import fixed
+from minbert.metrics import fixed, mcc
 from minbert.model.bert import BertModel
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
@@ -58,8 +58,12 @@ def run(
         "task": settings.task,
         "mode": settings.mode,
         "epochs": settings.epochs,
-        "selection": "the epoch (1 or later) with the best accuracy on the validation split, "
-        "set aside from the training rows (never trained on); dev is scored with that epoch",
+        "selection": "the epoch (1 or later) with the best MCC (chance-corrected: a constant answer "
+        "scores 0) on the validation split, set aside from the training rows (never trained on); "
+        "dev is scored with that epoch",
+        # The chosen epoch's chance-corrected score on dev, and its training budget.
+        "dev_mcc": fixed(mcc(tables["dev"].labels, result.dev_predictions)),
+        "examples_seen": result.examples_seen,
         "lr": settings.lr,
         "head_lr": settings.lr if settings.head_lr is None else settings.head_lr,
         "batch_size": settings.batch_size,

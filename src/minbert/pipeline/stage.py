@@ -14,6 +14,7 @@ import torch
 from minbert import distributed
 from minbert.device import choose_device, describe, pin_cpu_kernels
 from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+from minbert.progress import console
 from minbert.train.resume import ResumePoint, fingerprint
 
 
@@ -66,11 +67,15 @@ def started(
         world, device = distributed.World(), choose_device(resolved["device"])
     try:
         directory = Path(checkpoint_dir) if checkpoint_dir else resolve_checkpoint(resolved["checkpoint"])
-        yield Started(
+        begun = Started(
             world,
             device,
             directory,
             describe_checkpoint(checkpoint_name or resolved["checkpoint"], directory),
         )
+        if world.is_main:  # a line from the first second, before any long step
+            name = resolved.get("config") or resolved.get("run") or resolved.get("start") or ""
+            console.log(f"{stage} {name}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
+        yield begun
     finally:
         distributed.stop(world)

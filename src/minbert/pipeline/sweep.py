@@ -185,14 +185,20 @@ def _without_seed(params: dict) -> str:
 
 
 def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
-    """Each configuration's full-dev metrics per seed, from the runs whose parameters
-    are ``params`` but for the seed.
+    """Each configuration's full-dev metrics per seed other than ``params``' own, from the
+    runs whose parameters are ``params`` but for the seed. The own seed's numbers are
+    the committed metrics files, which the report reads itself: a copy here would go
+    stale the moment those are rebuilt.
 
     A run counts for a configuration only when that configuration's metrics file was
     written with the run's own seed: an experiment that retrained some stages keeps
     the others' files from its baseline, and those must not pass for another seed.
     """
-    same = [r for r in runs if _without_seed(r.params) == _without_seed(params)]
+    same = [
+        r
+        for r in runs
+        if _without_seed(r.params) == _without_seed(params) and r.params["seed"] != params["seed"]
+    ]
     out = {}
     for config in configs:
         by_seed = {}
@@ -236,7 +242,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
     """The seed study of ``params.yaml``'s ``seed_study``: queue its configurations for
     each of its seeds (``dvc exp run --queue -S seed=N multitask@<config> ...``), run
     the queue, wait, and write each configuration's full-dev metrics per seed to
-    ``out`` (the committed results give the default seed's)."""
+    ``out`` (the pipeline's own seed: the committed metrics files, not copied)."""
     from minbert.atomic import atomic_write_text
     from minbert.pipeline.params import load
     from minbert.progress import console
@@ -257,8 +263,8 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
     result = {
         "command": SEED_STUDY_COMMAND,
         "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
-        "`seed_study.seeds`, runs the queue and aggregates the finished experiments "
-        "with the committed results",
+        "`seed_study.seeds` and runs the queue; the pipeline's own seed is not copied here "
+        "(the report reads it from the current metrics files)",
         "seeds": sorted({r["seed"] for runs in configs.values() for r in runs}),
         "configs": configs,
     }

@@ -12,9 +12,10 @@ a row or a figure needs no change here; a configuration no table names is shown 
 "Other configurations". A configuration that was not run shows as "not run" in a
 table, and a figure whose inputs are missing is replaced by a line naming the
 missing files: a partial pipeline still gets a report. Only having no metrics at all
-is an error, and so is a multitask run without the keys the tables read
-(``writer.RUN_KEYS``): written before the stage recorded its training budget and
-validation split, it has to be regenerated (``dvc repro``), not shown half-empty.
+is an error, and so is a run without the keys the report reads (``writer.RUN_KEYS``,
+``writer.SENTIMENT_KEYS``): written before the stage recorded its training budget, its
+chance-corrected dev scores or its start, it has to be regenerated (``dvc repro``), not
+shown half-empty.
 
 The document itself is assembled by ``minbert.report.writer``.
 """

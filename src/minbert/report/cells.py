@@ -2,15 +2,20 @@
 and the one sentence a paired difference allows.
 
 A paired difference is called distinguishable (and printed bold) only when its
-bootstrap interval over the dev examples excludes zero, it has the same sign with
-every seed of the seed study, and both rows had the same training budget (optimizer
-steps and examples seen); an interval that excludes zero without the rest is marked
-with what it lacks (``MARKS_NOTE``).
+bootstrap interval over the dev examples excludes zero, so does its paired interval
+over the seeds of the seed study (``seed_interval``: one training run is one draw of
+the seed, which the dev bootstrap does not resample), and both rows had the same
+training budget (optimizer steps and examples seen); an interval that excludes zero
+without the rest is marked with what it lacks (``MARKS_NOTE``).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
+
+from scipy import stats
 
 from minbert import metrics as scoring
 from minbert.metrics import Interval
@@ -22,7 +27,13 @@ MODE_NAMES = {"last-layer": "last layer only", "full": "full fine-tuning"}
 COLUMNS = [*MULTITASK_TASKS, AVERAGE]
 COLUMN_TITLES = {**{t: TASKS[t].metric_title for t in MULTITASK_TASKS}, AVERAGE: "Average"}
 NO_NUMBER = "—"  # a number the source lacks
-# Filled in by interval_note(): the resampling settings are minbert.metrics' own.
+# The chance-corrected scores that chose the epochs and learning rates (a record's
+# ``dev_selection``, the search's ``validation_*``): a constant answer scores 0 on each.
+SELECTION_COLUMNS = {TASKS[t].selection_key: TASKS[t].selection_title for t in MULTITASK_TASKS}
+SELECTION_MEAN = f"the mean of {', '.join(SELECTION_COLUMNS.values())}"
+# The fewest seeds a paired interval over seeds is computed from (seed_interval).
+MIN_SEEDS = 3
+# Filled in by interval_note() (with MARKS_NOTE): the resampling settings are minbert.metrics' own.
 INTERVAL_NOTE = (
     "Ours: the number on the full dev set, with its {level} interval from a bootstrap over the "
     "dev examples ({resamples:,} resamples, percentile method; Quora resamples whole question groups, "
@@ -32,18 +43,20 @@ INTERVAL_NOTE = (
 )
 UNSETTLED, UNEQUAL = "†", "‡"
 MARKS_NOTE = (
-    "**Bold**: distinguishable: the interval excludes zero, the difference has the same sign "
-    'with every seed of the seed study (section "Seed study"), and both rows had the same '
-    "training budget (optimizer steps and training examples seen). "
-    f"{UNSETTLED}: the interval excludes zero, but the sign changes with the seed, or was not "
-    "checked (the row or its parent is not in the seed study): one seed's training run may "
-    f"be all that separates them. {UNEQUAL}: the interval excludes zero, but the row made a "
-    "different number of optimizer steps, or saw different training examples, than its "
-    "parent: the difference may be the budget's. Differences whose interval contains zero "
+    "**Bold**: distinguishable: the interval excludes zero, so does the paired {level} interval "
+    "over seeds (the row's number minus its parent's, seed by seed, for every seed of the seed "
+    "study both were trained with, the tables' own seed included: mean ± t · sd / √n, from at "
+    f'least {MIN_SEEDS} seeds; section "Seed study"), and both rows had the same training budget '
+    f"(optimizer steps and training examples seen). {UNSETTLED}: the interval excludes zero, "
+    "but the interval over seeds does not, or was not computed (the pair shares fewer than "
+    f"{MIN_SEEDS} seeds of the seed study): one seed's training run may be all that separates "
+    f"them. {UNEQUAL}: the interval excludes zero, but the row made a different number of "
+    "optimizer steps, or saw different training examples, than its parent: the difference may "
+    "be the budget's, whatever the seeds say. Differences whose interval contains zero "
     "are unmarked: not distinguishable on these dev sets, and the table does not rank them."
 )
 # The verdicts on one paired difference (Comparison.verdict).
-HOLDS, FLIPS, UNCHECKED, CONTAINS_ZERO = "holds", "flips", "unchecked", "contains zero"
+HOLDS, WITHIN_SEEDS, UNCHECKED, CONTAINS_ZERO = "holds", "within seeds", "unchecked", "contains zero"
 
 
 def level() -> str:
@@ -53,9 +66,8 @@ def level() -> str:
 
 def interval_note(parent: str) -> str:
     """The note under a table whose differences are ours minus ``parent``."""
-    return (
-        INTERVAL_NOTE.format(level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent) + MARKS_NOTE
-    )
+    note = INTERVAL_NOTE + MARKS_NOTE
+    return note.format(level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent)
 
 
 def fmt(x: float | None) -> str:
@@ -66,6 +78,11 @@ def fmt_interval(iv: Interval) -> str:
     return f"{iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
 
 
+def fmt_signed(iv: Interval) -> str:
+    """A difference with its interval, signed: ``+0.012 [-0.003, +0.027]``."""
+    return f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+
+
 def per_task(counts: dict) -> str:
     """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
     order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]
@@ -73,17 +90,49 @@ def per_task(counts: dict) -> str:
     return ", ".join(f"{TASKS[t].title if t in TASKS else t} {counts[t]}" for t in tasks)
 
 
+def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
+    """The seed study (``metrics/seed-study.json``: the extra seeds) with the tables' own
+    seed added from the current metrics files (``runs``), per configuration, by seed.
+    Never a stored copy of the own seed: a rebuild would leave it stale (an older study
+    file that holds one is read without it). ``seeds``: the extra seeds only."""
+    if study is None:
+        return None
+    own = {m["seed"] for m in runs.values()}
+    configs = {}
+    for config, rows in study["configs"].items():
+        kept = [r for r in rows if r["seed"] not in own]
+        if config in runs:
+            kept.append({"seed": runs[config]["seed"], **{c: runs[config][c] for c in COLUMNS}})
+        configs[config] = sorted(kept, key=lambda r: r["seed"])
+    return {**study, "seeds": sorted(set(study["seeds"]) - own), "configs": configs}
+
+
 def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, list[float]] | None:
     """Per column, ``config``'s number minus ``parent``'s with each seed both were trained
-    with in the seed study (``metrics/seed-study.json``); None when they share fewer
-    than two seeds (the sign is then not checked)."""
+    with in the seed study (``seed_runs``), in the order of the seeds; None without one."""
     if study is None:
         return None
     parent_runs = {r["seed"]: r for r in study["configs"].get(parent, [])}
     shared = [r for r in study["configs"].get(config, []) if r["seed"] in parent_runs]
-    if len(shared) < 2:
-        return None
     return {c: [r[c] - parent_runs[r["seed"]][c] for r in shared] for c in COLUMNS}
+
+
+def seed_interval(differences: list[float]) -> Interval | None:
+    """The paired interval over seeds of per-seed differences: their mean ± t · sd / √n
+    (Student's t at the intervals' level, n − 1 degrees of freedom); None from fewer
+    than ``MIN_SEEDS`` seeds."""
+    n = len(differences)
+    if n < MIN_SEEDS:
+        return None
+    mean = statistics.mean(differences)
+    half = stats.t.ppf(0.5 + scoring.CONFIDENCE / 2, n - 1) * statistics.stdev(differences) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half)
+
+
+def examples(run: dict) -> int:
+    """The training examples a run consumed over all epochs (all tasks together)."""
+    seen = run["examples_seen"]
+    return sum(seen.values()) if isinstance(seen, dict) else seen
 
 
 def budget_gap(run: dict, parent: dict) -> str | None:
@@ -92,7 +141,7 @@ def budget_gap(run: dict, parent: dict) -> str | None:
     seen, parent_seen = run["examples_seen"], parent["examples_seen"]
     if steps == parent_steps and seen == parent_seen:
         return None
-    total, parent_total = sum(seen.values()), sum(parent_seen.values())
+    total, parent_total = examples(run), examples(parent)
     words = [
         f"{steps:,} optimizer steps against {parent_steps:,}"
         if steps != parent_steps
@@ -109,25 +158,34 @@ def budget_gap(run: dict, parent: dict) -> str | None:
 
 def fmt_budget(run: dict) -> str:
     """A table's "steps / examples seen" cell."""
-    return f"{run[STEPS]:,} / {sum(run['examples_seen'].values()):,}"
+    return f"{run[STEPS]:,} / {examples(run):,}"
 
 
 @dataclass(frozen=True)
 class Comparison:
     """What a row's paired differences from its parent are judged with: each column's
-    per-seed differences in the seed study (None: not checked, ``seed_differences``)
-    and how the two rows' training budgets differ (None: the same, ``budget_gap``)."""
+    per-seed differences in the seed study (None: no study, ``seed_differences``) and
+    how the two rows' training budgets differ (None: the same, ``budget_gap``)."""
 
     seeds: dict[str, list[float]] | None = None
     budget: str | None = None
 
+    def over_seeds(self, column: str) -> Interval | None:
+        """The column's paired interval over seeds; None when not computed."""
+        return None if self.seeds is None else seed_interval(self.seeds[column])
+
+    @property
+    def seed_count(self) -> int:
+        return len(self.seeds[AVERAGE]) if self.seeds else 0
+
     def verdict(self, iv: Interval, column: str) -> str:
         if not iv.excludes_zero:
             return CONTAINS_ZERO
-        if self.seeds is None:
+        seeds = self.over_seeds(column)
+        if seeds is None:
             return UNCHECKED
-        positive = iv.value > 0
-        return HOLDS if all(d != 0 and (d > 0) == positive for d in self.seeds[column]) else FLIPS
+        # Over seeds, on the same side of zero as on dev.
+        return HOLDS if seeds.excludes_zero and (seeds.value > 0) == (iv.value > 0) else WITHIN_SEEDS
 
     def distinguishable(self, iv: Interval, column: str) -> bool:
         return self.verdict(iv, column) == HOLDS and self.budget is None
@@ -148,15 +206,15 @@ class Compared:
 
 
 def fmt_difference(iv: Interval, comparison: Comparison = Comparison(), column: str = AVERAGE) -> str:
-    """A paired difference: bold when distinguishable, else marked with what it lacks."""
-    text = f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+    """A paired difference: bold when distinguishable, else marked with what it lacks
+    (unequal budgets outweigh the seeds: ‡ alone)."""
+    text = fmt_signed(iv)
     verdict = comparison.verdict(iv, column)
     if verdict == CONTAINS_ZERO:
         return text
     if comparison.distinguishable(iv, column):
         return f"**{text}**"
-    marks = ("" if verdict == HOLDS else UNSETTLED) + ("" if comparison.budget is None else UNEQUAL)
-    return f"{text} {marks}"
+    return f"{text} {UNSETTLED if comparison.budget is None else UNEQUAL}"
 
 
 def md_row(cells: list[str]) -> str:
@@ -179,7 +237,7 @@ def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) 
 
 CONCLUSIONS_LEAD = (
     "What these dev sets can and cannot tell apart (distinguishable: the interval excludes "
-    "zero, the sign holds with every seed of the seed study, and the budgets are equal):"
+    "zero, so does the paired interval over seeds, and the budgets are equal):"
 )
 
 
@@ -187,7 +245,7 @@ def conclusion(
     name: str, parent: str, ivs: dict[str, Interval], comparison: Comparison = Comparison()
 ) -> str:
     """The one sentence the paired differences of ``name`` from ``parent`` allow."""
-    said: dict[str, list[str]] = {HOLDS: [], FLIPS: [], UNCHECKED: [], CONTAINS_ZERO: []}
+    said: dict[str, list[str]] = {HOLDS: [], WITHIN_SEEDS: [], UNCHECKED: [], CONTAINS_ZERO: []}
     for c in COLUMNS:
         verdict = comparison.verdict(ivs[c], c)
         direction = "higher" if ivs[c].value > 0 else "lower"
@@ -199,14 +257,15 @@ def conclusion(
     head = f"- `{name}` vs `{parent}`"
     if comparison.budget:
         head += f" (budgets differ: {comparison.budget})"
-    if not any(said[v] for v in (HOLDS, FLIPS, UNCHECKED)):
+    if not any(said[v] for v in (HOLDS, WITHIN_SEEDS, UNCHECKED)):
         return f"{head}: no difference is distinguishable from zero."
+    seeds = f"the interval over {comparison.seed_count} seeds"
     lead = {
-        HOLDS: "distinguishable"
+        HOLDS: f"distinguishable ({seeds} excludes zero)"
         if comparison.budget is None
-        else "interval excludes zero and the sign holds with every seed, but the budgets differ",
-        FLIPS: "interval excludes zero, but the sign changes with the seed",
-        UNCHECKED: "interval excludes zero, sign across seeds not checked",
+        else f"interval excludes zero and so does {seeds}, but the budgets differ",
+        WITHIN_SEEDS: f"interval excludes zero, but {seeds} does not",
+        UNCHECKED: f"interval excludes zero, not checked over seeds (fewer than {MIN_SEEDS} in the study)",
         CONTAINS_ZERO: "not distinguishable",
     }
     return (

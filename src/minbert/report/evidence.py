@@ -149,6 +149,20 @@ class Evidence:
             ),
         )
 
+    def selection_difference(self, run: Scored, parent: Scored) -> Interval:
+        """``run`` minus ``parent`` in the mean of the tasks' chance-corrected selection
+        metrics (paired): what ranks configurations, which a constant answer cannot win."""
+        return self._cached(
+            (run.name, parent.name, "selection"),
+            lambda: paired_average(
+                [
+                    (t, run.labels[t], run.predictions[t], parent.predictions[t], run.groups.get(t))
+                    for t in run.labels
+                ],
+                selection=True,
+            ),
+        )
+
     def column(self, run: Scored, column: str) -> Interval:
         """A table column's cell: a task's metric, or ``AVERAGE``."""
         return self.average(run) if column == AVERAGE else self.cell(run, column)

@@ -1,16 +1,22 @@
 """What the report found, in plain words, computed from the same evidence as its tables:
 the scale the numbers were made at, where fine-tuning stands against the untrained
-checkpoint it starts from, which configuration scores highest and whether the data
-separate it from the next, which ablation differences the data can tell apart, and
-which controls are not met. No number here is written by hand."""
+checkpoint it starts from, which configuration scores highest on the chance-corrected
+score that chose the epochs and how far it is from the next, which ablation differences
+the data and the seeds can tell apart, and which controls are not met. No number here
+is written by hand."""
 
 from __future__ import annotations
 
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
+    MIN_SEEDS,
     NO_NUMBER,
+    SELECTION_MEAN,
+    UNEQUAL,
     Compared,
+    budget_gap,
+    fmt_signed,
     md_header,
     md_row,
     multitask_scored,
@@ -18,11 +24,7 @@ from minbert.report.cells import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.notes import usual
-from minbert.tasks import AVERAGE, MULTITASK_TASKS
-
-
-def _interval(iv) -> str:
-    return f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION
 
 
 def _share(names: list[str], total: int) -> str:
@@ -94,35 +96,29 @@ def findings_section(
             "checkpoint it started from):",
             "",
             *md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)]),
-            *(md_row([f"`{n}`", *(_interval(d[c]) for c in COLUMNS)]) for n, d in deltas.items()),
+            *(md_row([f"`{n}`", *(fmt_signed(d[c]) for c in COLUMNS)]) for n, d in deltas.items()),
         ]
-    ranked = sorted(runs, key=lambda n: runs[n][AVERAGE], reverse=True)
-    top = ranked[0]
-    sentence = f"The highest average is `{top}`'s {runs[top][AVERAGE]:.3f}"
-    if len(ranked) > 1:
-        second = ranked[1]
-        iv = evidence.average_difference(
-            multitask_scored(evidence, "multitask", top, runs[top]),
-            multitask_scored(evidence, "multitask", second, runs[second]),
-        )
-        separated = "separated from" if iv.excludes_zero else "not separated from"
-        sentence += f", {separated} the next, `{second}` (Δ {_interval(iv)}, one seed)"
-    said.append(sentence + ".")
+    said.append(highest(runs, evidence))
     separated = [c for c in compared if c.distinguishable()]
     unequal = [c for c in compared if c.ivs[AVERAGE].excludes_zero and c.comparison.budget]
     if separated:
         said.append(
             "Ablation differences in the average that the data separate (interval excludes zero, "
-            "the sign holds with every seed, equal budgets): "
-            + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in separated)
-            + "; no other is: its interval contains zero, its sign changes with the seed, or no "
-            "seed study covers it."
+            "so does the paired interval over seeds, equal budgets): "
+            + "; ".join(
+                f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f} (distinguishable: the "
+                f"interval over {c.comparison.seed_count} seeds, "
+                f"{fmt_signed(c.comparison.over_seeds(AVERAGE))}, excludes zero)"
+                for c in separated
+            )
+            + "; no other is: its interval contains zero, its interval over seeds does not exclude "
+            f"zero, or the seed study does not cover it with {MIN_SEEDS} seeds or more."
         )
     else:
         said.append("No ablation difference in the average is separated by these dev sets and seeds.")
     if unequal:
         said.append(
-            "Differences between rows trained with other budgets (‡) are not counted: "
+            f"Differences between rows trained with other budgets ({UNEQUAL}) are not counted: "
             + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in unequal)
             + "."
         )
@@ -131,7 +127,8 @@ def findings_section(
         said.append(
             f"{len(missed_controls)} of {controls_checked} control checks {verb} not met"
             + (f" ({'; '.join(missed_controls)})" if missed_controls else "")
-            + ": those cells measure a head no better than a constant answer."
+            + ": those cells measure a head no better than its control (a constant answer, the "
+            "untrained checkpoint, or the model fine-tuning started from)."
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best
@@ -140,3 +137,31 @@ def findings_section(
             f"averages {runs[config][AVERAGE]:.3f} here."
         )
     return [" ".join(said), *table] if said else [NO_NUMBER]
+
+
+def highest(runs: dict[str, dict], evidence: Evidence) -> str:
+    """The configuration highest on the chance-corrected dev score (each record's
+    ``dev_selection``), and how far the next is; the plain average, the paper's metric,
+    can rank a constant answer high (Quora's always-not-duplicate)."""
+    score = {n: m["dev_selection"][SELECTION] for n, m in runs.items()}
+    ranked = sorted(runs, key=lambda n: score[n], reverse=True)
+    top = ranked[0]
+    sentence = (
+        f"Ranked on dev by the chance-corrected score that chose the epochs on validation "
+        f"({SELECTION_MEAN}; a constant answer scores 0), the highest is `{top}`'s {score[top]:.3f}"
+    )
+    if len(ranked) == 1:
+        return sentence + "."
+    second = ranked[1]
+    gap = budget_gap(runs[top], runs[second])
+    iv = evidence.selection_difference(
+        multitask_scored(evidence, "multitask", top, runs[top]),
+        multitask_scored(evidence, "multitask", second, runs[second]),
+    )
+    separated = "separated from" if iv.excludes_zero else "not separated from"
+    return (
+        sentence
+        + f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}, one seed"
+        + (f"; {UNEQUAL} budgets differ: {gap}" if gap else "")
+        + ")."
+    )

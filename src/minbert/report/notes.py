@@ -18,14 +18,15 @@ from minbert.report.cells import per_task
 from minbert.results import EPOCH, STEPS
 
 
-def selection_note(runs: list[dict]) -> str:
-    """What chose each run's epoch, in its record's words (once when all agree)."""
+def selection_note(runs: dict[str, dict], which: str) -> str:
+    """What chose the epoch of each of ``runs`` (by name; ``which``: what they are), in its
+    record's words (once when all agree)."""
     chosen: dict[str, list[str]] = {}
-    for m in runs:
-        chosen.setdefault(m["selection"], []).append(f"`{m['config']}`")
+    for name, m in runs.items():
+        chosen.setdefault(m["selection"], []).append(f"`{name}`")
     if len(chosen) == 1:
-        return f"The epoch of each run: {next(iter(chosen))}."
-    return "The epoch of each run: " + "; ".join(f"{', '.join(c)}: {s}" for s, c in chosen.items()) + "."
+        return f"The epoch of each {which}: {next(iter(chosen))}."
+    return f"The epoch of each {which}: " + "; ".join(f"{', '.join(c)}: {s}" for s, c in chosen.items()) + "."
 
 
 def rates(s: dict) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minbert.report.cells import NO_NUMBER, md_header, md_row, per_task
+from minbert.report.cells import NO_NUMBER, fmt_budget, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
-from minbert.results import EPOCH, STEPS
+from minbert.results import EPOCH
 from minbert.tasks import TASKS
 
 
@@ -43,7 +43,7 @@ def setup_section(
     dev.update({m["task"]: m["dev_examples"] for m in sentiment})
     seeds = _each(runs, lambda m: str(m["seed"])) + " (every table)"
     if seed_study:
-        seeds += f"; {', '.join(map(str, seed_study['seeds']))} (the seed study)"
+        seeds += f"; {', '.join(map(str, seed_study['seeds']))} besides it (the seed study)"
     rows = [
         ("Checkpoint", _each(runs, lambda m: f"`{m['checkpoint']['name']}`"), paper["checkpoint"]),
         (
@@ -146,13 +146,7 @@ def _multitask_or(sentiment: Callable[[dict], str], multitask: Callable[[dict], 
 # value every run shares becomes one line above the table instead.
 PROVENANCE: list[tuple[str, Callable[[dict], str]]] = [
     ("Epoch kept", lambda m: f"{m[EPOCH]} of {m['epochs']}"),
-    (
-        "Optimizer steps / examples seen",
-        _multitask_or(
-            lambda m: f"{m[STEPS]:,} / {m['train_examples'] * m['epochs']:,}",
-            lambda m: f"{m[STEPS]:,} / {sum(m['examples_seen'].values()):,}",
-        ),
-    ),
+    ("Optimizer steps / examples seen", fmt_budget),
     (
         "Training examples",
         _multitask_or(lambda m: f"{m['train_examples']:,}", lambda m: per_task(m["train_examples"])),

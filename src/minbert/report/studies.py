@@ -1,43 +1,78 @@
 """The report's sections beyond the paper's tables: what chose each run's epoch and
-learning rates, MLM pretraining before fine-tuning, and the seed study."""
+learning rates (and what those chance-corrected scores are on dev), MLM pretraining
+before fine-tuning, and the seed study."""
 
 from __future__ import annotations
 
 import statistics
 
+from minbert.metrics import Interval
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
+    MIN_SEEDS,
     NO_NUMBER,
+    SELECTION_COLUMNS,
+    SELECTION_MEAN,
     Comparison,
     budget_gap,
     conclusion,
+    fmt,
     fmt_budget,
     fmt_difference,
     fmt_interval,
+    fmt_signed,
+    level,
     md_header,
     md_row,
     multitask_scored,
     per_task,
+    seed_differences,
+    seed_interval,
 )
 from minbert.report.evidence import Evidence
 from minbert.report.notes import rates, selection_note, usual
 from minbert.results import ACCURACY
-from minbert.tasks import AVERAGE
+from minbert.tasks import AVERAGE, SELECTION
 
 
 def selection_section(
-    runs: dict[str, dict], params: dict | None, lr_search: dict | None, sources: dict[str, str]
+    runs: dict[str, dict],
+    sentiment: list[dict],
+    params: dict | None,
+    lr_search: dict | None,
+    sources: dict[str, str],
 ) -> str:
-    """What chose each run's epoch and its learning rates, per scale: the runs' own
-    metrics for the scale they ran at, ``params`` (params.yaml) for the others, and
+    """What chose each run's epoch and its learning rates, and the multitask runs'
+    chance-corrected dev scores (their records' ``dev_selection``); per scale, the runs'
+    own metrics for the scale they ran at, ``params`` (params.yaml) for the others, and
     ``sources`` (paper.yaml's ``learning_rates``: scale -> what chose its rates)."""
     if not runs:
         return "No multitask configuration has been run (stage `multitask`)."
     ran = list(dict.fromkeys(m["scale"] for m in runs.values()))
     scales = list(dict.fromkeys([*(params["scales"] if params else []), *ran]))
-    lines = [
-        selection_note(list(runs.values())),
+    lines = [selection_note(runs, "multitask run")]
+    if sentiment:
+        lines += ["", selection_note({m["run"]: m for m in sentiment}, "sentiment run (Table 1)")]
+    lines += [
+        "",
+        "The tables keep the paper's metrics (accuracy, Pearson's r and their average); the "
+        "epochs and the learning rates were chosen by the chance-corrected ones, on which a "
+        "constant answer scores 0 however common that answer is. The multitask runs' "
+        "chance-corrected scores on the full dev sets, with the chosen epoch (each record's "
+        "`dev_selection`; Mean: what chose the epoch, there on the validation split):",
+        "",
+        *md_header(["Configuration", *SELECTION_COLUMNS.values(), "Mean"]),
+        *(
+            md_row(
+                [
+                    f"`{name}`",
+                    *(fmt(m["dev_selection"][k]) for k in SELECTION_COLUMNS),
+                    fmt(m["dev_selection"][SELECTION]),
+                ]
+            )
+            for name, m in runs.items()
+        ),
         "",
         *md_header(["Scale", "Validation split, examples per task", "Learning rates", "Chosen by"]),
     ]
@@ -74,12 +109,14 @@ def selection_section(
     return "\n".join(lines)
 
 
-LR_SEARCH_KEYS = ("optimizer", "lr", "head_lr", "validation_average")
+# A search point's score: its best epoch's validation selection score (SELECTION_MEAN).
+SEARCH_SCORE = f"validation_{SELECTION}"
+LR_SEARCH_KEYS = ("scale", "config", "optimizer", "lr", "head_lr", SEARCH_SCORE, "optimizer_steps")
 
 
 def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
-    """The learning-rate search (``metrics/lr-search.json``): every point, the chosen
-    one per optimizer in bold, and any run above that did not use the choice."""
+    """The learning-rate search (``metrics/lr-search.json``): per configuration, every
+    grid point's score, its chosen point in bold, and whether the tables' run used it."""
     if study is None:
         return [
             "No learning-rate search has been committed (`metrics/lr-search.json`); run "
@@ -88,67 +125,78 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     for i, point in enumerate(study["runs"]):
         missing = [k for k in LR_SEARCH_KEYS if k not in point]
         if missing:
-            raise ValueError(f"metrics/lr-search.json: runs[{i}] lacks {', '.join(missing)}")
-    chosen = list(study.get("chosen", {}).values())
-
-    def is_chosen(point: dict) -> bool:
-        return any(
-            all(point.get(k) == c[k] for k in ("scale", "optimizer", "lr", "head_lr") if k in c)
-            for c in chosen
-        )
-
+            raise ValueError(
+                f"metrics/lr-search.json: runs[{i}] lacks {', '.join(missing)}: written by an "
+                "older `minbert lr-search`; rerun it"
+            )
+    grid = sorted({(p["lr"], p["head_lr"]) for p in study["runs"]})
+    searched: dict[tuple, dict] = {}
+    for p in study["runs"]:
+        searched.setdefault((p["scale"], p["config"], p["optimizer"]), {})[p["lr"], p["head_lr"]] = p
     lines = [
-        f"Learning-rate search (`metrics/lr-search.json`, `{study.get('command', 'minbert lr-search')}`): "
-        "each point trains the configuration at its scale without scoring dev, and scores the "
-        "validation average of its best epoch; the best point per scale and optimizer is "
-        "chosen (**bold**).",
+        f"Learning-rate search (`metrics/lr-search.json`, `{study['command']}`): every "
+        "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
+        "lr) without scoring dev; a point scores the validation selection score of its best "
+        f"epoch ({SELECTION_MEAN}, as the epochs are chosen), and each configuration gets its "
+        "own best point (**bold**; a tie keeps the smaller rates).",
         "",
         *md_header(
             [
                 "Scale",
                 "Configuration",
                 "Optimizer",
-                "lr",
-                "head lr",
-                "best epoch",
-                "validation average",
+                *(f"lr {lr:g}, heads {head:g}" for lr, head in grid),
                 "optimizer steps",
+                "The tables' run",
             ]
         ),
     ]
-    order = sorted(study["runs"], key=lambda r: (r.get("scale", ""), r["optimizer"], r["lr"], r["head_lr"]))
-    for point in order:
-        average = f"{point['validation_average']:.3f}"
-        lines.append(
-            md_row(
-                [
-                    f"`{point.get('scale', NO_NUMBER)}`",
-                    f"`{point.get('config', NO_NUMBER)}`",
-                    point["optimizer"],
-                    f"{point['lr']:g}",
-                    f"{point['head_lr']:g}",
-                    str(point.get("best_epoch", NO_NUMBER)),
-                    f"**{average}**" if is_chosen(point) else average,
-                    f"{point['optimizer_steps']:,}" if "optimizer_steps" in point else NO_NUMBER,
-                ]
-            )
-        )
-    for c in chosen:
-        # Runs at the search's scale with its optimizer that used other rates, by rates.
-        other: dict[str, list[str]] = {}
-        for name, m in runs.items():
-            s = m["settings"]
-            if s["optimizer"] != c["optimizer"] or c.get("scale", m["scale"]) != m["scale"]:
-                continue
-            if (s["lr"], s.get("head_lr")) != (c["lr"], c["head_lr"]):
-                other.setdefault(rates(s), []).append(f"`{name}`")
-        for used, names in other.items():
-            lines += [
-                "",
-                f"Note: {', '.join(names)} ran {used}, not the search's choice for {c['optimizer']} "
-                f"(lr {c['lr']:g}, heads {c['head_lr']:g}).",
-            ]
+    for (scale, config, optimizer), points in sorted(searched.items()):
+        best = study["chosen"].get(f"{scale}/{config}/{optimizer}")
+        cells = []
+        for point in grid:
+            text = f"{points[point][SEARCH_SCORE]:.3f}" if point in points else NO_NUMBER
+            cells.append(f"**{text}**" if best and (best["lr"], best["head_lr"]) == point else text)
+        steps = ", ".join(dict.fromkeys(f"{p['optimizer_steps']:,}" for p in points.values()))
+        row = [f"`{scale}`", f"`{config}`", optimizer, *cells, steps, _used(runs.get(config), scale, best)]
+        lines.append(md_row(row))
+    unsearched = [
+        f"`{n}`" for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched
+    ]
+    if unsearched:
+        lines += ["", f"Not in the search: {', '.join(unsearched)}; {_inherited(runs, searched, study)}."]
     return lines
+
+
+def _inherited(runs: dict[str, dict], searched: dict, study: dict) -> str:
+    """Where the unsearched runs' rates come from: ``best``'s choice when they all share it
+    (its ablations, each removing one component at equal rates), else params.yaml."""
+    names = [n for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched]
+    parent = runs.get("best")
+    chosen = parent and study["chosen"].get(f"{parent['scale']}/best/{parent['settings']['optimizer']}")
+    if chosen and all(
+        runs[n]["scale"] == parent["scale"]
+        and (runs[n]["settings"]["lr"], runs[n]["settings"].get("head_lr"))
+        == (chosen["lr"], chosen["head_lr"])
+        for n in names
+    ):
+        return (
+            f"they run at `best`'s chosen rates (lr {chosen['lr']:g}, heads {chosen['head_lr']:g}), "
+            "chosen on the parent alone, so each ablation changes one component at equal rates"
+        )
+    return "their rates: params.yaml"
+
+
+def _used(run: dict | None, scale: str, best: dict | None) -> str:
+    """Whether the tables' run of a searched configuration used the search's choice."""
+    if run is None or run["scale"] != scale:
+        return f"not run at `{scale}`"
+    if best is None:
+        return NO_NUMBER
+    s = run["settings"]
+    if (s["optimizer"], s["lr"], s.get("head_lr")) == (best["optimizer"], best["lr"], best["head_lr"]):
+        return "the chosen rates"
+    return f"not the chosen rates: {rates(s)}"
 
 
 def mlm_section(
@@ -238,72 +286,83 @@ def mlm_section(
     return "\n".join(lines + lead + (["", *notes] if notes else []))
 
 
-def seed_section(study: dict | None, parents: dict[str, str]) -> str:
-    """The seed study (``minbert seed-study``): mean ± sample standard deviation per
-    cell, and each configuration's average minus its ablation parent's (``parents``,
-    from the report's tables) seed by seed."""
+def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, dict]) -> str:
+    """The seed study with the tables' own seed (``cells.seed_runs``): mean ± sample
+    standard deviation per cell, and each configuration's average minus its ablation
+    parent's (``parents``, from the report's tables) seed by seed, with the paired
+    interval over seeds that the tables' bold rests on."""
     if study is None:
         return (
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "
             "`minbert seed-study` (see the README)."
         )
     configs = study["configs"]
+    own = usual({n: str(m["seed"]) for n, m in runs.items()})
     lines = [
-        f"Each configuration trained with seeds {', '.join(map(str, study['seeds']))}, the "
-        "seed changing the heads' initialisation, the dropout masks, the training subsets "
-        "and the batch order; every cell is the mean ± sample standard deviation over the "
-        f"seeds on the full dev sets. Regenerate it with `{study['command']}` "
+        f"Each configuration trained with seeds {', '.join(map(str, study['seeds']))} (the seed "
+        f"study) and with the tables' own seed {own}, read from the current metrics files; the "
+        "seed changes the heads' initialisation, the dropout masks, the training subsets "
+        "and the batch order, and every cell is the mean ± sample standard deviation over the "
+        f"seeds on the full dev sets. Regenerate the study with `{study['command']}` "
         f"({study['how']}).",
         "",
     ]
     lines += md_header(
-        ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), "seeds", "Average − parent, per seed"]
+        [
+            "Configuration",
+            *(COLUMN_TITLES[c] for c in COLUMNS),
+            "seeds",
+            "Average − parent, per seed",
+            f"{level()} interval over seeds",
+        ]
     )
     verdicts = []
-    for config, runs in configs.items():
+    for config, rows in configs.items():
         cells = [f"`{config}`"]
         for c in COLUMNS:
-            values = [r[c] for r in runs]
+            values = [r[c] for r in rows]
             cells.append(
                 f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
                 if len(values) > 1
                 else f"{values[0]:.3f}"
             )
-        cells.append(", ".join(str(r["seed"]) for r in runs))
+        cells.append(", ".join(str(r["seed"]) for r in rows))
         parent = parents.get(config)
-        diffs = _per_seed_differences(runs, configs.get(parent, []))
+        diffs = seed_differences(study, config, parent)[AVERAGE] if parent in configs else []
         if diffs:
-            cells.append(f"vs `{parent}`: " + ", ".join(f"{d:+.3f}" for d in diffs.values()))
-            verdicts.append(_seed_verdict(config, parent, diffs))
+            iv = seed_interval(diffs)
+            per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
+            cells += [f"vs `{parent}`: {per_seed}", fmt_signed(iv) if iv else NO_NUMBER]
+            gap = budget_gap(runs[config], runs[parent]) if config in runs and parent in runs else None
+            verdicts.append(_seed_verdict(config, parent, len(diffs), iv, gap))
         else:
-            cells.append(NO_NUMBER)
+            cells += [NO_NUMBER, NO_NUMBER]
         lines.append(md_row(cells))
     lines += [
         "",
         "Average − parent: the configuration's average minus that of the configuration it "
         "ablates (as in the tables above), trained with the same seed, one number per seed "
-        "in the order of the seeds column. A seed-to-seed standard deviation comparable to a "
-        "difference between two configurations means that difference could be the seed's "
-        "doing, whatever its bootstrap interval over examples says. With this few seeds, a "
-        "sign shared by every seed is a consistency check, not a test: the tables above call "
-        "a difference distinguishable only when its sign, column by column, holds with every "
-        "seed here.",
+        "in the order of the seeds column. Interval over seeds: their mean ± t · sd / √n "
+        f"(Student's t, n − 1 degrees of freedom), from at least {MIN_SEEDS} seeds. It measures "
+        "what another training run would change, on the same dev examples, where the tables' "
+        "bootstrap measures what other dev examples would change, for one training run: the "
+        "tables call a difference distinguishable only when both exclude zero, column by column.",
     ]
     if verdicts:
         lines += ["", *verdicts]
     return "\n".join(lines)
 
 
-def _per_seed_differences(runs: list[dict], parent_runs: list[dict]) -> dict[int, float]:
-    """Average minus the parent's average, for each seed both were trained with."""
-    parent = {r["seed"]: r[AVERAGE] for r in parent_runs}
-    return {r["seed"]: r[AVERAGE] - parent[r["seed"]] for r in runs if r["seed"] in parent}
-
-
-def _seed_verdict(config: str, parent: str, diffs: dict[int, float]) -> str:
-    seeds = len(diffs)
-    if all(d > 0 for d in diffs.values()):
-        return f"- `{config}` vs `{parent}`: higher average with all {seeds} seeds."
-    if all(d < 0 for d in diffs.values()):
-        return f"- `{config}` vs `{parent}`: lower average with all {seeds} seeds."
-    return f"- `{config}` vs `{parent}`: the sign of the difference changes with the seed; not separated."
+def _seed_verdict(config: str, parent: str, seeds: int, iv: Interval | None, gap: str | None) -> str:
+    """The plain verdict on the average over seeds, naming an unequal budget."""
+    head = f"- `{config}` vs `{parent}`"
+    if iv is None:
+        return f"{head}: {seeds} shared seed(s), fewer than {MIN_SEEDS}: not checked."
+    if not iv.excludes_zero:
+        return f"{head}: the interval over {seeds} seeds contains zero: the seeds do not separate them."
+    direction = "higher" if iv.value > 0 else "lower"
+    budget = f", but the budgets differ ({gap}): it may be the budget's" if gap else ""
+    return (
+        f"{head}: {direction} average by {abs(iv.value):.3f} over {seeds} seeds, an interval "
+        f"that excludes zero: separated by the seeds{budget}."
+    )

@@ -3,10 +3,10 @@
 Every "ours" cell is a metrics file's number with a 95% bootstrap interval over the
 dev examples; every configuration with an ablation parent gets a paired bootstrap
 of its difference from the parent on the same examples. A difference is called
-distinguishable only when its interval excludes zero, its sign holds with every seed
-of the seed study and both rows had the same training budget (``cells.Comparison``);
-each row shows its budget (optimizer steps / examples seen), and the conclusions
-under each table say no more than that.
+distinguishable only when its interval excludes zero, so does its paired interval over
+the seeds of the seed study, and both rows had the same training budget
+(``cells.Comparison``); each row shows its budget (optimizer steps / examples seen),
+and the conclusions under each table say no more than that.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
 def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
+    """Table 1: each arm (last layer only, full fine-tuning) with its budget beside the
+    references, and full minus last layer, paired (no seed study covers it: † or ‡)."""
     by_cell = {(m["task"], m["mode"]): m for m in metrics}
     scored = {
         key: evidence.scored(
@@ -52,8 +54,9 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
     header = ["Task"]
     for mode_name in MODE_NAMES.values():
         header += [f"{mode_name} (ours)"] + [f"{mode_name} ({r['name']})" for r in refs]
+        header.append(f"{mode_name} steps / examples")
     header.append("Δ full − last layer (ours, paired)")
-    lines = md_header(header)
+    lines, gaps = md_header(header), []
     for task in SENTIMENT_TASKS:
         name = f"{TASKS[task].title} ({TASKS[task].num_classes} classes)"
         row = [name]
@@ -61,10 +64,25 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
             ours = scored.get((task, mode))
             row.append(fmt_interval(evidence.cell(ours, task)) if ours else "not run")
             row += [fmt(r["rows"].get(task, {}).get(mode)) for r in refs]
+            row.append(fmt_budget(by_cell[task, mode]) if ours else NO_NUMBER)
         full, last = scored.get((task, "full")), scored.get((task, "last-layer"))
-        row.append(fmt_difference(evidence.difference(full, last, task)) if full and last else NO_NUMBER)
+        if full and last:
+            gap = budget_gap(by_cell[task, "full"], by_cell[task, "last-layer"])
+            gaps += [f"{TASKS[task].title}: {gap}."] if gap else []
+            row.append(fmt_difference(evidence.difference(full, last, task), Comparison(budget=gap)))
+        else:
+            row.append(NO_NUMBER)
         lines.append(md_row(row))
-    notes = ["", "Δ: full fine-tuning minus last layer only, on the same dev examples."]
+    notes = [
+        "",
+        "Δ: full fine-tuning minus last layer only, on the same dev examples. Steps / examples: "
+        "each arm's optimizer steps and the training examples it consumed (training rows × epochs).",
+    ]
+    if gaps:
+        notes.append(
+            "Where the arms' budgets differ, a Δ whose interval excludes zero is marked "
+            f"{UNEQUAL} (it may be the budget's); full fine-tuning against last layer only: " + " ".join(gaps)
+        )
     if not by_cell:
         notes.append("No sentiment run has been made (stage `sentiment`).")
     notes += [""] + [f'Reference column "{r["name"]}": {r["source"].strip()}' for r in refs]
@@ -227,3 +245,40 @@ def smart_table(runs: list[dict]) -> list[str]:
         "the perturbation.",
     ]
     return lines
+
+
+def smart_collapse_section(measurement: dict | None, source: str) -> str:
+    """Why SMART's settings are what they are here: ``bench/smart_collapse.py``'s runs of one
+    configuration per variant of SMART's settings (``measurement``: its result file), the
+    validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head."""
+    if measurement is None:
+        return (
+            f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
+        )
+    found = measurement["results"]
+    variants = found["variants"]
+    epochs = len(next(iter(variants.values()))["epochs"])
+    lines = [
+        f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
+        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps; "
+        f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
+        "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
+        "of lambda_s times the smoothness term and of mu times the Bregman term "
+        "(docs/smart.md says what they show).",
+        "",
+        *md_header(
+            ["Variant", *(f"Quora MCC, epoch {e}" for e in range(epochs)), "loss", "smoothness", "Bregman"]
+        ),
+    ]
+    for name, variant in variants.items():
+        gradient = variant["epochs"][1]["head_gradient_quora"]
+        lines.append(
+            md_row(
+                [
+                    name,
+                    *(f"{e['validation']['quora_mcc']:.3f}" for e in variant["epochs"]),
+                    *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
+                ]
+            )
+        )
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from minbert.atomic import atomic_directory
-from minbert.report.cells import interval_note
+from minbert.report.cells import interval_note, seed_runs
 from minbert.report.controls import controls_section
 from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
@@ -26,33 +26,36 @@ from minbert.report.notes import fill_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.setup import provenance_section, setup_section
 from minbert.report.studies import mlm_section, seed_section, selection_section
-from minbert.report.tables import multitask_table, other_configurations, table1
+from minbert.report.tables import multitask_table, other_configurations, smart_collapse_section, table1
 from minbert.results import STEPS, read_result, read_results
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"
 ZERO_SHOT_FILE = "zero-shot.json"
 LR_SEARCH_FILE = "lr-search.json"
-# What every multitask run must state for the tables (besides the scores).
-RUN_KEYS = (STEPS, "examples_seen", "validation_examples", "selection")
+# What every multitask run must state for the tables (besides the scores): its budget,
+# what chose its epoch, its chance-corrected dev scores, and its start's (the controls).
+RUN_KEYS = (STEPS, "examples_seen", "validation_examples", "selection", "dev_selection", "start_dev")
+# The same of every sentiment run (Table 1).
+SENTIMENT_KEYS = (STEPS, "examples_seen", "selection")
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task in the last section)."
 )
 
 
-def load_runs(directory: Path) -> list[dict]:
-    """A multitask stage's runs, each checked for ``RUN_KEYS`` (and SMART's measured
-    terms when SMART was on)."""
+def load_runs(directory: Path, keys: tuple[str, ...] = RUN_KEYS) -> list[dict]:
+    """A stage's runs, each checked for ``keys`` (and SMART's measured terms when SMART
+    was on)."""
     runs = read_results(directory)
     for m in runs:
-        missing = [k for k in RUN_KEYS if k not in m]
+        missing = [k for k in keys if k not in m]
         if m.get("settings", {}).get("smart") and "smart" not in m:
             missing.append("smart (SMART's adversarial term and its control)")
         if missing:
             raise ValueError(
-                f"{directory}/{m.get('config', '?')}.json: missing key(s) {', '.join(missing)}: "
-                "written by an older `multitask` stage; rerun it (dvc repro)"
+                f"{directory}/{m.get('config', m.get('run', '?'))}.json: missing key(s) "
+                f"{', '.join(missing)}: written by an older stage; rerun it (dvc repro)"
             )
     return runs
 
@@ -105,17 +108,19 @@ def write_report(
     paper_file: Path,
     out_dir: Path,
     params_file: Path | None = None,
+    smart_file: Path | None = None,
 ) -> None:
     """The report under ``out_dir``: README.md, its figures, and the tables the top-level
     plots of dvc.yaml draw (``out_dir/plots/``). ``params_file`` (params.yaml) gives the
     scales the runs were not made at, for "What chose what"; without it that section
-    shows the runs' own scale only."""
+    shows the runs' own scale only. ``smart_file``: ``bench/smart_collapse.py``'s result, for
+    the section on SMART's settings."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)
     params = yaml.safe_load(Path(params_file).read_text(encoding="utf-8")) if params_file else None
     evidence = Evidence(predictions_dir, prepared_dir)
-    sentiment = read_results(metrics_dir / "sentiment")
+    sentiment = load_runs(metrics_dir / "sentiment", SENTIMENT_KEYS)
     multitask_dir = metrics_dir / "multitask"
     multitask = {m["config"]: m for m in load_runs(multitask_dir)}
     if not sentiment and not multitask:
@@ -125,7 +130,7 @@ def write_report(
         )
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
     zero_shot = read_result(zero_shot_file) if zero_shot_file.is_file() else None
-    seed_study = _optional_json(metrics_dir / SEED_STUDY_FILE)
+    seed_study = seed_runs(_optional_json(metrics_dir / SEED_STUDY_FILE), multitask)
     tuned = load_runs(metrics_dir / "multitask-mlm")
 
     tables, compared, shown = [], [], set()
@@ -188,6 +193,13 @@ def write_report(
         controls.text,
         "",
     ]
+    if smart_file is not None:
+        sections += [
+            "## SMART at this budget: what its settings rest on",
+            "",
+            smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix()),
+            "",
+        ]
     if paper.get("choices"):
         sections += [
             "## Where the paper is silent, and what this pipeline chose",
@@ -200,6 +212,7 @@ def write_report(
         "",
         selection_section(
             multitask,
+            sentiment,
             params,
             _optional_json(metrics_dir / LR_SEARCH_FILE),
             paper.get("learning_rates", {}),
@@ -211,7 +224,7 @@ def write_report(
         "",
         "## Seed study",
         "",
-        seed_section(seed_study, ablation_parents(paper)),
+        seed_section(seed_study, ablation_parents(paper), multitask),
         "",
     ]
     with atomic_directory(out_dir) as tmp:

@@ -5,20 +5,28 @@ bend the encoder towards them instead of training the heads (at the cpu scale a 
 gets 72 updates). Fitting each head first on the pooled vectors of the untouched
 checkpoint ("linear probing, then fine-tuning", Kumar et al., 2022, who show it also
 distorts the pretrained features less) starts fine-tuning from heads that already
-read the features.
+read the features, and SMART's teacher (a copy of the model made after this) from
+heads worth staying near.
 
-The encoder runs once over each task's training and validation rows (eval mode, no
-gradient); the heads then train on those cached vectors alone, which costs next to
-nothing: up to ``epochs`` passes of AdamW at ``lr`` (weight decay on the weight
-matrices only), keeping the pass with the lowest validation loss (per task). The
-heads train in training mode (their own dropout on the features), the validation
-loss is taken in eval mode. Heads without parameters (the cosine head) are left as
-they are. Every draw is seeded, and the global random state is restored afterwards,
-so each data-parallel rank fits the same heads and training then runs as it would
-have without the warm-up.
+The heads train on the pooled vectors of every training row outside the validation
+split, not only of the rows fine-tuning then takes: a linear probe is cheap, and a
+Quora head reading ``concat(u, v)`` (no product of the two sentences) needs thousands
+of pairs to beat the constant answer (docs/method.md). The vectors come from the
+``features`` stage (:class:`ProbeFeatures`, computed once for every configuration that
+starts from the same checkpoint), or are computed here (:func:`pooled_vectors`, encoder
+in eval mode, no gradient). Up to ``epochs`` passes of AdamW at ``lr`` (weight decay on
+the weight matrices only), keeping the pass with the lowest validation loss (per
+task). The heads train in training mode (their own dropout on the features), the
+validation loss is taken in eval mode. Heads without parameters (the cosine head)
+are left as they are. Every draw is seeded, and the global random state is restored
+afterwards, so each data-parallel rank fits the same heads and training then runs as
+it would have without the warm-up.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,28 +35,84 @@ from minbert.data.batches import length_bucketed_batches, random_batches
 from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple, to_device
 from minbert.metrics import fixed
+from minbert.model.bert import BertModel
+from minbert.model.heads import pool
 from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.settings import HeadWarmup
+from minbert.tasks import TASKS
+
+
+def layout(task: str, siamese: bool) -> str:
+    """How a task's rows are encoded for its head: one sentence, each sentence of a pair
+    on its own (siamese heads), or the pair packed into one sequence (cross-encoder)."""
+    return "siamese" if siamese else ("cross" if TASKS[task].is_pair else "sentence")
 
 
 @torch.no_grad()  # not inference_mode: the heads' backward pass saves these
-def pooled_vectors(
-    model: MultitaskBert, task: str, data: TaskData, batch_size: int, device: torch.device
+def frozen_vectors(
+    encoder: BertModel, pooling: str, data: TaskData, batch_size: int, device: torch.device
 ) -> torch.Tensor:
-    """The pooled vectors of every row of ``data``, in eval mode: ``(rows, hidden)``, or
-    ``(rows, 2, hidden)`` for a siamese head (the pair's two sentences)."""
-    was_training = model.training
-    model.eval()
+    """The pooled vectors of every row of ``data`` from ``encoder`` in eval mode:
+    ``(rows, hidden)``, or ``(rows, 2, hidden)`` for siamese rows (the pair's two sentences)."""
+    was_training = encoder.training
+    encoder.eval()
     parts, order = [], []
     for rows in length_bucketed_batches(data.lengths, batch_size, shuffle=False):
+        batch = data.batch(rows, pad_multiple(device)).to(device)
         with compute_context(device):
-            pooled = model.pooled(data.batch(rows, pad_multiple(device)).to(device)).float()
-        parts.append(torch.stack(pooled.chunk(2), dim=1) if model.is_siamese(task) else pooled)
+            output = encoder.encode(
+                encoder.embed(batch.ids, batch.token_types), batch.mask if batch.padded else None
+            )
+            pooled = pool(output, batch.mask, pooling).float()
+        parts.append(torch.stack(pooled.chunk(2), dim=1) if data.siamese else pooled)
         order.append(rows)
-    model.train(was_training)
+    encoder.train(was_training)
     vectors = torch.empty(len(data), *parts[0].shape[1:], device=parts[0].device)
     vectors[torch.from_numpy(np.concatenate(order)).to(vectors.device)] = torch.cat(parts)
     return vectors
+
+
+def pooled_vectors(
+    model: MultitaskBert, task: str, data: TaskData, batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """What ``model``'s head for ``task`` reads for every row of ``data``, from its encoder
+    in eval mode (:func:`frozen_vectors`)."""
+    return frozen_vectors(model.encoder, model.pooling, data, batch_size, device)
+
+
+class ProbeFeatures:
+    """The ``features`` stage's output: per task and :func:`layout`, the frozen checkpoint's
+    pooled vectors of every row of the training split (``<task>-<layout>.npy``), with
+    ``index.json`` naming the checkpoint, the pooling and each file's rows."""
+
+    INDEX = "index.json"
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        index = self.directory / self.INDEX
+        if not index.is_file():
+            raise FileNotFoundError(f"{index}: no probe features index (run `dvc repro features`)")
+        self.index = json.loads(index.read_text(encoding="utf-8"))
+        self._ids: dict[str, dict[str, int]] = {}
+
+    def vectors(self, data: TaskData, ids: list[str], device: torch.device) -> torch.Tensor:
+        """The vectors of the rows named ``ids`` of ``data``'s task, in its layout."""
+        name = f"{data.task}-{layout(data.task, data.siamese)}"
+        if name not in self.index["files"]:
+            raise KeyError(f"{self.directory}: no probe features for {name}")
+        entry = self.index["files"][name]
+        array = np.load(self.directory / f"{name}.npy", mmap_mode="r")
+        if array.shape[0] != entry["rows"]:
+            raise ValueError(
+                f"{self.directory / name}.npy: {array.shape[0]} rows, the index says {entry['rows']}"
+            )
+        if name not in self._ids:
+            self._ids[name] = {i: k for k, i in enumerate(entry["ids"])}
+        where = self._ids[name]
+        missing = [i for i in ids if i not in where]
+        if missing:
+            raise KeyError(f"{self.directory / name}.npy: no vector for ids {missing[:5]}")
+        return to_device(torch.from_numpy(np.array(array[[where[i] for i in ids]])), device)
 
 
 def _head_loss(model: MultitaskBert, task: str, vectors: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -71,20 +135,29 @@ def warm_up_heads(
     train: dict[str, TaskData],
     validation: dict[str, TaskData],
     warmup: HeadWarmup,
-    batch_size: dict[str, int],
-    eval_batch_size: int,
+    *,
     weight_decay: float,
     device: torch.device,
     seed: int,
+    eval_batch_size: int = 128,
+    features: ProbeFeatures | None = None,
 ) -> dict[str, dict]:
-    """Fit each task head of ``model`` on the frozen encoder's pooled vectors; returns,
-    per task with a trainable head, the pass kept (0: none beat the fresh head) and the
-    validation loss before and after."""
+    """Fit each task head of ``model`` on the frozen encoder's pooled vectors of the
+    ``train`` rows (from ``features`` when given), keeping the pass with the lowest loss
+    on the ``validation`` rows; returns, per task with a trainable head, the rows it was
+    fitted on, the pass kept (0: none beat the fresh head) and the validation loss
+    before and after."""
     if warmup.epochs == 0:
         return {}
     rng = np.random.default_rng(seed)
     report = {}
     devices = [device] if device.type == "cuda" else []
+
+    def vectors(data: TaskData) -> torch.Tensor:
+        if features is not None:
+            return features.vectors(data, data.table.ids, device)
+        return pooled_vectors(model, data.task, data, eval_batch_size, device)
+
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for task, data in train.items():
@@ -94,9 +167,8 @@ def warm_up_heads(
             params = [p for p in head.parameters() if p.requires_grad]
             if not params:
                 continue
-            x = pooled_vectors(model, task, data, eval_batch_size, device)
-            y = to_device(data.labels(np.arange(len(data))), device)
-            val_x = pooled_vectors(model, task, validation[task], eval_batch_size, device)
+            x, y = vectors(data), to_device(data.labels(np.arange(len(data))), device)
+            val_x = vectors(validation[task])
             val_y = to_device(validation[task].labels(np.arange(len(validation[task]))), device)
             optimizer = torch.optim.AdamW(
                 [
@@ -110,7 +182,7 @@ def warm_up_heads(
             best_epoch, best_state = 0, {k: v.clone() for k, v in head.state_dict().items()}
             head.train()
             for epoch in range(1, warmup.epochs + 1):
-                for rows in random_batches(len(data), batch_size[task], rng):
+                for rows in random_batches(len(data), warmup.batch_size, rng):
                     index = torch.from_numpy(rows).to(device)
                     optimizer.zero_grad(set_to_none=True)
                     _head_loss(model, task, x[index], y[index]).backward()
@@ -121,6 +193,7 @@ def warm_up_heads(
                     best_state = {k: v.clone() for k, v in head.state_dict().items()}
             head.load_state_dict(best_state)
             report[task] = {
+                "rows": len(data),
                 "epochs_kept": best_epoch,
                 "validation_loss_before": fixed(before),
                 "validation_loss_after": fixed(best_loss),

@@ -22,9 +22,10 @@ warm-up (``minbert.train.head_warmup``) the heads are first fitted on the frozen
 checkpoint. It is scored before its first encoder update (epoch 0) and after every
 epoch on the validation split and on fixed slices of the dev and training sets (the
 history); the best epoch by the
-validation average is then scored once on the full dev sets, which give the
-reported numbers, and predicts the test sets. Dev never chooses anything: its slice
-only draws the curves of the figures.
+validation split's selection score (the mean of the tasks' chance-corrected metrics,
+``minbert.tasks``: a head answering one constant scores 0 there) is then scored once
+on the full dev sets, which give the reported numbers, and predicts the test sets. Dev
+never chooses anything: its slice only draws the curves of the figures.
 
 Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
 ``minbert.distributed`` says how the batches, losses and outputs are split.
@@ -48,8 +49,8 @@ from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.progress import console
 from minbert.settings import MultitaskSettings
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
-from minbert.train.head_warmup import warm_up_heads
+from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
+from minbert.train.head_warmup import ProbeFeatures, warm_up_heads
 from minbert.train.loop import Epochs, cpu_copy
 from minbert.train.multitask_step import MultitaskStep
 from minbert.train.objective import LOSS_PARTS
@@ -65,6 +66,9 @@ class MultitaskResult:
     best_epoch: int = 0
     dev: dict = field(default_factory=dict)  # the best epoch's scores on the full dev sets
     dev_predictions: dict[str, np.ndarray] = field(default_factory=dict)
+    # The model fine-tuning starts from (fitted heads, untouched encoder) on the full SST
+    # dev set: the run's own SST control (fine-tuning should not end below it).
+    start_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     test_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     train_examples: dict[str, int] = field(default_factory=dict)
     history_examples: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -74,6 +78,9 @@ class MultitaskResult:
     examples_seen: dict[str, int] = field(default_factory=dict)  # training rows consumed, all epochs
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
     test_ids: dict[str, list[str]] = field(default_factory=dict)
+    # Per task, the ids of the training rows the model learned from (the heads' warm-up
+    # reads every row outside validation; fine-tuning, a subset) and of the validation rows.
+    training_ids: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     model: MultitaskBert | None = None  # with the best epoch's weights
 
 
@@ -122,6 +129,7 @@ class RunData:
     """The tables one run reads, as batches for its model's heads."""
 
     train: dict[str, TaskData]
+    pool: dict[str, TaskData]  # every training row outside validation (train is drawn from it)
     validation: dict[str, TaskData]  # set aside from the training split: chooses the epoch
     dev: dict[str, TaskData]
     test: dict[str, TaskData]
@@ -143,6 +151,7 @@ def run_data(
         for t in MULTITASK_TASKS
     }
     validation = {t: data(t, carved[t][1]) for t in MULTITASK_TASKS}
+    pool = {t: data(t, carved[t][0]) for t in MULTITASK_TASKS}
     train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in MULTITASK_TASKS}
     dev = {t: data(t, tables[t, "dev"]) for t in MULTITASK_TASKS if (t, "dev") in tables}  # none: a search
     test = {
@@ -155,7 +164,7 @@ def run_data(
         "dev": {t: data(t, d.table, sizes["dev"]) for t, d in dev.items()},
         "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in MULTITASK_TASKS},
     }
-    return RunData(train, validation, dev, test, slices)
+    return RunData(train, pool, validation, dev, test, slices)
 
 
 def train_multitask(
@@ -167,13 +176,15 @@ def train_multitask(
     resume: ResumePoint | None = None,
     world: World = World(),
     score_dev: bool = True,
+    features: ProbeFeatures | None = None,
 ) -> MultitaskResult:
     """Train on rows of ``tables[(task, "train")]`` outside its validation split; score
     the validation split and fixed slices of the dev and training sets before training
     and after every epoch; select the best epoch (1 or later) by the validation
-    average and score it on the full ``(task, "dev")`` tables; predict
+    selection score and score it on the full ``(task, "dev")`` tables; predict
     ``(task, "test")`` where given. Without ``score_dev`` (a learning-rate search)
-    nothing of dev is scored at all.
+    nothing of dev is scored at all. ``features``: the frozen checkpoint's pooled vectors
+    the head warm-up fits on (computed here when not given).
 
     With several ranks (``world``), each step's global batch of a task holds
     ``world.size * batch_size`` rows, split across the ranks.
@@ -185,22 +196,29 @@ def train_multitask(
     if not epochs.resumed:  # before the optimizer and SMART's teacher copy the heads
         result.head_warmup = warm_up_heads(
             model,
-            data.train,
+            data.pool,
             data.validation,
             settings.head_warmup,
-            {t: b * world.size for t, b in settings.batch_size.items()},  # the global batch
-            settings.eval_batch_size,
-            settings.weight_decay,
-            device,
-            settings.seed,
+            weight_decay=settings.weight_decay,
+            device=device,
+            seed=settings.seed,
+            eval_batch_size=settings.eval_batch_size,
+            features=features,
         )
     loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, result)
+    if score_dev and not epochs.resumed:
+        result.start_predictions = {"sst": loop.score({"sst": data.dev["sst"]})[1]["sst"]}
     result.history, result.best_epoch = epochs.run(loop, settings.epochs, "multitask")
     result.model = model  # with the best epoch's weights
     result.optimizer_steps, result.examples_seen = loop.global_step, {t: int(n) for t, n in loop.seen.items()}
     result.validation_examples = {t: len(d) for t, d in data.validation.items()}
     result.train_examples = {t: len(d) for t, d in data.train.items()}
     result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()}
+    learned = data.pool if result.head_warmup else data.train
+    result.training_ids = {
+        t: {"trained": learned[t].table.ids, "validation": data.validation[t].table.ids}
+        for t in MULTITASK_TASKS
+    }
     if not score_dev:
         return result
     if world.is_main:
@@ -217,7 +235,7 @@ class _MultitaskEpochs:
     """An epoch of multitask training for the epoch driver (``minbert.train.loop.Epochs``):
     every step of ``MultitaskStep``, the epoch's mean losses per task (SMART's terms
     apart), PCGrad's conflicts, the schedule's step, then the validation split and the
-    history's slices scored. Selection: the validation average."""
+    history's slices scored. Selection: the validation split's selection score."""
 
     def __init__(self, settings, model, data: RunData, device, world: World, score_dev: bool, result):
         self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
@@ -279,9 +297,9 @@ class _MultitaskEpochs:
             if self.settings.smart or part == "loss"
         }
         val_scores, dev_scores, train_scores = self._slices()
-        titles = (*(TASKS[t].metric_key for t in MULTITASK_TASKS), AVERAGE)
+        titles = (*(TASKS[t].selection_key for t in MULTITASK_TASKS), SELECTION)
         log(f"epoch {epoch}: validation " + ", ".join(f"{k} {val_scores[k]:.3f}" for k in titles))
-        return history_row(epoch, lr, losses, val_scores, dev_scores, train_scores), val_scores[AVERAGE]
+        return history_row(epoch, lr, losses, val_scores, dev_scores, train_scores), val_scores[SELECTION]
 
     def state(self) -> dict:
         # Collective: every rank's generators, each rank resumes from its own.
@@ -297,6 +315,8 @@ class _MultitaskEpochs:
             "generators": generators,
             "conflicts": self.result.conflicts,
             "head_warmup": self.result.head_warmup,
+            # As lists: the saved state loads with torch.load(weights_only=True), no numpy.
+            "start_predictions": {t: p.tolist() for t, p in self.result.start_predictions.items()},
         }
 
     def load_state(self, state: dict) -> None:
@@ -306,7 +326,8 @@ class _MultitaskEpochs:
         if self.train_step.teacher is not None:
             self.train_step.teacher.module.load_state_dict(state["teacher"])
         restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)
-        self.result.conflicts, self.result.head_warmup = state["conflicts"], state.get("head_warmup", {})
+        self.result.conflicts, self.result.head_warmup = state["conflicts"], state["head_warmup"]
+        self.result.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
         self.global_step, self.seen = state["global_step"], state["examples_seen"]
 
     def weights(self) -> dict:

@@ -149,7 +149,7 @@ class MultitaskStep:
                     self.model, self.net, self.teacher, smart, task, batch, labels, self.device, start
                 )
                 objectives.append(weight * objective)
-                local[k] = weight * parts
+                local[k] = weight * parts.detach()
                 rows_used[task] = batch.rows
             step_losses = local.clone()
             if world.distributed:

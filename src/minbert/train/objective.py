@@ -76,8 +76,9 @@ def task_objective(
     device,
     start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The task's training objective and its LOSS_PARTS (detached, for the log): the
-    task loss, plus SMART's weighted smoothness and Bregman terms when SMART is on.
+    """The task's training objective and its LOSS_PARTS, unweighted (the log detaches them;
+    ``bench/smart_collapse.py`` measures each one's gradient): the task loss, plus SMART's
+    weighted smoothness and Bregman terms when SMART is on.
 
     ``net`` is the model itself, or its DistributedDataParallel wrapper: every pass
     that builds the graph goes through it. ``start`` is SMART's random start.
@@ -87,7 +88,7 @@ def task_objective(
             output = net(task, batch, model.embed(batch))
         loss = task_loss(task, output, labels)
         zero = torch.zeros((), device=loss.device)
-        return loss, torch.stack([loss.detach(), zero, zero, zero])
+        return loss, torch.stack([loss, zero, zero, zero])
     with compute_context(device):
         embedded = model.embed(batch)
         # After the embedding layer (its output is reused, masks and all), before the
@@ -108,4 +109,4 @@ def task_objective(
     loss = task_loss(task, output, labels)
     bregman = bregman_loss(output, target, kind)
     objective = loss + smart.lambda_s * adversarial + smart.mu * bregman
-    return objective, torch.stack([loss, adversarial, control, bregman]).detach()
+    return objective, torch.stack([loss, adversarial, control, bregman])

@@ -13,8 +13,8 @@ Before training, ``validation_examples`` rows of the training split are set asid
 (``minbert.data.validation``) and the training rows are drawn from the rest. The
 validation split and the dev set are evaluated before the first update (epoch 0:
 the head as initialised) and after each epoch; the epoch (1 or later) with the best
-validation accuracy is kept, and its weights produce the dev and test predictions:
-dev chooses nothing.
+validation MCC (chance-corrected: 0 for a head that answers one class) is kept, and its
+weights produce the dev and test predictions: dev chooses nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from minbert.data.batches import (
 from minbert.data.validation import carve_validation
 from minbert.device import compute_context, to_device
 from minbert.evaluate.sentiment import encode_pooled, predict_logits
-from minbert.metrics import accuracy, fixed
+from minbert.metrics import accuracy, fixed, mcc
 from minbert.model.bert import BertModel
 from minbert.model.heads import ClassificationHead, SentimentClassifier
 from minbert.settings import SentimentSettings
@@ -58,6 +58,7 @@ class SentimentResult:
     train_examples: int = 0
     validation_examples: int = 0
     optimizer_steps: int = 0  # over all epochs
+    examples_seen: int = 0  # training rows consumed over all epochs (every row once an epoch)
 
 
 def train_sentiment(
@@ -89,15 +90,23 @@ def train_sentiment(
     result = train_mode(settings, encoder, train, validation, dev, test, device, rng, resume)
     result.dev_accuracy = accuracy(dev.labels, result.dev_predictions)
     result.train_examples, result.validation_examples = len(train), len(validation)
+    result.examples_seen = len(train) * settings.epochs
     return result
+
+
+def _scores(labels: np.ndarray, logits: torch.Tensor) -> tuple[float, float]:
+    """Accuracy (the table's metric) and MCC (the selection metric) of the logits' argmax."""
+    predicted = logits.argmax(-1).numpy()
+    return accuracy(labels, predicted), mcc(labels, predicted)
 
 
 class _Epochs:
     """A sentiment mode's epoch for the epoch driver (``minbert.train.loop.Epochs``):
     train, score the validation split and dev, step the schedule. ``train_epoch(epoch,
     tick)`` trains one epoch (``tick(loss)`` after every step) and returns its mean loss
-    and accuracy; ``evaluate()`` returns ((validation loss, accuracy), (dev loss,
-    accuracy)); ``module`` holds the weights an epoch is kept with."""
+    and accuracy; ``evaluate()`` returns ((validation loss, accuracy, MCC), (dev loss,
+    accuracy, MCC)); ``module`` holds the weights an epoch is kept with. Selection: the
+    validation MCC (chance-corrected: a head answering one class scores 0)."""
 
     def __init__(self, settings, module, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
         self.module, self.optimizer, self.rng = module, optimizer, rng
@@ -106,7 +115,7 @@ class _Epochs:
 
     @staticmethod
     def _row(epoch, lr, train, scores) -> dict:
-        (val_loss, val_acc), (dev_loss, dev_acc) = scores
+        (val_loss, val_acc, val_mcc), (dev_loss, dev_acc, dev_mcc) = scores
         return dict(
             epoch=epoch,
             lr=lr,
@@ -114,8 +123,10 @@ class _Epochs:
             train_accuracy=fixed(train[1]),
             val_loss=fixed(val_loss),
             val_accuracy=fixed(val_acc),
+            val_mcc=fixed(val_mcc),
             dev_loss=fixed(dev_loss),
             dev_accuracy=fixed(dev_acc),
+            dev_mcc=fixed(dev_mcc),
         )
 
     def before(self) -> dict:
@@ -129,12 +140,12 @@ class _Epochs:
         )
         scores = self.evaluate()
         self.scheduler.step()
-        (val_loss, val_acc), _ = scores
+        (val_loss, val_acc, val_mcc), _ = scores
         log(
             f"epoch {epoch}: train loss {train_loss:.4f} acc {train_acc:.3f} | "
-            f"validation loss {val_loss:.4f} acc {val_acc:.3f}"
+            f"validation loss {val_loss:.4f} acc {val_acc:.3f} MCC {val_mcc:.3f}"
         )
-        return self._row(epoch, lr, (train_loss, train_acc), scores), val_acc
+        return self._row(epoch, lr, (train_loss, train_acc), scores), val_mcc
 
     def state(self) -> dict:
         return {
@@ -233,12 +244,7 @@ def _train_head_on_features(
         scores = []
         for name in ("validation", "dev"):
             logits = logits_of(name)
-            scores.append(
-                (
-                    F.cross_entropy(logits, y[name]).item(),
-                    accuracy(y[name].numpy(), logits.argmax(-1).numpy()),
-                )
-            )
+            scores.append((F.cross_entropy(logits, y[name]).item(), *_scores(y[name].numpy(), logits)))
         return tuple(scores)
 
     result = _run_epochs(
@@ -300,9 +306,7 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
         for table in (validation, dev):
             logits = logits_of(table)
             y = torch.tensor(table.labels, dtype=torch.long)
-            scores.append(
-                (F.cross_entropy(logits, y).item(), accuracy(table.labels, logits.argmax(-1).numpy()))
-            )
+            scores.append((F.cross_entropy(logits, y).item(), *_scores(table.labels, logits)))
         return tuple(scores)
 
     result = _run_epochs(

@@ -63,8 +63,10 @@ infinity norm 1. (mt-dnn's README gives it as the paper's code, so this is
 presumably the size the paper's lambda_s in {1, 3, 5} went with.)
 ``projection="token"`` keeps that geometry: the step is the paper's normalised
 gradient, normalised per token, and each token's perturbation is then scaled to
-infinity norm ``token_norm`` (default 1, the reference code's: an L2 norm 0.55 of
-the token's own; R_s 0.23 / 0.26 / 1.45, and 0.023 / 0.025 / 0.12 at 0.1).
+infinity norm ``token_norm``. The reference code's 1 (an L2 norm 0.55 of the token's
+own; R_s 0.23 / 0.26 / 1.45) makes the term's gradient on the heads larger than the
+task loss's from the first steps, and the heads collapse to one answer in short runs;
+the default is 0.1 (R_s 0.023 / 0.025 / 0.12), under which they learn (docs/smart.md).
 ``epsilon`` keeps the paper's value and only the ``"ball"`` projection reads it.
 (The reference code feeds ``embed + noise`` back through the embedding layer as
 ``inputs_embeds``, which adds the position and segment embeddings again and
@@ -135,6 +137,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert.device import at_least_float32
 from minbert.tasks import HEAD_OUTPUTS
 
 # What the compared outputs are: a task's head output kind (minbert.tasks.HEAD_OUTPUTS).
@@ -166,7 +169,7 @@ def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
         raise ValueError(f"unknown divergence kind {kind!r}; expected one of {', '.join(KINDS)}")
     if a.shape != b.shape:
         raise ValueError(f"cannot compare predictions of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    a, b = a.float(), b.float()
+    a, b = at_least_float32(a), at_least_float32(b)
     if kind == "multiclass":
         log_p, log_q = F.log_softmax(a, dim=-1), F.log_softmax(b, dim=-1)
         # KL(p||q) + KL(q||p) = sum p (log p - log q) + sum q (log q - log p)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from minbert.model.dropout import tiled
 from minbert.settings import SmartSettings
@@ -61,13 +62,15 @@ def _perturbed_pass(
     masks: DropoutMasks | None,
     copies: int = 1,
     replay: bool = True,
+    tiling: bool = False,
 ) -> torch.Tensor:
     """``forward_fn(embedded)`` as SMART's passes run it: in float32 with autocast off (a
     perturbation added to order-one embeddings does not survive bf16's 8-bit mantissa).
     With ``masks`` (shared masks), the pass starts from the saved random state (replayed
     and put back, or with ``replay`` False rewound and left to go on) and draws its masks
     for one copy of the batch, however many ``copies`` ``embedded`` stacks
-    (``minbert.model.dropout.tiled``). The output is float32."""
+    (``minbert.model.dropout.tiled``); ``tiling`` runs one copy through those explicit
+    operators without shared masks too. The output is float32."""
     if masks is None:
         state = contextlib.nullcontext()
     elif replay:
@@ -75,8 +78,8 @@ def _perturbed_pass(
     else:
         masks.rewind()
         state = contextlib.nullcontext()
-    tiling = tiled(copies) if masks is not None else contextlib.nullcontext()
-    with torch.autocast(embedded.device.type, enabled=False), state, tiling:
+    explicit = tiled(copies) if masks is not None or tiling else contextlib.nullcontext()
+    with torch.autocast(embedded.device.type, enabled=False), state, explicit:
         return forward_fn(embedded.float()).float()
 
 
@@ -117,42 +120,77 @@ def project(noise: torch.Tensor, settings: SmartSettings) -> torch.Tensor:
     return settings.token_norm * _unit_inf_norm(noise, dim=-1)
 
 
+def divergence_curvature(clean: torch.Tensor, change: torch.Tensor, kind: Kind) -> torch.Tensor:
+    """The divergence's second derivative at ``clean``, applied to an output ``change``:
+    ``H @ change`` with ``H`` the Hessian of ``divergence(a, clean)`` in ``a`` at ``a = clean``.
+
+    It is the gradient of ``divergence(clean + change, clean)`` to first order in
+    ``change``, computed without forming ``clean + change``: in float32 that sum would
+    round away most of a change 1e-5 the size of ``clean``.
+    """
+    return torch.func.jvp(torch.func.grad(lambda a: divergence(a, clean, kind)), (clean,), (change,))[1]
+
+
+def ascent_gradient(
+    forward_fn: Callable[[torch.Tensor], torch.Tensor],
+    embedded: torch.Tensor,
+    noise: torch.Tensor,
+    kind: Kind,
+    masks: DropoutMasks | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient in ``noise`` of ``divergence(f(embedded + noise), f(embedded))``, taken on
+    the divergence's second-order model at the clean input (J' H J noise, J the Jacobian of
+    the output in the input), and the clean output f(embedded) it is taken at.
+
+    Differencing two passes would divide float32 rounding (1e-7 of the output) by the
+    output change a 1e-5 start causes: 7-30% of that gradient on all-MiniLM-L6-v2, in
+    digits that differ between CPUs. Here one pass carries J noise as a forward-mode
+    derivative (no difference taken) and one backward pass applies J'; the error is
+    then float32's own, and the model's is of the order of ``noise`` (docs/smart.md).
+    """
+    x = embedded.detach().requires_grad_(True)
+    with fwAD.dual_level():
+        # tiled(1): attention and dropout as explicit operators, which forward mode supports.
+        dual = _perturbed_pass(forward_fn, fwAD.make_dual(x, noise), masks, tiling=True)
+        clean, change = fwAD.unpack_dual(dual)
+    if change is None or not clean.requires_grad:  # a prediction that ignores its input
+        return torch.zeros_like(noise), clean.detach()
+    weights = divergence_curvature(clean.detach(), change.detach(), kind)
+    with torch.autocast(embedded.device.type, enabled=False):
+        (grad,) = torch.autograd.grad(clean, x, grad_outputs=weights, allow_unused=True)
+    return (torch.zeros_like(noise) if grad is None else grad), clean.detach()
+
+
 def adversarial_perturbation(
     forward_fn: Callable[[torch.Tensor], torch.Tensor],
     embedded: torch.Tensor,
-    clean_output: torch.Tensor,
     kind: Kind,
     settings: SmartSettings,
     generator: torch.Generator | None = None,
     start: torch.Tensor | None = None,
     masks: DropoutMasks | None = None,
-) -> torch.Tensor:
-    """Approximate the inner max of R_s: the perturbation the ascent finds.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Approximate the inner max of R_s: the perturbation the ascent finds, and the clean
+    output (float32, detached) it was found against.
 
-    Normalised gradient ascent on the divergence between the perturbed and the
-    clean prediction, the paper's Algorithm 1: start from N(0, sigma^2) noise, and
+    Normalised gradient ascent on the divergence between the perturbed and the clean
+    prediction, the paper's Algorithm 1: start from N(0, sigma^2) noise, and
     ``steps`` times move the noise by ``step_size`` times its gradient divided by
-    that gradient's infinity norm, then bound it with :func:`project`. The
-    gradient is normalised per example for the ``"ball"`` projection (the paper's)
-    and per token for ``"token"``, whose bound is per token: there a token with a
-    small gradient still moves in its own steepest direction rather than keeping
-    its random start.
+    that gradient's infinity norm, then bound it with :func:`project`. The gradient is
+    :func:`ascent_gradient`'s, normalised per example for the ``"ball"`` projection (the
+    paper's) and per token for ``"token"``, whose bound is per token: there a token with
+    a small gradient still moves in its own steepest direction.
 
-    Only the noise moves: ``embedded`` and ``clean_output`` are detached here, and
-    the gradient is taken with :func:`torch.autograd.grad` with respect to the
-    noise alone, so the ascent leaves every parameter's ``.grad`` untouched.
-    Returns the final perturbation (float32), detached.
-
-    The passes run through :func:`_perturbed_pass`: float32, and with ``masks``
-    the clean pass's dropout masks; without, in whatever mode the model is in
-    (fresh dropout masks per call during training).
+    Only the noise moves: the gradient is taken with respect to it alone, so the ascent
+    leaves every parameter's ``.grad`` untouched. Returns the final perturbation
+    (float32), detached. The passes run through :func:`_perturbed_pass`: float32, and
+    with ``masks`` the clean pass's dropout masks.
 
     ``start`` is the random start, when the caller draws it (data-parallel training
     draws it for the whole batch, so that each example's start does not depend on
     how the batch was split); otherwise it is drawn here with ``generator``.
     """
     embedded = embedded.detach().float()
-    target = clean_output.detach().float()
     if start is None:
         noise = initial_noise(embedded, settings.noise_std, generator)
     elif start.shape != embedded.shape:
@@ -163,27 +201,16 @@ def adversarial_perturbation(
         noise = start.to(embedded.dtype)
     # The ascent's step: per example for the paper's ball, per token for "token".
     norm_dims = tuple(range(1, embedded.dim())) if settings.projection == "ball" else -1
+    clean = None
     for _ in range(settings.steps):
-        noise.requires_grad_(True)
-        loss = divergence(_perturbed_pass(forward_fn, embedded + noise, masks), target, kind)
-        # A prediction that does not depend on the input (a constant head, say)
-        # has no gradient path to the noise; that is a zero gradient, not an error.
-        grad = None
-        if loss.requires_grad:
-            # The backward pass runs under the autocast state of this call, not of
-            # the forward pass: off here too, or its products would be bf16.
-            with torch.autocast(embedded.device.type, enabled=False):
-                (grad,) = torch.autograd.grad(loss, noise, allow_unused=True)
-        if grad is None:
-            grad = torch.zeros_like(noise)
+        grad, clean = ascent_gradient(forward_fn, embedded, noise, kind, masks)
         # Normalising by the infinity norm makes the step size meaningful: the raw
         # gradient of a divergence this close to its minimum is tiny, and its scale
-        # also depends on the batch size (the divergence is a batch mean). The
-        # norm is per example (or per token) so one example's scale doesn't shrink
-        # another's step. Its largest coordinate then moves by exactly step_size.
+        # also depends on the batch size (the divergence is a batch mean). Its
+        # largest coordinate then moves by exactly step_size.
         with torch.no_grad():
             noise = project(noise + settings.step_size * _unit_inf_norm(grad, norm_dims), settings)
-    return noise.detach()
+    return noise.detach(), clean
 
 
 def smoothness_terms(
@@ -202,31 +229,29 @@ def smoothness_terms(
     ``embedded`` is this batch's embedding output, in the graph. ``masks``, taken
     before any pass of the batch, makes every pass use the same dropout masks
     (``dropout_masks="shared"``); ``random_start`` is the ascent's ``generator`` or
-    ``start``, as :func:`adversarial_perturbation` takes them. Four passes, all float32:
+    ``start``, as :func:`adversarial_perturbation` takes them. Three passes, all float32:
 
-    1. the clean output without a graph: the ascent's target and the control's;
-    2. the ascent (:func:`adversarial_perturbation`), a forward and a backward pass to
-       the perturbation;
-    3. one pass over the clean and the perturbed copies stacked, with the graph: the
+    1. the ascent (:func:`adversarial_perturbation`): a forward pass carrying the
+       output's derivative along the perturbation, whose primal is the clean output
+       (detached, the control's target), and a backward pass to the perturbation;
+    2. one pass over the clean and the perturbed copies stacked, with the graph: the
        clean output (returned, for the task loss and the Bregman term) and R_s, the
        divergence between the two halves. It keeps the graph on *both* sides, as the
        paper's objective differentiates ``l_s(f(x~; theta), f(x; theta))`` in both
        arguments (with a symmetric divergence neither side is privileged); only the
        perturbation is a constant, chosen by the ascent;
-    4. none more for the control: the divergence between pass 3's clean half and pass
-       1, the same divergence with no perturbation, detached. It is the part of R_s that
-       is not the perturbation's doing: 0 with shared masks (up to the rounding of a
-       stacked batch), what dropout alone causes with independent ones.
+    3. none more for the control: the divergence between pass 2's clean half and pass
+       1's primal, the same divergence with no perturbation, detached. It is the part of
+       R_s that is not the perturbation's doing: 0 with shared masks (up to the
+       rounding of a stacked batch), what dropout alone causes with independent ones.
 
-    Stacking pass 3 rather than running the clean and the perturbed pass apart halves
+    Stacking pass 2 rather than running the clean and the perturbed pass apart halves
     the operators a GPU launches for them (``bench/step_ops.py``); with shared masks
     the stacked copies draw one set of masks (``minbert.model.dropout``).
     """
     embedded32 = embedded.float()
-    with torch.no_grad():
-        target = _perturbed_pass(forward_fn, embedded32, masks)
-    noise = adversarial_perturbation(
-        forward_fn, embedded32, target, kind, settings, masks=masks, **random_start
+    noise, target = adversarial_perturbation(
+        forward_fn, embedded32, kind, settings, masks=masks, **random_start
     )
     # The pass that draws this step's masks for the training's stream (the others replayed them).
     both = _perturbed_pass(forward_fn, torch.cat([embedded32, embedded32 + noise]), masks, 2, replay=False)

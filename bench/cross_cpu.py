@@ -1,0 +1,72 @@
+"""Do the committed results survive another CPU's rounding? Rerun stages under MKL's other branch.
+
+Not a timing. A CPU of another vendor runs other matrix-product kernels: MKL honours its
+AVX2 reproducibility branch on Intel CPUs only, so an Intel and an AMD machine round the
+same products differently in the last bits (``minbert.device.CPU_KERNELS``). MKL's
+``COMPATIBLE`` branch (SSE2, the one branch it runs alike on every vendor) rounds them
+differently from its default here too, so rerunning a stage under ``MKL_CBWR=COMPATIBLE``
+is that test on one machine: each ``--config`` (default: every multitask configuration of
+params.yaml) is trained again by its stage script, with the command dvc.yaml gives it,
+into a scratch folder, and its metrics file is compared with the committed one
+(``metrics/multitask/<config>.json``, written at 4 decimals) number by number.
+
+Needs ``dvc repro`` first (the tokenised tables, the features, the resolved settings).
+Writes ``bench/results/cross_cpu.json``. About twice the stages' own time (COMPATIBLE is
+slower).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import common
+import yaml
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--config", action="append", help="a configuration (repeat); default: all")
+    p.add_argument("--branch", default="COMPATIBLE", help="MKL_CBWR for the rerun")
+    args = p.parse_args()
+    common.setup(args, repeats=1, warmup=0)
+    params = yaml.safe_load((common.REPO / "params.yaml").read_text(encoding="utf-8"))
+    stage = yaml.safe_load((common.REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["multitask"]
+    configs = args.config or list(params["configs"])
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for config in configs:
+            command = shlex.split(stage["do"]["cmd"].replace("${key}", config))
+            command = [sys.executable, *command[1:]]  # the launcher: this Python, one process
+            for flag in ("--metrics", "--predictions", "--models"):  # outputs to the scratch folder
+                command[command.index(flag) + 1] = str(Path(scratch) / flag.strip("-"))
+            env = {**os.environ, "MKL_CBWR": args.branch}
+            common.console.print(f"[bold]{config}[/] under MKL_CBWR={args.branch}")
+            subprocess.run(command, cwd=common.REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+            committed = json.loads((common.REPO / "metrics" / "multitask" / f"{config}.json").read_text())
+            rerun = json.loads((Path(scratch) / "metrics" / f"{config}.json").read_text())
+            results[config] = {
+                "identical": committed == rerun,
+                "differences": {
+                    k: [committed[k], rerun.get(k)] for k in committed if committed[k] != rerun.get(k)
+                },
+            }
+    common.table(
+        f"multitask metrics files rerun under MKL_CBWR={args.branch}",
+        ["configuration", "identical to the committed file", "differences (committed, rerun)"],
+        [[c, r["identical"], r["differences"] or ""] for c, r in results.items()],
+    )
+    identical = sum(r["identical"] for r in results.values())
+    targets = [
+        common.target("configurations reproduced to the written precision", identical, ">=", len(results))
+    ]
+    common.finish("cross_cpu", args, {"branch": args.branch, "configs": results}, targets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Why SMART's heads collapsed to one answer at the cpu scale, and what stops it.
+
+Not a timing: a measurement of the training the ``multitask`` stage runs. ``--config``
+(default ``best``: PCGrad + SMART + AdamaxW) is trained at the ``cpu`` scale from
+params.yaml, without scoring dev (``train_multitask(score_dev=False)``, as ``minbert
+lr-search`` does), once per variant of SMART's settings, and every epoch records:
+
+* the validation split's scores (accuracy / Pearson and the chance-corrected MCC);
+* per task, the mean over the epoch's steps of each term's gradient norm on that task's
+  head: the task loss, lambda_s * R_s (the smoothness term) and mu * D_breg (the Bregman
+  term), and the Bregman term itself;
+* the distance between the student's and the momentum teacher's parameters, and how far
+  the student has moved from where fine-tuning started, for each head and the encoder.
+
+Variants: the perturbation of the authors' code (``token_norm`` 1) and smaller ones; the
+teacher's momentum with a horizon of a tenth of the run's steps instead of 0.99; with
+and without the head warm-up. Writes ``bench/results/smart_collapse.json``; the report
+and docs/smart.md quote it. About 15 minutes on the project's 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import common
+import numpy as np
+import torch
+
+TASKS = ("sst", "quora", "sts")
+PARTS = ("loss", "adversarial", "bregman")
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--config", default="best")
+    args = p.parse_args()
+    common.setup(args, repeats=1, warmup=0)
+
+    import minbert.train.multitask as multitask
+    import minbert.train.multitask_step as multitask_step
+    from minbert.device import pin_cpu_kernels
+    from minbert.model.bert import BertModel
+    from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.pipeline.multitask import quora_batch_size
+    from minbert.tasks import TASKS as SPECS
+    from minbert.train.head_warmup import ProbeFeatures
+
+    pin_cpu_kernels()
+    params, base = common.multitask_settings(args.config, "cpu")
+    manifest = json.loads((common.REPO / "data" / "prepared" / "manifest.json").read_text())
+    base = dataclasses.replace(
+        base,
+        test_predictions=False,
+        batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
+    )
+    if args.quick:
+        base = dataclasses.replace(base, epochs=1)
+    tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
+    features = ProbeFeatures(common.REPO / "data" / "features")
+    per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
+    steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
+
+    # Each term's gradient norm on its task's head, step by step (the objective returns
+    # its parts with their graphs; the step itself detaches them for its log).
+    grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
+    objective = multitask_step.task_objective
+
+    def measured_objective(model, net, teacher, smart, task, batch, labels, device, start=None):
+        total, parts = objective(model, net, teacher, smart, task, batch, labels, device, start)
+        head = list(model.heads[task].parameters())
+        weights = {"loss": 1.0, "adversarial": smart.lambda_s, "bregman": smart.mu}
+        norms = []
+        for part in PARTS:
+            term = (
+                weights[part] * parts[("loss", "adversarial", "adversarial_control", "bregman").index(part)]
+            )
+            found = torch.autograd.grad(term, head, retain_graph=True, allow_unused=True)
+            norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
+        grads[task].append([*norms, float(parts[3])])
+        return total, parts
+
+    multitask_step.task_objective = measured_objective
+    epoch_of = multitask._MultitaskEpochs.epoch
+    before_of = multitask._MultitaskEpochs.before
+    log: list[dict] = []
+    start: dict = {}
+
+    def distances(loop) -> dict:
+        teacher = dict(loop.train_step.teacher.module.named_parameters())
+        out = {}
+        for part in (*(f"heads.{t}" for t in TASKS), "encoder"):
+            names = [n for n, _ in loop.model.named_parameters() if n.startswith(part)]
+            own = dict(loop.model.named_parameters())
+            out[part] = {
+                "teacher_distance": float(sum(((own[n] - teacher[n]) ** 2).sum() for n in names) ** 0.5),
+                "moved": float(sum(((own[n] - start[n]) ** 2).sum() for n in names) ** 0.5),
+            }
+        return out
+
+    def scores(row: dict) -> dict:
+        keys = [k for t in TASKS for k in dict.fromkeys((SPECS[t].metric_key, SPECS[t].selection_key))]
+        return {k: row[f"val_{k}"] for k in keys}
+
+    def before(loop):
+        start.update({n: p.detach().clone() for n, p in loop.model.named_parameters()})
+        row = before_of(loop)
+        log.append({"epoch": 0, "validation": scores(row)})
+        return row
+
+    def epoch(loop, number, step, say):
+        row, score = epoch_of(loop, number, step, say)
+        entry = {"epoch": number, "validation": scores(row), **distances(loop)}
+        for t in TASKS:
+            mean = np.mean(grads[t], axis=0) if grads[t] else np.zeros(len(PARTS) + 1)
+            entry[f"head_gradient_{t}"] = dict(zip((*PARTS, "bregman_value"), np.round(mean, 5).tolist()))
+            grads[t].clear()
+        log.append(entry)
+        return row, score
+
+    multitask._MultitaskEpochs.before = before
+    multitask._MultitaskEpochs.epoch = epoch
+
+    horizon_beta = 1.0 - 1.0 / (0.1 * steps)
+    variants = {
+        "token_norm 1 (the authors' code)": {"token_norm": 1.0},
+        "token_norm 0.3": {"token_norm": 0.3},
+        "token_norm 0.1 (params.yaml)": {"token_norm": 0.1},
+        f"token_norm 1, teacher horizon 10% of {steps} steps (beta {horizon_beta:.3f})": {
+            "token_norm": 1.0,
+            "beta": horizon_beta,
+        },
+        "token_norm 0.1, no head warm-up": {"token_norm": 0.1, "warmup": False},
+    }
+    results = {}
+    for name, change in variants.items():
+        common.console.print(f"[bold]{name}[/]")
+        change = dict(change)
+        warm = change.pop("warmup", True)
+        settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, **change))
+        if not warm:
+            settings = dataclasses.replace(
+                settings, head_warmup=dataclasses.replace(settings.head_warmup, epochs=0)
+            )
+        log.clear()
+        result = multitask.train_multitask(
+            settings,
+            BertModel.from_pretrained(resolve_checkpoint(params["checkpoint"])),
+            tables,
+            common.CPU,
+            score_dev=False,
+            features=features,
+        )
+        results[name] = {
+            "smart": dataclasses.asdict(settings.smart),
+            "best_epoch": result.best_epoch,
+            "epochs": list(log),
+        }
+    rows = []
+    for name, r in results.items():
+        first = r["epochs"][1]
+        rows.append(
+            [
+                name,
+                *(f"{r['epochs'][e]['validation']['quora_mcc']:.3f}" for e in range(len(r["epochs"]))),
+                *(f"{first['head_gradient_quora'][p]:.2f}" for p in PARTS),
+            ]
+        )
+    epochs = len(next(iter(results.values()))["epochs"])
+    common.table(
+        f"{args.config}: validation Quora MCC by epoch; epoch 1's gradient norms on the Quora head",
+        ["variant", *(f"epoch {e}" for e in range(epochs)), *(f"|grad| {p}" for p in PARTS)],
+        rows,
+    )
+    common.finish("smart_collapse", args, {"config": args.config, "steps": steps, "variants": results}, [])
+
+
+if __name__ == "__main__":
+    main()

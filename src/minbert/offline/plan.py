@@ -1,0 +1,173 @@
+"""The plan: the pipeline's stages as DVC itself resolves them for one study.
+
+Made on the DVC machine (``resolve_plan``): ``dvc.yaml`` and a copy of ``params.yaml``
+with the study's ``--set`` overrides applied by DVC's own ``-S`` code go into a scratch
+DVC repository, whose index expands the stages (``foreach``, ``matrix``, ``${...}``)
+and orders them as ``dvc repro`` would. Each stage keeps its name, command, deps and
+outs, the stages it needs (DVC's graph), and what its result depends on:
+
+* ``sources``: the sha256 of every file it depends on that no stage writes (its code);
+* ``inputs``: its command, the values of its ``params`` dependencies, and the sha256
+  of its settings files as ``resolve`` writes them here (a stage's settings file
+  stands for exactly the parameters it reads).
+
+A result is current while the fingerprint of its stage and of every stage upstream
+(``fingerprint``) is what it was: on the node nothing upstream is kept between calls,
+so every call reruns the upstream stages. The node runs stages from the plan
+(``select``) and never reads ``dvc.yaml``; needs no DVC, only this module's plain
+functions below ``resolve_plan``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+PLAN_FORMAT = "minbert-offline-plan/1"
+# Stages that never run on the node, and why.
+OFF_NODE = {"report": "the report is built on the DVC machine from the unpacked results"}
+# The stage that writes every stage's settings from params.yaml: run here, for the inputs.
+SETTINGS_STAGE = "resolve"
+# What comes back from the node: metrics, records, histories and predictions. Prepared
+# and tokenised tables, features and models stay there (they are large, and rebuilt by
+# every call that needs them).
+RETURNED = ("metrics/", "predictions/")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _record(stage, needs: list[str], repo: Path, written: list[str], settings: dict[str, str]) -> dict:
+    """One DVC stage as the plan keeps it; ``written``: every out of the pipeline;
+    ``settings``: the sha256 of each settings file by its path in the repository."""
+    from dvc.dependency.param import ParamsDependency
+
+    from minbert.data.download import sha256_file
+
+    files = [d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)]
+    sources = {
+        f: sha256_file(repo / f) if (repo / f).is_file() else "missing"
+        for f in files
+        if not any(_within(f, out) for out in written)
+    }
+    inputs = {f"cmd of {stage.name}": _sha256(stage.cmd.encode())}
+    for dep in stage.deps:
+        # A dependency on the whole file (resolve's) is covered by the settings files.
+        if isinstance(dep, ParamsDependency) and dep.params:
+            for key, value in dep.read_params().items():
+                inputs[f"params.yaml:{key}"] = _sha256(json.dumps(value, sort_keys=True).encode())
+    inputs.update({f: settings[f] for f in files if f in settings})
+    return {
+        "name": stage.name,
+        "cmd": stage.cmd,
+        "deps": files,
+        "outs": [o.def_path for o in stage.outs],
+        "needs": needs,
+        "sources": sources,
+        "inputs": inputs,
+    }
+
+
+def resolve_plan(repo: Path, overrides: list[str]) -> dict:
+    """The stages of ``repo`` for params.yaml with ``overrides`` (``KEY.PATH=VALUE``, as
+    ``dvc exp run -S`` takes them), resolved and ordered by DVC."""
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import get_active_graph, plan_repro
+    from dvc.utils.hydra import apply_overrides
+
+    from minbert.data.download import sha256_file
+    from minbert.pipeline import resolve
+    from minbert.pipeline.schema import read, validate
+
+    repo = Path(repo)
+    with tempfile.TemporaryDirectory(prefix="minbert-plan.") as tmp:
+        scratch = Path(tmp)
+        (scratch / ".dvc").mkdir()
+        (scratch / ".dvc" / "config").write_text("[core]\n    no_scm = true\n", encoding="utf-8")
+        shutil.copyfile(repo / "dvc.yaml", scratch / "dvc.yaml")
+        shutil.copyfile(repo / "params.yaml", scratch / "params.yaml")
+        if overrides:
+            apply_overrides(scratch / "params.yaml", list(overrides))
+        source = f"params.yaml{' with --set ' + ' '.join(overrides) if overrides else ''}"
+        params = validate(read(scratch / "params.yaml"), source)
+        resolve.run(scratch / "params.yaml", scratch / "settings")
+        with Repo(str(scratch)) as dvc:
+            graph = get_active_graph(dvc.index.graph)
+            ordered = [s for s in plan_repro(graph) if s.name not in OFF_NODE]
+            (out,) = [o.def_path for s in ordered if s.name == SETTINGS_STAGE for o in s.outs]
+            settings = {
+                f"{out}/{p.relative_to(scratch / 'settings').as_posix()}": sha256_file(p)
+                for p in (scratch / "settings").rglob("*")
+                if p.is_file()
+            }
+            written = [o.def_path for s in ordered for o in s.outs]
+            stages = [
+                _record(s, sorted(p.name for p in graph.successors(s)), repo, written, settings)
+                for s in ordered
+            ]
+    return {"format": PLAN_FORMAT, "overrides": list(overrides), "params": params, "stages": stages}
+
+
+# ----------------------------------------------------------------------------- no DVC below
+
+
+def by_name(plan: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in plan["stages"]}
+
+
+def upstream(plan: dict, name: str) -> list[str]:
+    """Every stage ``name`` needs, directly or not, in the plan's order."""
+    stages, found, todo = by_name(plan), set(), [name]
+    while todo:
+        for need in stages[todo.pop()]["needs"]:
+            if need not in found:
+                found.add(need)
+                todo.append(need)
+    return [s["name"] for s in plan["stages"] if s["name"] in found]
+
+
+def fingerprint(plan: dict, name: str) -> dict[str, str]:
+    """What the result of ``name`` depends on: the sources and inputs of the stage and
+    of every stage upstream of it."""
+    stages = by_name(plan)
+    found = {}
+    for stage in (*upstream(plan, name), name):
+        found.update(stages[stage]["sources"])
+        found.update(stages[stage]["inputs"])
+    return found
+
+
+def returned(stage: dict) -> list[str]:
+    """The outs of ``stage`` that come back from the node."""
+    return [o for o in stage["outs"] if o.startswith(RETURNED)]
+
+
+def select(plan: dict, names: list[str]) -> list[str]:
+    """The stages to run for ``names`` (a stage, or a group such as ``sentiment`` for
+    all of its stages; none: every stage), each after the stages it needs, in the
+    order named: a call that is stopped early has run the first ones."""
+    stages = by_name(plan)
+    groups: dict[str, list[str]] = {}
+    for stage in stages:
+        groups.setdefault(stage.split("@")[0], []).append(stage)
+    unknown = [n for n in names if n not in stages and n not in groups]
+    if unknown:
+        raise ValueError(
+            "; ".join(
+                f"{n}: {OFF_NODE[n]}" if n in OFF_NODE else f"no stage {n} in the plan" for n in unknown
+            )
+            + f" (stages: {', '.join(sorted({*stages, *groups}))})"
+        )
+    order = []
+    for name in names or list(stages):
+        for stage in groups.get(name, [name]):
+            order += [s for s in (*upstream(plan, stage), stage) if s not in order]
+    return order

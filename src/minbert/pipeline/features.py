@@ -1,0 +1,53 @@
+"""Stage ``features``: the frozen checkpoint's pooled vectors of every training row, per
+task and encoding layout, which the head warm-up fits the heads on
+(``minbert.train.head_warmup``). Computed once here rather than in every fine-tuning
+stage: the vectors depend on the checkpoint, the pooling and the tokenised rows, not on
+the configuration or the seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from minbert.atomic import atomic_directory
+from minbert.data.batches import TokenizedTable
+from minbert.data.multitask import TaskData
+from minbert.model.bert import BertModel
+from minbert.pipeline.entry import stage_main
+from minbert.pipeline.stage import started
+from minbert.progress import console
+from minbert.tasks import TASKS
+from minbert.train.head_warmup import ProbeFeatures, frozen_vectors, layout
+
+
+def run(resolved: dict, tokenized: Path, out: Path) -> dict:
+    """Write ``<task>-<layout>.npy`` (float32, one row per training row) for every task the
+    warm-up fits and ``index.json`` (checkpoint, pooling, each file's row ids) under ``out``;
+    no task (no warm-up at this scale): the index alone."""
+    files = {}
+    with started(resolved, "features") as stage, atomic_directory(Path(out)) as directory:
+        encoder = BertModel.from_pretrained(stage.checkpoint_dir)
+        for task in resolved["tasks"]:
+            table = TokenizedTable.read(Path(tokenized) / f"{task}-train.parquet")
+            for siamese in (False, True) if TASKS[task].is_pair else (False,):
+                data = TaskData(task, table, siamese)
+                name = f"{task}-{layout(task, siamese)}"
+                console.log(f"features: {name}, {len(data)} rows")
+                vectors = frozen_vectors(
+                    encoder, resolved["pooling"], data, resolved["eval_batch_size"], stage.device
+                )
+                np.save(directory / f"{name}.npy", vectors.cpu().numpy().astype(np.float32))
+                files[name] = {"rows": len(data), "ids": list(table.ids)}
+        index = {
+            "checkpoint": stage.checkpoint,
+            "pooling": resolved["pooling"],
+            "device": stage.device_name,
+            "files": files,
+        }
+        (directory / ProbeFeatures.INDEX).write_text(json.dumps(index) + "\n", encoding="utf-8")
+    return {name: entry["rows"] for name, entry in files.items()}
+
+
+main = stage_main(run, "tokenized", "out")
