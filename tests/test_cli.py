@@ -2,10 +2,12 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO
@@ -319,3 +321,61 @@ def test_evaluate_reads_prepared_tables_and_checks_labels_first(model_dir, tmp_p
     )
     warned = runner.invoke(app, ["evaluate", str(model_dir), "--task", "sst", str(binary)])
     assert warned.exit_code == 0 and "two-class file" in " ".join(warned.output.split())
+
+
+def _alone(model_dir, task: str, *sentences: str) -> torch.Tensor:
+    """The head's output for one example in a batch of its own (no padding)."""
+    import pandas as pd
+
+    from minbert.data.batches import TokenizedTable
+    from minbert.data.multitask import TaskData
+    from minbert.data.tokenize import load_tokenizer, tokenize_table
+    from minbert.model.multitask import load_multitask
+    from minbert.tasks import TASKS
+
+    model, _ = load_multitask(model_dir)
+    frame = pd.DataFrame({"id": ["x"], **{c: [s] for c, s in zip(TASKS[task].text_columns, sentences)}})
+    arrow, _ = tokenize_table(frame, task, load_tokenizer(model_dir / "vocab.txt"), 32)
+    data = TaskData(task, TokenizedTable.from_arrow(arrow), model.is_siamese(task))
+    with torch.inference_mode():
+        return model(task, data.batch(np.array([0])))[0]
+
+
+def test_predict_gives_every_pair_and_text_with_probabilities(model_dir):
+    pairs = [
+        ("How do I learn Python quickly?", "What is the fastest way to learn Python?"),
+        ("Dogs bark at night .", "Cats sleep all day ."),
+        ("A man plays a guitar .", "A man plays an instrument ."),
+    ]
+    result = runner.invoke(
+        app, ["predict", str(model_dir), "--task", "quora", *[x for p in pairs for x in ("--pair", *p)]]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert [line.split("\t")[1] for line in lines] == [f"{a} | {b}" for a, b in pairs]
+    for line, pair in zip(lines, pairs):
+        probability = torch.sigmoid(_alone(model_dir, "quora", *pair)).item()
+        label = "1 (paraphrase)" if probability > 0.5 else "0 (not a paraphrase)"
+        assert line.startswith(f"{label} P(paraphrase)={probability:.2f}\t"), (line, probability)
+    # SST: the predicted class's probability and the runner-up's.
+    texts = ["A dull, lifeless, boring mess .", "A fine film ."]
+    result = runner.invoke(
+        app, ["predict", str(model_dir), "--task", "sst", "--text", texts[0], "--text", texts[1]]
+    )
+    assert result.exit_code == 0, result.output
+    for line, text in zip(result.output.strip().splitlines(), texts):
+        p = torch.softmax(_alone(model_dir, "sst", text), -1)
+        first, second = torch.argsort(p, descending=True)[:2].tolist()
+        assert re.match(
+            rf"{first} \(.+\) p={p[first]:.2f}, next {second} \(.+\) p={p[second]:.2f}\t{re.escape(text)}$",
+            line,
+        ), line
+    # STS keeps its score; a pair given to SST (or a sentence to Quora) is refused.
+    result = runner.invoke(
+        app, ["predict", str(model_dir), "--task", "sts", "--pair", "A .", "B .", "--pair", "C .", "D ."]
+    )
+    assert result.exit_code == 0 and re.fullmatch(r"(\d\.\d{3} \(similarity, 0-5\)\t.+\n){2}", result.output)
+    _assert_one_line_error(
+        runner.invoke(app, ["predict", str(model_dir), "--task", "sst", "--text", "x", "--pair", "a", "b"]),
+        "task 'sst' takes --text SENTENCE (repeatable), not --pair",
+    )

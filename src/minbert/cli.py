@@ -16,15 +16,16 @@ from pathlib import Path
 
 import typer
 
+from minbert.cli_help import Command, Group
 from minbert.errors import report_errors
 from minbert.progress import console
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 app = typer.Typer(
-    help="minBERT: a from-scratch BERT encoder and a reproducible DVC fine-tuning pipeline.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 _debug = {"on": False}
 
@@ -59,7 +60,7 @@ def command(name: str | None = None):
             with report_errors(debug=_debug["on"]):
                 return fn(*args, **kwargs)
 
-        return app.command(name)(run)
+        return app.command(name, cls=Command)(run)
 
     return wrap
 
@@ -139,34 +140,31 @@ def predict(
     task: str = typer.Option(..., "--task", help="sst, quora or sts."),
     out: Path = typer.Option(None, "--out", "-o", help="Where to write the predictions (course format)."),
     text: list[str] = typer.Option(None, "--text", help="A sentence to classify (sst); repeatable."),
-    pair: tuple[str, str] | None = typer.Option(
-        None, "--pair", help="Two sentences to compare (quora, sts)."
+    pair: list[tuple] = typer.Option(
+        None, "--pair", metavar="FIRST SECOND", help="Two sentences to compare (quora, sts); repeatable."
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
 ) -> None:
-    """Predict with a fine-tuned multitask model: a file (to --out, in the course's
-    submission format) or sentences given with --text / --pair (printed)."""
+    """Predict with a fine-tuned multitask model: a file, or sentences given with --text or --pair.
+
+    Printed with Quora's probability of a paraphrase and SST's two most probable
+    classes; with --out, a file's predictions are written in the course's submission
+    format instead."""
     from minbert.pipeline import predict as predicting
 
     task = _task(task, MULTITASK_TASKS)
-    pairs = [pair] if pair else []
-    if (file is None) == (not text and not pairs):
+    if (file is None) == (not text and not pair):
         console.print("give either a FILE or --text / --pair")
         raise typer.Exit(2)
     predictor = predicting.Predictor(model, device)
     if file is None:
-        frame = predicting.texts_frame(task, text, pairs)
-        predicted = predictor.predict(frame, task, "command line")
-        for i, value in zip(predicted.ids, predicted.predictions):
-            row = frame.loc[frame.id == i].iloc[0]
-            shown = " | ".join(row[c] for c in TASKS[task].text_columns)
-            typer.echo(f"{predicting.describe(task, value)}\t{shown}")
+        frame = predicting.texts_frame(task, text, pair)
+        typer.echo("\n".join(predicting.shown(predictor.predict(frame, task, "command line"), frame)))
         return
     frame = predicting.read_input(file, task, predicting.known_bad_rows(file))
     predicted = predictor.predict(frame, task, str(file), show_progress=True)
     if out is None:
-        for i, value in zip(predicted.ids, predicted.predictions):
-            typer.echo(f"{i}\t{predicting.describe(task, value)}")
+        typer.echo("\n".join(predicting.shown(predicted)))
     else:
         predicting.write(predicted, out)
         console.print(f"{out}: {len(predicted.ids)} predictions ({task})")

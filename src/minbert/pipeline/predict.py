@@ -1,5 +1,6 @@
-"""A fine-tuned multitask model on new text: predictions for a file or a few sentences,
-and scores (with a bootstrap interval) for a labelled file.
+"""A fine-tuned multitask model on new text: predictions for a file or a few sentences
+(with Quora's probability of a paraphrase and SST's most probable classes), and scores
+(with a bootstrap interval) for a labelled file.
 
 The model is a directory the multitask stages write (``models/multitask/<config>/``);
 its ``minbert.json`` says how long its inputs were tokenised and with which batch
@@ -15,17 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
-from minbert.data.batches import TokenizedTable
+from minbert.data.batches import TokenizedTable, length_bucketed_batches
 from minbert.data.csvfile import read_task_csv
 from minbert.data.multitask import TaskData
 from minbert.data.predictions import write_predictions
 from minbert.data.tokenize import load_tokenizer, tokenize_table
-from minbert.device import choose_device
-from minbert.evaluate.multitask import evaluate_multitask
+from minbert.device import choose_device, compute_context, pad_multiple
 from minbert.metrics import Interval, interval
-from minbert.model.multitask import load_multitask
+from minbert.model.multitask import load_multitask, predictions
 from minbert.pipeline.schema import read as read_params
+from minbert.progress import progress
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 SST_CLASSES = ("negative", "somewhat negative", "neutral", "somewhat positive", "positive")
@@ -38,6 +40,7 @@ class Predicted:
     predictions: np.ndarray
     labels: np.ndarray | None
     source: str
+    probabilities: np.ndarray | None = None  # SST: of each class; Quora: of a paraphrase
 
 
 class Predictor:
@@ -59,11 +62,36 @@ class Predictor:
             )
         arrow, _ = tokenize_table(frame, task, self.tokenizer, self.info["max_length"][task])
         table = TokenizedTable.from_arrow(arrow, source)
-        data = {task: TaskData(task, table, self.model.is_siamese(task))}
-        _, predictions = evaluate_multitask(
-            self.model, data, self.info["eval_batch_size"], self.device, show_progress=show_progress
+        if not len(table):
+            raise ValueError(f"{source}: no rows to predict")
+        output = self._outputs(TaskData(task, table, self.model.is_siamese(task)), show_progress)
+        return Predicted(
+            task, table.ids, predictions(task, output), table.labels, source, probabilities(task, output)
         )
-        return Predicted(task, table.ids, predictions[task], table.labels, source)
+
+    @torch.inference_mode()
+    def _outputs(self, data: TaskData, show_progress: bool) -> torch.Tensor:
+        """The head's outputs in row order, from the stage's evaluation batches (rows
+        sorted by length, the model's evaluation batch size), kept for probabilities."""
+        batches = length_bucketed_batches(data.lengths, self.info["eval_batch_size"], shuffle=False)
+        outputs = [None] * len(data)
+        with progress(quiet=not show_progress) as bar:
+            job = bar.add_task(f"{data.task}: {len(data)} examples", total=len(batches), status="")
+            for rows in batches:
+                with compute_context(self.device):
+                    batch = data.batch(rows, pad_multiple(self.device)).to(self.device)
+                    for row, out in zip(rows, self.model(data.task, batch).float().cpu()):
+                        outputs[row] = out
+                bar.advance(job)
+        return torch.stack(outputs)
+
+
+def probabilities(task: str, output: torch.Tensor) -> np.ndarray | None:
+    """SST's probability of each class, Quora's of a paraphrase; None for STS's scores."""
+    kind = TASKS[task].head_output
+    if kind == "multiclass":
+        return torch.softmax(output, -1).numpy()
+    return torch.sigmoid(output).numpy() if kind == "binary" else None
 
 
 def known_bad_rows(file: Path, params_file: Path = Path("params.yaml")) -> dict[str, str] | None:
@@ -164,10 +192,12 @@ def _is_course_file(head: bytes) -> bool:
 def texts_frame(task: str, texts: list[str] | None = None, pairs: list[tuple[str, str]] | None = None):
     """A frame of sentences given on the command line (ids ``text-1``, ``text-2``, ...)."""
     spec = TASKS[task]
-    rows = texts if not spec.is_pair else pairs
-    if not rows:
+    rows, other = (pairs, texts) if spec.is_pair else (texts, pairs)
+    if not rows or other:
         kind = "--pair FIRST SECOND" if spec.is_pair else "--text SENTENCE"
-        raise ValueError(f"task {task!r} takes {kind}")
+        raise ValueError(
+            f"task {task!r} takes {kind} (repeatable), not {'--text' if spec.is_pair else '--pair'}"
+        )
     columns = {"id": [f"text-{i}" for i in range(1, len(rows) + 1)]}
     if spec.is_pair:
         columns.update(sentence1=[a for a, _ in rows], sentence2=[b for _, b in rows])
@@ -179,13 +209,35 @@ def texts_frame(task: str, texts: list[str] | None = None, pairs: list[tuple[str
     return pd.DataFrame(columns)
 
 
-def describe(task: str, prediction) -> str:
-    """A prediction as a person reads it."""
+def describe(task: str, prediction, probability=None) -> str:
+    """A prediction as a person reads it, with its probability where the head gives one
+    (SST: the two most probable classes)."""
     if task == "sst":
-        return f"{int(prediction)} ({SST_CLASSES[int(prediction)]})"
+        label = f"{int(prediction)} ({SST_CLASSES[int(prediction)]})"
+        if probability is None:
+            return label
+        second = int(np.argsort(-probability, kind="stable")[1])
+        runner_up = f"next {second} ({SST_CLASSES[second]}) p={probability[second]:.2f}"
+        return f"{label} p={probability[int(prediction)]:.2f}, {runner_up}"
     if task == "quora":
-        return f"{int(prediction)} ({'paraphrase' if int(prediction) else 'not a paraphrase'})"
+        label = f"{int(prediction)} ({'paraphrase' if int(prediction) else 'not a paraphrase'})"
+        return label if probability is None else f"{label} P(paraphrase)={float(probability):.2f}"
     return f"{float(prediction):.3f} (similarity, 0-5)"
+
+
+def shown(predicted: Predicted, frame: pd.DataFrame | None = None) -> list[str]:
+    """One printed line per prediction: its id, or (``frame``: sentences given on the
+    command line) its sentences after it, tab-separated."""
+    lines = []
+    probabilities = predicted.probabilities
+    for n, (i, value) in enumerate(zip(predicted.ids, predicted.predictions)):
+        said = describe(predicted.task, value, None if probabilities is None else probabilities[n])
+        if frame is None:
+            lines.append(f"{i}\t{said}")
+        else:
+            row = frame.loc[frame.id == i].iloc[0]
+            lines.append(f"{said}\t{' | '.join(row[c] for c in TASKS[predicted.task].text_columns)}")
+    return lines
 
 
 def write(predicted: Predicted, out: Path) -> None:

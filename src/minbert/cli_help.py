@@ -1,0 +1,66 @@
+"""The command line's help as it should read at any terminal width.
+
+Typer keeps a docstring's line breaks (a paragraph wrapped at 88 columns in the source
+then breaks mid-sentence at 80), shows ``<bool>`` beside every flag and writes a
+required argument as ``{model}`` in the usage line. The command classes here join
+each paragraph into one line (the help wraps it to the terminal), list a command by
+its first sentence, show no type for a flag, a repeatable option's element type
+(``<str>``, not ``<list[str]>``), and arguments in capitals: ``MODEL [FILE]``.
+
+Typer cannot declare a repeatable option of several values each (``list[tuple[str,
+str]]``): an option declared ``list[tuple]`` takes here as many values as its metavar
+names (``--pair FIRST SECOND``, repeatable).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+
+def reflow(text: str | None) -> str | None:
+    """Each paragraph of ``text`` on one line (blank lines still part them)."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _tidy(param) -> None:
+    if isinstance(param, TyperArgument) and param.metavar is None:
+        param.metavar = param.name.upper()
+    elif getattr(getattr(param, "type_descriptor", None), "annotation", None) == list[tuple]:
+        param.nargs = len(param.metavar.split())
+    elif isinstance(param, TyperOption) and param.metavar is None:
+        if param.is_flag:
+            param.metavar = ""
+        elif param.multiple:
+            param.metavar = re.sub(r"^<list\[(.*)\]>$", r"<\1>", param.display_type(None))
+
+
+class _Tidy:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = reflow(self.help)
+        if self.help and not self.short_help:
+            self.short_help = re.split(r"(?<=[.!?])\s", self.help.split("\n\n")[0], maxsplit=1)[0]
+        for param in self.params:
+            _tidy(param)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _tidy(option)
+        return option
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{(.*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+class Command(_Tidy, TyperCommand):
+    """A command whose help reads cleanly (see the module's docstring)."""
+
+
+class Group(_Tidy, TyperGroup):
+    """The command group, likewise."""
