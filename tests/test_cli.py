@@ -379,3 +379,44 @@ def test_predict_gives_every_pair_and_text_with_probabilities(model_dir):
         runner.invoke(app, ["predict", str(model_dir), "--task", "sst", "--text", "x", "--pair", "a", "b"]),
         "task 'sst' takes --text SENTENCE (repeatable), not --pair",
     )
+
+
+def test_evaluate_refuses_a_file_of_the_models_training_rows_unless_allowed(model_dir, tmp_path):
+    import gzip
+
+    from minbert.pipeline.multitask import TRAINING_IDS
+
+    labelled = _sst_file(tmp_path / "dev.csv", rows=40)
+    # A model directory that does not record its training rows: said, then scored.
+    unknown = runner.invoke(app, ["evaluate", str(model_dir), "--task", "sst", str(labelled)])
+    assert unknown.exit_code == 0, unknown.output
+    assert f"note: {model_dir} has no {TRAINING_IDS}" in " ".join(unknown.output.split())
+    # One that does, as the multitask stage writes it: 12 of the file's rows are its.
+    trained = tmp_path / "trained"
+    shutil.copytree(model_dir, trained)
+    tasks = {task: {"trained": [], "validation": []} for task in ("quora", "sts")}
+    tasks["sst"] = {"trained": [f"s{i}" for i in range(10)] + ["elsewhere"], "validation": ["s10", "s11"]}
+    (trained / TRAINING_IDS).write_bytes(gzip.compress(json.dumps({"tasks": tasks}).encode()))
+    refused = runner.invoke(app, ["evaluate", str(trained), "--task", "sst", str(labelled)])
+    _assert_one_line_error(refused, f"{labelled}: 12 of its 40 rows are {trained}'s", "--allow-training-rows")
+    score = tmp_path / "score.json"
+    allowed = runner.invoke(
+        app,
+        ["evaluate", str(trained), "--task", "sst", str(labelled), "--allow-training-rows", "-o", str(score)],
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert f"warning: {labelled}: 12 of its 40 rows" in " ".join(allowed.output.split())
+    assert json.loads(score.read_text())["examples"] == 40
+    # Rows it never saw: scored without a word against them.
+    held_out = _write(
+        tmp_path / "held-out.csv",
+        "\tid\tsentence\tsentiment\n" + "".join(f"{i}\th{i}\tA film .\t{i % 5}\n" for i in range(60)),
+    )
+    fine = runner.invoke(app, ["evaluate", str(trained), "--task", "sst", str(held_out)])
+    assert fine.exit_code == 0 and "none of its rows are" in " ".join(fine.output.split())
+    # A damaged record is an error naming it.
+    (trained / TRAINING_IDS).write_bytes(b"not gzip")
+    _assert_one_line_error(
+        runner.invoke(app, ["evaluate", str(trained), "--task", "sst", str(labelled)]),
+        str(trained / TRAINING_IDS),
+    )

@@ -177,15 +177,18 @@ def evaluate(
     task: str = typer.Option(..., "--task", help="sst, quora or sts."),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the result as JSON."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    allow_training_rows: bool = typer.Option(
+        False, "--allow-training-rows", help="Score a file that shares rows with the model's training rows."
+    ),
 ) -> None:
     """Score a fine-tuned multitask model on a labelled file: accuracy (SST, Quora) or
     Pearson's r (STS) with a 95% bootstrap interval over the file's examples.
 
     FILE may be a course file (its known-bad rows, listed in params.yaml, left out), a
     CSV/TSV with named columns, or a table the data stage prepared: the Quora pairs the
-    pipeline holds out are data/prepared/quora-dev.parquet."""
-    from rich.table import Table
-
+    pipeline holds out are data/prepared/quora-dev.parquet. A file that shares rows with
+    the model's training rows (its directory records them) is refused unless
+    --allow-training-rows."""
     from minbert.atomic import atomic_write_text
     from minbert.pipeline import predict as predicting
 
@@ -194,21 +197,12 @@ def evaluate(
     warning = predicting.check_labels(frame, task, str(file))  # before the predictions, not after
     if warning:
         console.print(f"warning: {warning}")
+    console.print(predicting.training_rows(model, frame, task, str(file), allow_training_rows))
     predictor = predicting.Predictor(model, device)
     predicted = predictor.predict(frame, task, str(file), show_progress=True)
     result, summary = predicting.score(predicted)
     summary["model"] = str(model)
-    table = Table(title=f"{model} on {file}")
-    for column in ("task", "examples", "metric", "value", "95% interval"):
-        table.add_column(column)
-    table.add_row(
-        task,
-        str(summary["examples"]),
-        summary["metric"],
-        f"{result.value:.4f}",
-        f"[{result.low:.4f}, {result.high:.4f}]",
-    )
-    console.print(table)
+    console.print(predicting.score_table(f"{model} on {file}", result, summary))
     typer.echo(json.dumps(summary, indent=2))
     if out is not None:
         atomic_write_text(out, json.dumps(summary, indent=2) + "\n")

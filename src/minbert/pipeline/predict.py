@@ -11,6 +11,8 @@ row stops the command with ``file:line: reason``, and nothing is skipped.
 
 from __future__ import annotations
 
+import gzip
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from minbert.data.tokenize import load_tokenizer, tokenize_table
 from minbert.device import choose_device, compute_context, pad_multiple
 from minbert.metrics import Interval, interval
 from minbert.model.multitask import load_multitask, predictions
+from minbert.pipeline.multitask import TRAINING_IDS
 from minbert.pipeline.schema import read as read_params
 from minbert.progress import progress
 from minbert.tasks import MULTITASK_TASKS, TASKS
@@ -181,6 +184,31 @@ def check_labels(frame: pd.DataFrame, task: str, source: str) -> str | None:
     return None
 
 
+def training_rows(model_dir: str | Path, frame: pd.DataFrame, task: str, source: str, allow: bool) -> str:
+    """What to say about the rows of ``frame`` the model learned from or chose its
+    epoch on (its directory's ``TRAINING_IDS``): their score is no held-out score, so
+    they are an error naming the count unless ``allow``, then a warning."""
+    record = Path(model_dir) / TRAINING_IDS
+    if not record.is_file():
+        return f"note: {model_dir} has no {TRAINING_IDS}: {source} was not checked against its training rows"
+    try:
+        ids = json.loads(gzip.decompress(record.read_bytes()))["tasks"][task]
+        seen = {str(i) for i in ids["trained"]} | {str(i) for i in ids["validation"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{record}: not a record of {task}'s training rows ({exc!r})") from None
+    shared = int(frame["id"].astype(str).isin(seen).sum())
+    said = (
+        f"{source}: {shared} of its {len(frame)} rows are {model_dir}'s training rows (trained or validation)"
+    )
+    if shared and not allow:
+        raise ValueError(f"{said}, so its score is not held out; --allow-training-rows scores it anyway")
+    return (
+        f"warning: {said}; the score is not a held-out one"
+        if shared
+        else f"{source}: none of its rows are {model_dir}'s training rows"
+    )
+
+
 def _is_course_file(head: bytes) -> bool:
     """Whether a file starting with ``head`` is a course file: its header's first field is
     empty (or ``0``). An unreadable file (no bytes) counts as one, so that the course
@@ -260,3 +288,20 @@ def score(predicted: Predicted) -> tuple[Interval, dict]:
         "interval_95": [result.low, result.high],
         "examples": len(predicted.ids),
     }
+
+
+def score_table(title: str, result: Interval, summary: dict):
+    """:func:`score`'s result as a table for the terminal."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("task", "examples", "metric", "value", "95% interval"):
+        table.add_column(column)
+    table.add_row(
+        summary["task"],
+        str(summary["examples"]),
+        summary["metric"],
+        f"{result.value:.4f}",
+        f"[{result.low:.4f}, {result.high:.4f}]",
+    )
+    return table
