@@ -124,7 +124,6 @@ def main() -> None:
     horizon_beta = 1.0 - 1.0 / (0.1 * steps)
     variants = {
         "token_norm 1 (the authors' code)": {"token_norm": 1.0},
-        "token_norm 0.3": {"token_norm": 0.3},
         "token_norm 0.1 (params.yaml)": {"token_norm": 0.1},
         f"token_norm 1, teacher horizon 10% of {steps} steps (beta {horizon_beta:.3f})": {
             "token_norm": 1.0,
@@ -172,7 +171,12 @@ def main() -> None:
         ["variant", *(f"epoch {e}" for e in range(epochs)), *(f"|grad| {p}" for p in PARTS)],
         rows,
     )
-    common.finish("smart_collapse", args, {"config": args.config, "steps": steps, "variants": results}, [])
+    common.finish(
+        "smart_collapse",
+        args,
+        {"config": args.config, "lr": base.lr, "steps": steps, "variants": results},
+        [],
+    )
 
 
 if __name__ == "__main__":

@@ -272,7 +272,9 @@ def test_gram_matrix_over_many_chunks_is_accurate():
     grads[1] = grads[1] - 0.5 * grads[0]
     out = project_conflicting(grads, torch.Generator().manual_seed(2))
     expected = reference_pcgrad(grads, orders_for_seed(2, 3))
-    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    # float32 projections of ~1e5-long vectors: a few 1e-6 off float64 (one float32
+    # matmul for the Gram matrix was 1e-3 off).
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=5e-6)
 
 
 def test_non_tensor_gradient_is_a_type_error():

@@ -130,6 +130,22 @@ def test_seed_study_takes_only_other_seeds_of_the_same_parameters_from_their_own
         seed_study(runs, params, ["c"])
 
 
+def test_seed_study_counts_a_run_of_another_commit_only_where_its_stage_ran_the_current_code():
+    params = {"seed": 11711}
+
+    def lock(md5, seed=11711):  # the settings file holds the seed: not compared
+        deps = [{"path": "src/x.py", "md5": md5}, {"path": "data/settings/multitask/a.json", "md5": seed}]
+        return {"multitask@a": {"deps": deps}}
+
+    def run(name, seed, md5):
+        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        return Run(name, {"seed": seed}, {"multitask/a": m}, lock(md5, seed))
+
+    runs = [run("same", 1, "abc"), run("older-code", 2, "old")]
+    assert [r["seed"] for r in seed_study(runs, params, ["a"], lock("abc"))["a"]] == [1]
+    assert [r["seed"] for r in seed_study(runs, params, ["a"])["a"]] == [1, 2]  # no lock: all count
+
+
 def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(monkeypatch, capsys):
     # `dvc exp run` in the workspace leaves an experiment with no queue state: it counts
     # when it has results; queued, running and failed ones do not, and each is named.
@@ -146,7 +162,7 @@ def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(
         {"rev": "e4", "typ": "branch_commit", "Experiment": "waiting", "State": "Queued"},
         {"rev": "e5", "typ": "branch_commit", "Experiment": "empty", "State": None},
     ]
-    monkeypatch.setattr(dvc.api, "exp_show", lambda repo: rows)
+    monkeypatch.setattr(dvc.api, "exp_show", lambda repo, revs=None: rows)
 
     def read_run(repo, rev, name):
         metrics = {} if rev == "e5" else {"multitask/best": {"average": 0.5}}

@@ -290,6 +290,9 @@ def seed_study(
     queue: bool = typer.Option(
         True, "--queue/--no-queue", help="Queue and run the experiments first (--no-queue: aggregate only)."
     ),
+    baseline: list[str] = typer.Option(
+        [], "--baseline", help="Also an earlier commit's experiments, where their code is current."
+    ),
 ) -> None:
     """The seed study of params.yaml's `seed_study`: retrain its configurations with its
     seeds through DVC's experiment queue, then write each configuration's full-dev
@@ -299,7 +302,7 @@ def seed_study(
     """
     from minbert.pipeline.sweep import run_seed_study
 
-    result = run_seed_study(repo, out, queue)
+    result = run_seed_study(repo, out, queue, tuple(baseline))
     # The command's result goes to stdout (progress and DVC's own output to stderr).
     configs, seeds = len(result["configs"]), result["seeds"]
     typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")

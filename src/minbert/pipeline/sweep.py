@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -48,6 +48,7 @@ class Run:
     name: str
     params: dict
     metrics: dict[str, dict]  # "multitask/baseline" -> its metrics file joined with its record
+    lock: dict = field(default_factory=dict)  # its dvc.lock's stages ({} when it has none)
 
 
 def flatten_params(d: dict, prefix: str = "") -> dict:
@@ -135,15 +136,21 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
                 **json.loads(_git(repo, "show", f"{rev}:{record}")),
                 **json.loads(_git(repo, "show", f"{rev}:{path}")),
             }
-    return Run(name, params, metrics)
+    lock = yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) if "dvc.lock" in _tracked(repo, rev) else {}
+    return Run(name, params, metrics, (lock or {}).get("stages", {}))
+
+
+def _tracked(repo: Path, rev: str) -> set[str]:
+    return set(_git(repo, "ls-tree", "--name-only", rev).splitlines())
 
 
 # Queue states of experiments that have no results (yet, or ever).
 UNFINISHED = ("Queued", "Running", "Failed")
 
 
-def collect_runs(repo: Path = Path(".")) -> list[Run]:
-    """The baseline commit and its experiments with results, as DVC lists them.
+def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[Run]:
+    """The baseline commit (``revs``: these commits) and its experiments with results, as
+    DVC lists them.
 
     Experiments run in the workspace (``dvc exp run``) have no queue state and count
     once they hold metrics files, like queued ones that succeeded. Experiments still
@@ -157,7 +164,7 @@ def collect_runs(repo: Path = Path(".")) -> list[Run]:
     from minbert.progress import console
 
     runs, seen = [], set()
-    for row in exp_show(repo=str(repo)):
+    for row in exp_show(repo=str(repo), revs=revs):
         if row.get("rev") == "workspace":
             continue
         name = row.get("Experiment") or row["rev"]
@@ -184,7 +191,23 @@ def _without_seed(params: dict) -> str:
     return json.dumps({k: v for k, v in flat.items() if k != "seed"}, sort_keys=True, default=str)
 
 
-def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
+def same_code(run: Run, lock: dict, stage: str) -> bool:
+    """Whether ``run`` ran ``stage`` with the code and data (its deps' hashes) that
+    ``lock`` (the current dvc.lock's stages) records: a run of another commit counts
+    only then. Without a lock to compare against, every run counts."""
+    if not lock:
+        return True
+
+    def deps(stages: dict) -> list:
+        # The resolved settings file holds the seed itself; the params (but the seed) are
+        # compared by the caller.
+        found = stages.get(stage, {}).get("deps", [])
+        return sorted((d["path"], d.get("md5")) for d in found if not d["path"].startswith("data/settings/"))
+
+    return bool(deps(lock)) and deps(run.lock) == deps(lock)
+
+
+def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | None = None) -> dict:
     """Each configuration's full-dev metrics per seed other than ``params``' own, from the
     runs whose parameters are ``params`` but for the seed. The own seed's numbers are
     the committed metrics files, which the report reads itself: a copy here would go
@@ -192,7 +215,9 @@ def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
 
     A run counts for a configuration only when that configuration's metrics file was
     written with the run's own seed: an experiment that retrained some stages keeps
-    the others' files from its baseline, and those must not pass for another seed.
+    the others' files from its baseline, and those must not pass for another seed;
+    and, given ``lock`` (the current dvc.lock's stages), only when it ran that stage's
+    current code and data (:func:`same_code`), whichever commit it was queued from.
     """
     same = [
         r
@@ -204,7 +229,11 @@ def seed_study(runs: list[Run], params: dict, configs: list[str]) -> dict:
         by_seed = {}
         for run in same:
             m = run.metrics.get(f"multitask/{config}")
-            if m is not None and m["seed"] == run.params["seed"]:
+            if (
+                m is not None
+                and m["seed"] == run.params["seed"]
+                and same_code(run, lock or {}, f"multitask@{config}")
+            ):
                 by_seed[m["seed"]] = {
                     "seed": m["seed"],
                     "run": run.name,
@@ -238,11 +267,13 @@ def wait_for_queue(repo: Path, poll_seconds: float = 10.0) -> dict[str, str]:
 SEED_STUDY_COMMAND = "minbert seed-study"
 
 
-def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
+def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[str, ...] = ()) -> dict:
     """The seed study of ``params.yaml``'s ``seed_study``: queue its configurations for
     each of its seeds (``dvc exp run --queue -S seed=N multitask@<config> ...``), run
     the queue, wait, and write each configuration's full-dev metrics per seed to
-    ``out`` (the pipeline's own seed: the committed metrics files, not copied)."""
+    ``out`` (the pipeline's own seed: the committed metrics files, not copied).
+    ``baselines``: earlier commits whose experiments count too, where a configuration's
+    stage ran the code and data of the current dvc.lock."""
     from minbert.atomic import atomic_write_text
     from minbert.pipeline.params import load
     from minbert.progress import console
@@ -259,7 +290,11 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True) -> dict:
         failed = {name: state for name, state in wait_for_queue(repo).items() if state != "Success"}
         if failed:
             console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
-    configs = seed_study(collect_runs(repo), params, study["configs"])
+    # No lock (nothing reproduced in the workspace): nothing to compare runs of other commits with.
+    lock_file = repo / "dvc.lock"
+    lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
+    lock = lock.get("stages", {})
+    configs = seed_study(collect_runs(repo, ["HEAD", *baselines]), params, study["configs"], lock)
     result = {
         "command": SEED_STUDY_COMMAND,
         "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "

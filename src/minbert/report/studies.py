@@ -163,28 +163,34 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     unsearched = [
         f"`{n}`" for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched
     ]
+    shared = _shared_parent(runs, study)
+    if shared:
+        lines += ["", shared]
     if unsearched:
-        lines += ["", f"Not in the search: {', '.join(unsearched)}; {_inherited(runs, searched, study)}."]
+        lines += ["", f"Not in the search: {', '.join(unsearched)} (their rates: params.yaml)."]
     return lines
 
 
-def _inherited(runs: dict[str, dict], searched: dict, study: dict) -> str:
-    """Where the unsearched runs' rates come from: ``best``'s choice when they all share it
-    (its ablations, each removing one component at equal rates), else params.yaml."""
-    names = [n for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched]
-    parent = runs.get("best")
-    chosen = parent and study["chosen"].get(f"{parent['scale']}/best/{parent['settings']['optimizer']}")
-    if chosen and all(
-        runs[n]["scale"] == parent["scale"]
-        and (runs[n]["settings"]["lr"], runs[n]["settings"].get("head_lr"))
-        == (chosen["lr"], chosen["head_lr"])
-        for n in names
+# The configuration every table descends from: its choice may be every row's.
+ROOT = "baseline"
+
+
+def _shared_parent(runs: dict[str, dict], study: dict) -> str:
+    """A line when every run uses the root configuration's chosen rates (one choice made on
+    the parent alone, so the rows compare components at equal rates), else ''."""
+    root = runs.get(ROOT)
+    chosen = root and study["chosen"].get(f"{root['scale']}/{ROOT}/{root['settings']['optimizer']}")
+    if not chosen or any(
+        m["scale"] != root["scale"]
+        or (m["settings"]["lr"], m["settings"].get("head_lr")) != (chosen["lr"], chosen["head_lr"])
+        for m in runs.values()
     ):
-        return (
-            f"they run at `best`'s chosen rates (lr {chosen['lr']:g}, heads {chosen['head_lr']:g}), "
-            "chosen on the parent alone, so each ablation changes one component at equal rates"
-        )
-    return "their rates: params.yaml"
+        return ""
+    return (
+        f"Every row runs at `{ROOT}`'s chosen rates (lr {chosen['lr']:g}, heads {chosen['head_lr']:g}): "
+        "one choice made on the parent of every table, so the rows compare their components at equal "
+        "rates; a configuration's own best point is in bold where it was searched."
+    )
 
 
 def _used(run: dict | None, scale: str, best: dict | None) -> str:

@@ -260,7 +260,9 @@ def smart_collapse_section(measurement: dict | None, source: str) -> str:
     epochs = len(next(iter(variants.values()))["epochs"])
     lines = [
         f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
-        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps; "
+        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
+        + (f", encoder lr {found['lr']:g}" if "lr" in found else "")
+        + "; "
         f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
         "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
         "of lambda_s times the smoothness term and of mu times the Bregman term "
