@@ -254,8 +254,8 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
     params = yaml.safe_load((pipeline / "params.yaml").read_text())
     assert params["optimizer"] == "adamaxw"
     diff = json.loads(_run(["dvc", "metrics", "diff", "--json"], pipeline))
-    baseline = diff["metrics/multitask/baseline.json"]
-    assert baseline["average"]["diff"] != 0
+    baseline = diff["metrics/multitask/baseline.json"]  # listed: some number of it changed
+    assert any(v.get("diff") for v in baseline.values() if isinstance(v, dict)), baseline
     # A configuration that sets its own optimizer is untouched by the ablation.
     assert "metrics/multitask/best.json" not in diff or all(
         v.get("diff", 0) == 0 for v in diff["metrics/multitask/best.json"].values() if isinstance(v, dict)
