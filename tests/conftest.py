@@ -82,3 +82,28 @@ def tiny_sentiment_scale(
         validation_examples={"sst": 4, "cfimdb": 4},
     )
     return params
+
+
+def saved_multitask_model(
+    directory: Path, checkpoint: Path, heads: tuple, max_length: int, eval_batch_size: int
+) -> Path:
+    """A multitask model directory as the stages write it, with untrained heads
+    (``heads``: MultitaskBert's arguments after the encoder), named by its folder."""
+    from minbert.model.multitask import MultitaskBert, save_multitask
+
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel.from_pretrained(checkpoint), *heads)
+    directory.mkdir()
+    info = {
+        "config": directory.name,
+        "max_length": dict.fromkeys(("sst", "quora", "sts"), max_length),
+        "eval_batch_size": eval_batch_size,
+        "best_epoch": 1,
+        "dev": {},
+        "dev_examples": {},
+        "checkpoint": {"name": "tiny"},
+        "scale": "cpu",
+        "seed": 0,
+    }
+    save_multitask(model, directory, checkpoint / "vocab.txt", info)
+    return directory

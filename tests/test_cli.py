@@ -10,13 +10,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, saved_multitask_model
 from typer.testing import CliRunner
 
 from minbert.cli import app
 from minbert.data.predictions import read_predictions
-from minbert.model.bert import BertModel
-from minbert.model.multitask import MultitaskBert, save_multitask
 
 runner = CliRunner()
 
@@ -68,25 +66,8 @@ def test_check_params(tmp_path):
 def model_dir(tmp_path_factory, tiny_checkpoint):
     """A multitask model directory as the stages write it (untrained heads: the commands'
     plumbing is what is tested here)."""
-    torch.manual_seed(0)
-    model = MultitaskBert(
-        BertModel.from_pretrained(tiny_checkpoint), "siamese-concat", "cross-encoder", 0.3, "mean", "sigmoid"
-    )
-    directory = tmp_path_factory.mktemp("model") / "best"
-    directory.mkdir()
-    info = {
-        "config": "best",
-        "max_length": {"sst": 32, "quora": 32, "sts": 32},
-        "eval_batch_size": 4,
-        "best_epoch": 1,
-        "dev": {},
-        "dev_examples": {},
-        "checkpoint": {"name": "tiny"},
-        "scale": "cpu",
-        "seed": 0,
-    }
-    save_multitask(model, directory, tiny_checkpoint / "vocab.txt", info)
-    return directory
+    heads = ("siamese-concat", "cross-encoder", 0.3, "mean", "sigmoid")
+    return saved_multitask_model(tmp_path_factory.mktemp("model") / "best", tiny_checkpoint, heads, 32, 4)
 
 
 def _sst_file(path, rows=6, labelled=True):

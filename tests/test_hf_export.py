@@ -6,11 +6,10 @@ cosine head (configuration `cosine-sts`)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import saved_multitask_model
 from typer.testing import CliRunner
 
 from minbert.cli import app
-from minbert.model.bert import BertModel
-from minbert.model.multitask import MultitaskBert, save_multitask
 
 PAIRS = [
     ("A man is playing a guitar.", "Someone plays an instrument."),
@@ -23,25 +22,10 @@ PAIRS = [
 def cosine_model(tmp_path_factory, tiny_checkpoint):
     """A multitask model directory whose STS head is 5 times the cosine of mean-pooled
     sentence vectors, as the stages write it."""
-    torch.manual_seed(0)
-    model = MultitaskBert(
-        BertModel.from_pretrained(tiny_checkpoint), "siamese-concat", "siamese-cosine", 0.0, "mean"
+    heads = ("siamese-concat", "siamese-cosine", 0.0, "mean")
+    return saved_multitask_model(
+        tmp_path_factory.mktemp("model") / "cosine-sts", tiny_checkpoint, heads, 64, 2
     )
-    directory = tmp_path_factory.mktemp("model") / "cosine-sts"
-    directory.mkdir()
-    info = {
-        "config": "cosine-sts",
-        "max_length": {"sst": 64, "quora": 64, "sts": 64},
-        "eval_batch_size": 2,
-        "best_epoch": 1,
-        "dev": {},
-        "dev_examples": {},
-        "checkpoint": {"name": "tiny"},
-        "scale": "cpu",
-        "seed": 0,
-    }
-    save_multitask(model, directory, tiny_checkpoint / "vocab.txt", info)
-    return directory
 
 
 def _predicted(directory) -> torch.Tensor:
