@@ -240,8 +240,12 @@ def compare(
     """Compare DVC experiments: one table per metric, a row per run, a column per experiment.
 
     Reads `dvc exp show --json` (the committed baseline and its experiments) and prints,
-    for each metric, every run's value in each experiment, then the parameters each
-    experiment changed. As many experiments as fit the terminal's width are shown.
+    for each metric, every run's value in each experiment with its difference from the
+    experiment's parent (the baseline; HEAD for the workspace) and a paired 95% bootstrap
+    interval from both runs' dev predictions, marked ~ when it includes 0; then the
+    parameters each experiment changed, and the runs that differ for another reason
+    (a rebuild from the same inputs, changed code or data). As many experiments as fit
+    the terminal's width are shown.
     """
     from minbert.pipeline.compare import print_comparison
 

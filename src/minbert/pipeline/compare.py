@@ -1,20 +1,33 @@
-"""Experiments side by side: ``dvc exp show --json`` as one narrow table per metric.
+"""Experiments side by side: ``dvc exp show --json`` as one narrow table per metric,
+each experiment's difference from its parent with its uncertainty, and why it differs.
 
 ``dvc exp show`` puts every metric of every metrics file and every parameter in one
 row per experiment: with a dozen configurations that is hundreds of columns. Here the
 same data is turned around: one table per metric (each task's score, the average),
-a row per run (``multitask/best``, ...), a column per experiment, and under the
-tables the parameters each experiment changed. A table holds as many experiment
-columns as fit the width asked for; the newest experiments are kept.
+a row per run (``multitask/best``, ...), a column per experiment. An experiment's
+cell also gives its difference from its parent (the baseline commit it ran from; HEAD
+for the workspace) with a 95% paired bootstrap interval from both runs' dev
+predictions (``minbert.metrics``), marked ``~`` when the interval includes zero.
+Under the tables, the parameters each experiment changed, and its runs that differ
+for another reason, by ``dvc.lock``: the same inputs (a rebuild, e.g. on another
+CPU) or changed ones (code, data). A table holds as many experiment columns as fit
+the width asked for; the newest experiments are kept.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import yaml
+
+from minbert.data.predictions import read_predictions
+from minbert.metrics import Interval, fixed, paired, paired_average, score
 from minbert.pipeline.sweep import DVC, flatten_params
 from minbert.results import ACCURACY, EPOCH, STEPS
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
@@ -28,16 +41,35 @@ TITLES = {
     STEPS: "Optimizer steps",
 }
 DEFAULT_METRICS = (*MULTITASK_TASKS, AVERAGE, ACCURACY)
+# Where a run's dev predictions and the dev labels are (a multitask-style run's).
+PREDICTIONS = "predictions/{run}/{task}-dev-out.csv"
+LABELS = "data/prepared/{task}-dev.parquet"
+# The `resolve` stage's outputs: each stage's share of params.yaml.
+SETTINGS = "data/settings/"
+WORKSPACE = "workspace"
+LEGEND = (
+    "Each experiment's difference from its parent (its baseline commit; HEAD for the workspace), "
+    "with a paired 95% bootstrap interval over the dev examples where both runs' predictions are "
+    "at hand; ~: the interval includes 0, no clear difference."
+)
 
 
 @dataclass(frozen=True)
 class Experiment:
     name: str
+    rev: str  # a commit, or "workspace"
+    parent: str | None  # the experiment it is compared with: its baseline (HEAD for the workspace)
     params: dict[str, object]  # flattened: "configs.best.optimizer" -> value
     metrics: dict[str, dict]  # "multitask/best" -> the metrics file's numbers
 
 
-def _experiment(name: str, data: dict) -> Experiment:
+@dataclass(frozen=True)
+class Difference:
+    value: float
+    interval: Interval | None  # None: no predictions to pair
+
+
+def _experiment(name: str, rev: str, parent: str | None, data: dict) -> Experiment:
     params = {}
     for content in (data.get("params") or {}).values():
         params.update(flatten_params(content.get("data") or {}))
@@ -45,21 +77,27 @@ def _experiment(name: str, data: dict) -> Experiment:
     for path, content in (data.get("metrics") or {}).items():
         run = path[len("metrics/") :] if path.startswith("metrics/") else path
         metrics[run[: -len(".json")] if run.endswith(".json") else run] = content.get("data") or {}
-    return Experiment(name, params, metrics)
+    return Experiment(name, rev, parent, params, metrics)
 
 
 def parse_exp_show(rows: list[dict]) -> list[Experiment]:
     """The experiments of ``dvc exp show --json``: the workspace, each baseline commit,
     then its experiments."""
+
+    def name(row):
+        return WORKSPACE if row["rev"] == WORKSPACE else row.get("name") or row["rev"][:7]
+
+    head = next((name(r) for r in rows if r["rev"] != WORKSPACE and r.get("data")), None)
     out = []
     for row in rows:
         if row.get("data"):
-            name = "workspace" if row["rev"] == "workspace" else row.get("name") or row["rev"][:7]
-            out.append(_experiment(name, row["data"]))
+            out.append(
+                _experiment(name(row), row["rev"], head if name(row) == WORKSPACE else None, row["data"])
+            )
         for group in row.get("experiments") or []:
             for rev in group.get("revs") or []:
                 if rev.get("data"):
-                    out.append(_experiment(rev.get("name") or rev["rev"][:7], rev["data"]))
+                    out.append(_experiment(name(rev), rev["rev"], name(row), rev["data"]))
     return out
 
 
@@ -70,67 +108,236 @@ def exp_show(repo: Path) -> list[Experiment]:
     return parse_exp_show(json.loads(done.stdout))
 
 
-def changed_params(experiments: list[Experiment]) -> dict[str, dict[str, object]]:
-    """Per experiment, the parameters whose value differs from the first baseline
-    commit's (the workspace's against it too)."""
-    if not experiments:
-        return {}
-    base = next((e for e in experiments if e.name != "workspace"), experiments[0]).params
-    return {
-        e.name: {k: v for k, v in e.params.items() if base.get(k) != v}
-        | {k: None for k in base if k not in e.params}
-        for e in experiments
+def changed_params(experiment: Experiment, parent: Experiment) -> dict[str, object]:
+    """The parameters whose value differs from the parent's (None: removed)."""
+    base = parent.params
+    return {k: v for k, v in experiment.params.items() if base.get(k) != v} | {
+        k: None for k in base if k not in experiment.params
     }
 
 
-def table_rows(experiments: list[Experiment], metric: str) -> list[list[str]]:
-    """A row per run that has ``metric`` in some experiment: the run, then its values."""
+class Files:
+    """The repository's files in the workspace or at a commit (git- or DVC-tracked, the
+    latter from DVC's cache); None for one that is not there."""
+
+    def __init__(self, repo: Path, scratch: Path):
+        self.repo, self.scratch = Path(repo), Path(scratch)
+        self._fs: dict[str, object] = {}
+
+    def get(self, rev: str, path: str) -> Path | None:
+        if rev == WORKSPACE:
+            return self.repo / path if (self.repo / path).is_file() else None
+        from dvc.api import DVCFileSystem
+        from dvc.exceptions import DvcException
+        from scmrepo.exceptions import SCMError
+
+        local = self.scratch / rev / path
+        if not local.is_file():
+            try:
+                if rev not in self._fs:
+                    self._fs[rev] = DVCFileSystem(str(self.repo), rev=rev)
+                local.parent.mkdir(parents=True, exist_ok=True)
+                self._fs[rev].get_file(path, str(local))
+            except (OSError, DvcException, SCMError):
+                return None
+        return local
+
+    def lock(self, rev: str) -> dict[str, dict]:
+        """``dvc.lock``'s stages by the outputs they write."""
+        if rev == WORKSPACE:
+            text = (self.repo / "dvc.lock").read_text() if (self.repo / "dvc.lock").is_file() else ""
+        else:
+            shown = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=self.repo, capture_output=True)
+            text = shown.stdout.decode() if shown.returncode == 0 else ""
+        stages = (yaml.safe_load(text) or {}).get("stages") or {}
+        return {out["path"]: stage for stage in stages.values() for out in stage.get("outs") or []}
+
+
+def _dev(files: Files, experiment: Experiment, run: str, task: str):
+    """(labels, predictions, question groups) of ``run``'s dev predictions of ``task`` at
+    ``experiment``, or None when they are missing or do not score what its metrics file
+    says (other labels, or results from another run)."""
+    labels_file = files.get(experiment.rev, LABELS.format(task=task))
+    predicted_file = files.get(experiment.rev, PREDICTIONS.format(run=run, task=task))
+    if labels_file is None or predicted_file is None:
+        return None
+    table, predicted = pd.read_parquet(labels_file), read_predictions(predicted_file)
+    ids = table["id"].astype(str)
+    if set(ids) != set(predicted):
+        return None
+    labels = table["label"].to_numpy(float)
+    predictions = np.array([float(predicted[i]) for i in ids])
+    if fixed(score(task, labels, predictions)) != experiment.metrics[run].get(task):
+        return None
+    return labels, predictions, table["group"].to_numpy() if "group" in table else None
+
+
+def paired_interval(files: Files, experiment: Experiment, parent: Experiment, run: str, metric: str):
+    """The paired bootstrap interval of ``run``'s ``metric`` (a task's, or the average)
+    between ``experiment`` and ``parent``, or None without both runs' predictions."""
+    parts = []
+    for task in MULTITASK_TASKS if metric == AVERAGE else (metric,):
+        ours, theirs = _dev(files, experiment, run, task), _dev(files, parent, run, task)
+        if ours is None or theirs is None or not np.array_equal(ours[0], theirs[0]):
+            return None
+        parts.append((task, ours[0], ours[1], theirs[1], ours[2]))
+    if metric == AVERAGE:
+        return paired_average(parts)
+    task, labels, predictions, reference, groups = parts[0]
+    return paired(task, labels, predictions, reference, groups=groups)
+
+
+def differences(experiments: list[Experiment], metrics, files: Files) -> dict[tuple, Difference]:
+    """(experiment, run, metric) -> the difference from the parent's run, with its
+    interval where it is not zero and the predictions are at hand."""
+    from minbert.progress import progress
+
+    by_name = {e.name: e for e in experiments}
+    todo = []
+    for e in experiments:
+        parent = by_name.get(e.parent)
+        for run, numbers in e.metrics.items() if parent else ():
+            for metric in metrics:
+                ours, theirs = numbers.get(metric), parent.metrics.get(run, {}).get(metric)
+                if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
+                    todo.append((e, parent, run, metric, ours - theirs))
+    out = {}
+    with progress(quiet=not todo) as bar:
+        job = bar.add_task("paired intervals", total=len(todo), status="")
+        for e, parent, run, metric, value in todo:
+            pairable = value and metric in (*MULTITASK_TASKS, AVERAGE)
+            interval = paired_interval(files, e, parent, run, metric) if pairable else None
+            out[e.name, run, metric] = Difference(value, interval)
+            bar.advance(job)
+    return out
+
+
+def other_reasons(files: Files, experiment: Experiment, parent: Experiment) -> list[str]:
+    """The experiment's runs whose numbers differ from the parent's for a reason other
+    than params, by the stages that wrote them in ``dvc.lock``: the same inputs (a
+    rebuild), or changed ones (code, data) other than the settings params reach."""
+    ours, theirs = files.lock(experiment.rev), files.lock(parent.rev)
+    rebuilt, changed, unrecorded = [], [], []
+    for run, numbers in sorted(experiment.metrics.items()):
+        path = f"metrics/{run}.json"
+        if (
+            run not in parent.metrics
+            or numbers == parent.metrics[run]
+            or path not in ours
+            or path not in theirs
+        ):
+            continue
+        deps = [
+            {d["path"]: d.get("md5") for d in stage.get("deps") or []} for stage in (ours[path], theirs[path])
+        ]
+        moved = sorted(p for p in deps[0].keys() | deps[1].keys() if deps[0].get(p) != deps[1].get(p))
+        if ours[path].get("params") != theirs[path].get("params") or any(
+            p.startswith(SETTINGS) for p in moved
+        ):
+            continue  # its share of the params changed
+        written = [
+            {o["path"]: o.get("md5") for o in stage["outs"]}[path] for stage in (ours[path], theirs[path])
+        ]
+        if moved:
+            changed.append(f"{run} ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''})")
+        else:
+            (rebuilt if written[0] != written[1] else unrecorded).append(run)
+    lines = []
+    if unrecorded:
+        lines.append(f"  other numbers than dvc.lock records (see `dvc status`): {', '.join(unrecorded)}")
+    if rebuilt:
+        lines.append(f"  same inputs, other numbers (rebuilt, e.g. on another CPU): {', '.join(rebuilt)}")
+    if changed:
+        lines.append(f"  changed inputs other than params: {'; '.join(changed)}")
+    return lines
+
+
+def cell(value, difference: Difference | None) -> str:
+    text = "—" if value is None else f"{value:g}" if isinstance(value, int) else f"{value:.4f}"
+    if difference is None or not difference.value:
+        return text
+    if isinstance(difference.value, int):
+        return f"{text} {difference.value:+d}"
+    text = f"{text} {difference.value:+.3f}"
+    interval = difference.interval
+    if interval is None:
+        return text
+    return f"{text} [{interval.low:+.3f}, {interval.high:+.3f}]{'' if interval.excludes_zero else ' ~'}"
+
+
+def table_rows(experiments: list[Experiment], metric: str, found: dict | None = None) -> list[list[str]]:
+    """A row per run that has ``metric`` in some experiment: the run, then its values
+    (with their differences from the parent's, from ``found``)."""
     runs = sorted({r for e in experiments for r, numbers in e.metrics.items() if metric in numbers})
-    rows = []
-    for run in runs:
-        cells = []
-        for e in experiments:
-            value = e.metrics.get(run, {}).get(metric)
-            cells.append("—" if value is None else f"{value:g}" if isinstance(value, int) else f"{value:.4f}")
-        rows.append([run, *cells])
-    return rows
+    found = found or {}
+    return [
+        [
+            run,
+            *(
+                cell(e.metrics.get(run, {}).get(metric), found.get((e.name, run, metric)))
+                for e in experiments
+            ),
+        ]
+        for run in runs
+    ]
 
 
-def fitting(
-    experiments: list[Experiment], width: int, run_width: int = 34, column_width: int = 12
-) -> list[Experiment]:
-    """The experiments whose columns fit ``width`` characters beside the run column, in
-    ``dvc exp show``'s order (baseline, then its newest experiments); the workspace
-    only when it differs from the baseline (uncommitted results)."""
-    if len(experiments) > 1 and experiments[0].name == "workspace":
+def fitting(experiments: list[Experiment], width: int) -> list[Experiment]:
+    """The experiments whose columns fit ``width`` characters beside the run column:
+    the baseline, then the workspace when it differs from it (uncommitted results),
+    then the newest experiments. A column with differences is wide, a baseline's narrow."""
+    if len(experiments) > 1 and experiments[0].name == WORKSPACE:
         workspace, base = experiments[0], experiments[1]
         if (workspace.params, workspace.metrics) == (base.params, base.metrics):
             experiments = experiments[1:]
-    room = max(1, (width - run_width) // column_width)
-    return experiments[:room]
+    experiments = [e for e in experiments if e.parent is None] + [e for e in experiments if e.parent]
+    runs = [run for e in experiments for run in e.metrics]
+    used = 4 + max(map(len, runs), default=3)  # the run column, the table's borders
+    shown = []
+    for e in experiments:
+        used += 35 if e.parent else 9
+        if used > width and shown:
+            break
+        shown.append(e)
+    return shown
 
 
 def print_comparison(repo: Path, metrics: list[str] | None = None) -> None:
     """The tables of ``metrics`` (default ``DEFAULT_METRICS``) on stdout, as wide as the
-    terminal, then the parameters each experiment changed."""
+    terminal, then what each experiment changed."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     out = Console()  # stdout: the command's result
     experiments = fitting(exp_show(repo), out.width)
     if not experiments:
         raise FileNotFoundError(f"{repo}: no experiments or results to compare (run `dvc repro` first)")
-    for key in metrics or DEFAULT_METRICS:
-        rows = table_rows(experiments, key)
-        if not rows:
-            continue
-        table = Table(title=TITLES.get(key, key), title_justify="left")
-        table.add_column("run")
+    metrics = list(metrics or DEFAULT_METRICS)
+    by_name = {e.name: e for e in experiments}
+    with tempfile.TemporaryDirectory() as scratch:
+        files = Files(repo, Path(scratch))
+        found = differences(experiments, metrics, files)
+        for key in metrics:
+            rows = table_rows(experiments, key, found)
+            if not rows:
+                continue
+            table = Table(title=TITLES.get(key, key), title_justify="left")
+            table.add_column("run")
+            for e in experiments:
+                table.add_column(
+                    e.name if e.parent is None else f"{e.name} (Δ from {e.parent})", justify="right"
+                )
+            for row in rows:
+                table.add_row(*map(escape, row))
+            out.print(table)
+        out.print(LEGEND, highlight=False)
         for e in experiments:
-            table.add_column(e.name, justify="right")
-        for row in rows:
-            table.add_row(*row)
-        out.print(table)
-    for name, changed in changed_params(experiments).items():
-        if changed:
-            out.print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+            parent = by_name.get(e.parent)
+            if parent is None:
+                continue
+            changed = changed_params(e, parent)
+            said = ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "none"
+            out.print(escape(f"{e.name} vs {parent.name}: params changed: {said}"), highlight=False)
+            for line in other_reasons(files, e, parent):
+                out.print(escape(line), highlight=False)
