@@ -249,8 +249,17 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
         state.unlink(missing_ok=True)
 
 
-def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
+@pytest.fixture(scope="module")
+def experiment(pipeline):
+    """The ablation `dvc exp run -S optimizer=adamaxw`, run once for the tests that read
+    it, whichever of them runs first or alone: its results are left in the workspace,
+    and DVC keeps the experiment, which `dvc exp show` lists."""
     _run(["dvc", "exp", "run", "-S", "optimizer=adamaxw"], pipeline)
+    return pipeline
+
+
+def test_experiment_changes_results_and_metrics_diff_shows_it(experiment):
+    pipeline = experiment
     params = yaml.safe_load((pipeline / "params.yaml").read_text())
     assert params["optimizer"] == "adamaxw"
     diff = json.loads(_run(["dvc", "metrics", "diff", "--json"], pipeline))
@@ -264,9 +273,11 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(pipeline):
     assert "metrics/multitask/baseline.json" in text and "average" in text
 
 
-def test_compare_renders_every_configuration_within_a_terminal(pipeline):
-    """`minbert compare` (the README's `dvc exp show` recipe) after the experiment above:
-    a table per metric, every configuration's average for each experiment, 120 columns."""
+def test_compare_renders_every_configuration_within_a_terminal(experiment):
+    """`minbert compare` (the README's `dvc exp show` recipe) after the experiment: a table
+    per metric, every configuration's average for each experiment, 120 columns. (Without
+    the experiment, run alone, it had only the baseline's column to show.)"""
+    pipeline = experiment
     env = {**tool_env(), "COLUMNS": "120"}
     done = subprocess.run(["minbert", "compare"], cwd=pipeline, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -276,6 +287,8 @@ def test_compare_renders_every_configuration_within_a_terminal(pipeline):
     for config in yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]:
         row = next(line for line in average.splitlines() if f"multitask/{config} " in line)
         assert len(re.findall(r"\d\.\d{4}", row)) >= 2, row  # the baseline and the experiment
+    # A changed configuration's difference, with its paired interval from the dev predictions.
+    assert re.search(r"\d\.\d{4} [+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", average), average
     assert "optimizer=adamaxw" in done.stdout  # what the experiment changed
 
 
