@@ -1,0 +1,101 @@
+"""The offline GPU node's commands of ``minbert`` (``bundle``, ``offline-run``,
+``gpu-unpack``, ``gpu-status``): planning a study on the DVC machine, running it on a
+node without DVC, and bringing its results back. ``minbert.cli`` adds them to the
+command line (here so that cli.py stays one readable file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from minbert.progress import console
+
+
+def bundle(
+    out: Path = typer.Argument(..., help="A new directory for the bundle, e.g. offline-bundle."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="KEY.PATH=VALUE of params.yaml for the study (repeat), as `dvc exp run -S`."
+    ),
+    data: Path | None = typer.Option(
+        None, "--data", help="The course CSV files (default: as `prepare` finds them)."
+    ),
+) -> None:
+    """Plan a study for an offline node and pack what the node lacks.
+
+    DVC resolves the stages for params.yaml with the --set overrides (on a copy); the
+    bundle holds that plan, the course CSV files and the checkpoint as an fp16 copy.
+    Refused when one call would send the node more than it takes (the repository's
+    files as git sends them, and the bundle)."""
+    from minbert.offline.bundle import bundle_study
+
+    console.print(bundle_study(Path("."), out, set_, data))
+
+
+def offline_run(
+    bundle_dir: Path = typer.Argument(..., help="The bundle (`minbert bundle`), inside the repository."),
+    out: Path = typer.Option(
+        ..., "--out", help="The folder that comes back: the results, at most 8 files of 16 MiB."
+    ),
+    stage: list[str] = typer.Option(
+        [], "--stage", help="A stage or a group of the plan (repeat), run in this order; none: all."
+    ),
+    deadline: float | None = typer.Option(
+        None, "--deadline", help="Minutes: stop the stage running then, start no other, keep what finished."
+    ),
+) -> None:
+    """Run a bundle's plan without DVC (an offline GPU node), packing each stage's results
+    into --out as it finishes. Runs in the repository root, nothing installed:
+    `PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out OUT --stage zero-shot`.
+    Exit status 1 when a stage failed or was not run."""
+    from minbert.offline.runner import run_call
+
+    index = run_call(Path("."), bundle_dir, out, stage, deadline, log=console.log)
+    console.print(
+        f"{out}: {len(index['stages'])} stages finished in {index['seconds']:.0f} s on {index['device']}, "
+        f"{len(index['parts'])} part(s)"
+    )
+    for left in index["failed"] + index["not_run"]:
+        console.print(f"  {left['stage']}: {left['reason']}")
+    if index["failed"] or index["not_run"]:
+        raise typer.Exit(1)
+
+
+def gpu_unpack(
+    index: Path = typer.Argument(..., help="gpu-results.json of a call, with its parts beside it."),
+    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+) -> None:
+    """Add a call's results to the GPU results folder (a stage brought back again: the
+    newest call's wins)."""
+    from minbert.offline.results import unpack
+
+    changed = unpack(index, into)
+    console.print(f"{into}: added {', '.join(changed['added']) or 'no stage'}")
+    if changed["kept"]:
+        console.print(f"  kept a newer call's {', '.join(changed['kept'])}")
+    if changed["failed"]:
+        console.print(f"  failed: {', '.join(changed['failed'])}")
+
+
+def gpu_status(
+    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+) -> None:
+    """Every stage of the GPU results against the plan DVC resolves now: current, stale
+    (what changed) or missing, as `dvc status` does for the CPU results; exit status 1
+    unless every stage is current."""
+    from minbert.offline.results import status
+
+    found = status(into)
+    for s in found:
+        typer.echo(f"{s.stage}: {s.state}{': ' + '; '.join(s.reasons) if s.reasons else ''}")
+    if any(s.state != "current" for s in found):
+        raise typer.Exit(1)
+
+
+# The commands by name, in the order `minbert --help` lists them.
+COMMANDS = {
+    "bundle": bundle,
+    "offline-run": offline_run,
+    "gpu-unpack": gpu_unpack,
+    "gpu-status": gpu_status,
+}
