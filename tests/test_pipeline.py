@@ -377,6 +377,33 @@ def test_a_parameter_change_reruns_only_the_stages_it_reaches(pipeline):
     }
 
 
+@pytest.mark.parametrize(
+    "setting, edit",
+    [
+        ("optimizer=adamaxw", lambda p: p.update(optimizer="adamaxw")),
+        (
+            "+configs.baseline.optimizer=adamaxw",
+            lambda p: p["configs"]["baseline"].update(optimizer="adamaxw"),
+        ),
+    ],
+)
+def test_reach_lists_what_a_setting_reruns_before_it_runs(pipeline, setting, edit):
+    """`minbert reach -S` (the README's ablation recipe): `resolve`, the stages `dvc status`
+    finds changed once it has run with the setting, then the report downstream of them,
+    in DVC's order; the project is left as it was."""
+    _run(["git", "checkout", "--", "."], pipeline)  # the committed results, whatever ran before
+    _run(["dvc", "checkout", "--force"], pipeline)
+    out = _run(["minbert", "reach", "-S", setting], pipeline)
+    assert _run(["git", "status", "--porcelain"], pipeline) == "" and _status(pipeline) == {}
+    first, *lines = out.splitlines()
+    listed = [line.split()[0] for line in lines]
+    assert first.startswith(f"-S {setting}: {len(listed)} stages rerun"), out
+    reached = _stages_a_change_reaches(pipeline, edit)
+    assert "multitask-mlm@continue-baseline" in reached  # the one a newcomer does not expect
+    assert listed[0] == "resolve" and listed[-1] == "report", out
+    assert set(listed) == reached | {"resolve", "report"}, out
+
+
 def test_the_paper_scale_resolves_and_plans(pipeline, tmp_path):
     """In a fresh clone, `dvc exp run --dry --force -S scale=paper` plans every stage, and
     the paper's settings pass the schema and resolve to the paper's values.

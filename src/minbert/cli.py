@@ -253,6 +253,25 @@ def compare(
     print_comparison(repo, metric or None)
 
 
+@command()
+def reach(
+    set_: list[str] = typer.Option(
+        [], "--set", "-S", help="KEY.PATH=VALUE of params.yaml (repeat), as `dvc exp run -S` takes it."
+    ),
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
+) -> None:
+    """List the stages `dvc exp run -S KEY=VALUE` would rerun, before it runs.
+
+    DVC answers on a scratch copy of dvc.yaml, dvc.lock and params.yaml with the -S
+    applied: the stages whose params or settings files (written by `resolve`) differ
+    from dvc.lock, with what changed, then those downstream of them, in DVC's order.
+    Nothing in the repository changes; stages already stale for another reason (code,
+    data) are `dvc status`'s."""
+    from minbert.pipeline.reach import describe
+
+    typer.echo(describe(repo, set_))
+
+
 @command("lr-search")
 def lr_search(
     config: list[str] = typer.Option(

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 PLAN_FORMAT = "minbert-offline-plan/1"
@@ -81,23 +79,15 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
     ``dvc exp run -S`` takes them), resolved and ordered by DVC."""
     from dvc.repo import Repo
     from dvc.repo.reproduce import get_active_graph, plan_repro
-    from dvc.utils.hydra import apply_overrides
 
     from minbert.data.download import sha256_file
     from minbert.pipeline import resolve
-    from minbert.pipeline.schema import read, validate
+    from minbert.pipeline.reach import scratch_repo
+    from minbert.pipeline.schema import read
 
     repo = Path(repo)
-    with tempfile.TemporaryDirectory(prefix="minbert-plan.") as tmp:
-        scratch = Path(tmp)
-        (scratch / ".dvc").mkdir()
-        (scratch / ".dvc" / "config").write_text("[core]\n    no_scm = true\n", encoding="utf-8")
-        shutil.copyfile(repo / "dvc.yaml", scratch / "dvc.yaml")
-        shutil.copyfile(repo / "params.yaml", scratch / "params.yaml")
-        if overrides:
-            apply_overrides(scratch / "params.yaml", list(overrides))
-        source = f"params.yaml{' with --set ' + ' '.join(overrides) if overrides else ''}"
-        params = validate(read(scratch / "params.yaml"), source)
+    with scratch_repo(repo, overrides) as scratch:
+        params = read(scratch / "params.yaml")
         resolve.run(scratch / "params.yaml", scratch / "settings")
         with Repo(str(scratch)) as dvc:
             graph = get_active_graph(dvc.index.graph)
