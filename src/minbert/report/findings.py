@@ -139,20 +139,26 @@ def findings_section(
     return [" ".join(said), *table] if said else [NO_NUMBER]
 
 
+def ranked(runs: dict[str, dict]) -> list[tuple[str, float]]:
+    """The configurations by their chance-corrected dev score (each record's
+    ``dev_selection``), highest first: the plain average, the paper's metric, can rank
+    a constant answer high (Quora's always-not-duplicate). The README's model section
+    (``minbert readme``) names the first."""
+    return sorted(((n, m["dev_selection"][SELECTION]) for n, m in runs.items()), key=lambda r: -r[1])
+
+
 def highest(runs: dict[str, dict], evidence: Evidence) -> str:
-    """The configuration highest on the chance-corrected dev score (each record's
-    ``dev_selection``), and how far the next is; the plain average, the paper's metric,
-    can rank a constant answer high (Quora's always-not-duplicate)."""
-    score = {n: m["dev_selection"][SELECTION] for n, m in runs.items()}
-    ranked = sorted(runs, key=lambda n: score[n], reverse=True)
-    top = ranked[0]
+    """The configuration highest on the chance-corrected dev score (``ranked``), and how
+    far the next is."""
+    score = dict(ranked(runs))  # highest first
+    top, *others = score
     sentence = (
         f"Ranked on dev by the chance-corrected score that chose the epochs on validation "
         f"({SELECTION_MEAN}; a constant answer scores 0), the highest is `{top}`'s {score[top]:.3f}"
     )
-    if len(ranked) == 1:
+    if not others:
         return sentence + "."
-    second = ranked[1]
+    second = others[0]
     gap = budget_gap(runs[top], runs[second])
     iv = evidence.selection_difference(
         multitask_scored(evidence, "multitask", top, runs[top]),
