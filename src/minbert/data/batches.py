@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from minbert.data.strata import label_strata, stratified_choice
+
 
 @dataclass
 class Sequences:
@@ -119,11 +121,14 @@ class TokenizedTable:
 
 
 def subsample(table: TokenizedTable, n: int, seed: int) -> TokenizedTable:
-    """A seeded random subset of ``n`` rows (kept in file order); all rows when n is 0."""
+    """A seeded random subset of ``n`` rows (kept in file order), each label its share
+    (``minbert.data.strata``); all rows when n is 0."""
     if n == 0 or n >= len(table):
         return table
-    rows = np.sort(np.random.default_rng(seed).choice(len(table), size=n, replace=False))
-    return table.subset(rows)
+    rng = np.random.default_rng(seed)
+    if table.labels is None:
+        return table.subset(np.sort(rng.choice(len(table), size=n, replace=False)))
+    return table.subset(stratified_choice(label_strata(table.labels), n, rng))
 
 
 def length_bucketed_batches(

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from minbert.data.strata import quotas
+
 
 def normalise_question(text: str) -> str:
     """A question as the Quora split compares it: whitespace collapsed, lower case."""
@@ -51,7 +53,11 @@ def question_groups(first: Sequence[str], second: Sequence[str]) -> np.ndarray:
 
 
 def holdout_mask(
-    ids: Iterable[str], fraction: float, seed: int, groups: Sequence[int] | None = None
+    ids: Iterable[str],
+    fraction: float,
+    seed: int,
+    groups: Sequence[int] | None = None,
+    strata: Sequence[int] | None = None,
 ) -> np.ndarray:
     """Boolean mask (True = held out) assigning about `fraction` of `ids` to a held-out
     part, whole groups at a time.
@@ -66,7 +72,9 @@ def holdout_mask(
     that many when every group has one member, else at most one group more. The
     result depends only on the ids, their grouping, the fraction and the seed: not on
     row order, Python's hash randomisation or library versions. Both parts keep at
-    least one group.
+    least one group. With ``strata`` (a label stratum per id, ``minbert.data.strata``)
+    each stratum gives its share of the target, a group counting in its canonical
+    member's stratum.
     """
     ids = list(ids)
     if len(ids) < 2:
@@ -85,12 +93,26 @@ def holdout_mask(
     # The canonical id breaks a (practically impossible) tie of two hashes.
     rank = {g: (hashlib.sha256(f"{seed}\0{c}".encode()).digest(), c) for g, c in canonical.items()}
     target = min(max(round(len(ids) * fraction), 1), len(ids) - 1)
+    if strata is None:
+        stratum = dict.fromkeys(members, 0)
+        wanted = {0: target}
+    else:
+        strata = np.asarray(strata)
+        first = {g: min(rows, key=lambda i: str(ids[i])) for g, rows in members.items()}
+        stratum = {g: int(strata[first[g]]) for g in members}
+        sizes: dict[int, int] = {}
+        for g, rows in members.items():
+            sizes[stratum[g]] = sizes.get(stratum[g], 0) + len(rows)
+        wanted = quotas(sizes, target)
+    held = dict.fromkeys(wanted, 0)
     mask = np.zeros(len(ids), dtype=bool)
     ranked = sorted(members, key=rank.__getitem__)
     for g in ranked[:-1]:  # the last group always stays in training
-        if mask.sum() >= target:
+        if all(held[s] >= wanted[s] for s in wanted):
             break
-        mask[members[g]] = True
+        if held[stratum[g]] < wanted[stratum[g]]:
+            mask[members[g]] = True
+            held[stratum[g]] += len(members[g])
     return mask
 
 
