@@ -60,7 +60,7 @@ def test_defaults_are_the_papers_where_it_gives_them():
     assert (s.lambda_s, s.mu, s.beta) == (1.0, 1.0, 0.99)
     # Where the paper is silent: the reference code's per-token geometry at a tenth of its
     # size, the clean pass's dropout masks (docs/smart.md says why).
-    assert (s.projection, s.token_norm, s.dropout_masks) == ("token", 0.1, "shared")
+    assert (s.projection, s.token_norm, s.dropout_masks) == ("token", 0.01, "shared")
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,7 @@ class SmartSettings:
     mu: float = 1.0
     beta: float = 0.99
     projection: str = "token"
-    token_norm: float = 0.1
+    token_norm: float = 0.01
     dropout_masks: str = "shared"
 
     def __post_init__(self) -> None:
