@@ -1,5 +1,5 @@
 """A fine-tuned model directory in Hugging Face's libraries (`pip install -e ".[hf]"`, the
-README's examples): mean pooling over its encoder in transformers, and a
+examples of docs/commands.md): mean pooling over its encoder in transformers, and a
 sentence-transformers model loaded from it, give `minbert predict`'s STS scores of a
 cosine head (configuration `cosine-sts`)."""
 

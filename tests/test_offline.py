@@ -1,4 +1,4 @@
-"""The GPU study without DVC, on the CPU at a tiny size: the README's commands run verbatim.
+"""The GPU study without DVC, on the CPU at a tiny size: docs/gpu-node.md's commands run verbatim.
 
 A tiny copy of the project (its `gpu` scale the tiny one) is bundled; each node call
 runs on a fresh copy of what a call sends (the files git sends, and the bundle), with
@@ -30,13 +30,13 @@ from minbert.offline.bundle import SEND_LIMIT, call_size, read_bundle, sent_file
 from minbert.offline.plan import resolve_plan, returned, select
 from minbert.results import read_result
 
-SECTION = "## Running on a GPU node without DVC or network"
+PAGE, SECTION = REPO / "docs" / "gpu-node.md", "## The commands"
 FAILING = "data/settings/multitask/best-round-robin.json"  # the stage of call 2 made to fail
 
 
 def readme_commands() -> list[str]:
-    """The commands of the README's node section, continuation lines joined."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The commands of docs/gpu-node.md, continuation lines joined."""
+    text = PAGE.read_text(encoding="utf-8")
     section = text[text.index(SECTION) :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     lines = block.replace("\\\n", " ").splitlines()
@@ -48,7 +48,7 @@ def node_calls() -> list[str]:
 
 
 def tiny_gpu_scale(cpu: dict) -> dict:
-    """The README's `scale=gpu` at a tiny size: the tiny cpu scale, one epoch, no head
+    """The page's `scale=gpu` at a tiny size: the tiny cpu scale, one epoch, no head
     warm-up (as the gpu scale)."""
     gpu = copy.deepcopy(cpu)
     gpu["sentiment"]["epochs"] = {"last-layer": 1, "full": 1}
@@ -66,7 +66,7 @@ def _git(root: Path, *args: str) -> str:
 
 
 def _here(root: Path, command: str) -> subprocess.CompletedProcess:
-    """A README command of the DVC machine, `minbert` run from the project's sources."""
+    """A command of the DVC machine, `minbert` run from the project's sources."""
     assert command.startswith("minbert "), command
     args = [sys.executable, "-m", "minbert", *command.split()[1:]]
     env = dict(os.environ, PYTHONPATH=str(root / "src"))
@@ -124,7 +124,7 @@ def _node(project: Path, node: Path) -> Path:
 
 
 def _on_node(node: Path, out: Path, command: str, env: dict, **extra) -> subprocess.CompletedProcess:
-    """A README node command, verbatim, in the node's repository root; ``$OUT`` comes back."""
+    """A node command of the page, verbatim, in the node's repository root; ``$OUT`` comes back."""
     out.mkdir(parents=True)
     return subprocess.run(
         ["/bin/bash", "-c", command],
@@ -138,7 +138,7 @@ def _on_node(node: Path, out: Path, command: str, env: dict, **extra) -> subproc
 
 @pytest.fixture(scope="module")
 def study(project, node_env, tmp_path_factory) -> dict:
-    """The README's bundle, its first two node calls (the second with a failing stage),
+    """The page's bundle, its first two node calls (the second with a failing stage),
     both unpacked."""
     work = tmp_path_factory.mktemp("study")
     bundle, unpack, status = (c for c in readme_commands() if c.startswith("minbert "))

@@ -274,7 +274,7 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(experiment):
 
 
 def test_compare_renders_every_configuration_within_a_terminal(experiment):
-    """`minbert compare` (the README's `dvc exp show` recipe) after the experiment: a table
+    """`minbert compare` (the README's ablation recipe; docs/experiments.md) after the experiment: a table
     per metric, every configuration's average for each experiment, 120 columns. (Without
     the experiment, run alone, it had only the baseline's column to show.)"""
     pipeline = experiment

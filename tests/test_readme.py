@@ -1,5 +1,6 @@
-"""The README's generated block (`minbert readme`): the model worth trying, as the
-committed metrics give it, and the command that rewrites it."""
+"""The README: one screen or two, its generated blocks (`minbert readme`: ours beside the
+paper's, and the model worth trying) as the committed metrics give them, and the command
+that rewrites them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,18 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
-from minbert.pipeline.readme import BEGIN, END, strongest, update
+from minbert.pipeline.readme import begin, end, strongest, update
+
+README_LIMIT = 12 * 1024  # bytes; the rest lives under docs/
 
 
-def test_the_readme_block_is_what_the_committed_metrics_give():
-    assert update(REPO, check=True), "README.md's generated block differs from metrics/: run `minbert readme`"
+def test_the_readme_fits_a_screen_or_two():
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes, more than {README_LIMIT}: move detail to docs/"
+
+
+def test_the_readme_blocks_are_what_the_committed_metrics_give():
+    assert update(REPO, check=True), "README.md's generated blocks differ from metrics/: run `minbert readme`"
 
 
 def test_the_readme_examples_use_the_model_the_block_names():
@@ -26,13 +34,16 @@ def test_the_readme_examples_use_the_model_the_block_names():
 
 
 def _copy(tmp_path):
-    """The README and the metrics the block is made from, in a directory of their own."""
+    """The README and what its blocks are made from, in a directory of their own."""
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
-    (tmp_path / "metrics" / "multitask").mkdir(parents=True)
+    (tmp_path / "reference").mkdir()
+    shutil.copy(REPO / "reference" / "paper.yaml", tmp_path / "reference" / "paper.yaml")
+    for folder in ("multitask", "sentiment"):
+        (tmp_path / "metrics" / folder).mkdir(parents=True)
+        for path in (REPO / "metrics" / folder).glob("*.json"):
+            shutil.copy(path, tmp_path / "metrics" / folder / path.name)
     for path in (REPO / "metrics").glob("zero-shot*.json"):
         shutil.copy(path, tmp_path / "metrics" / path.name)
-    for path in (REPO / "metrics" / "multitask").glob("*.json"):
-        shutil.copy(path, tmp_path / "metrics" / "multitask" / path.name)
     return tmp_path
 
 
@@ -40,7 +51,11 @@ def _readme(*args: str):
     return CliRunner().invoke(app, ["readme", *args], env={"COLUMNS": "200"})
 
 
-def test_readme_rewrites_the_block_when_another_configuration_ranks_first(tmp_path):
+def _block(text: str, name: str) -> str:
+    return text[text.index(begin(name)) : text.index(end(name))]
+
+
+def test_readme_rewrites_the_model_block_when_another_configuration_ranks_first(tmp_path):
     repo = _copy(tmp_path)
     assert _readme("--check", "--repo", str(repo)).exit_code == 0
     before = (repo / "README.md").read_text(encoding="utf-8")
@@ -54,15 +69,39 @@ def test_readme_rewrites_the_block_when_another_configuration_ranks_first(tmp_pa
     assert (repo / "README.md").read_text(encoding="utf-8") == before  # --check writes nothing
     assert _readme("--repo", str(repo)).exit_code == 0
     after = (repo / "README.md").read_text(encoding="utf-8")
-    block = after[after.index(BEGIN) : after.index(END)]
+    block = _block(after, "model")
     assert "**`baseline`**, 0.990" in block and "| `baseline` |" in block
-    # Only the block changed.
-    assert after[: after.index(BEGIN)] == before[: before.index(BEGIN)]
-    assert after[after.index(END) :] == before[before.index(END) :]
+    assert "models/multitask/baseline --task" in block  # the examples follow the model
+    # Only the model block changed.
+    assert after[: after.index(begin("model"))] == before[: before.index(begin("model"))]
+    assert after[after.index(end("model")) :] == before[before.index(end("model")) :]
     assert _readme("--check", "--repo", str(repo)).exit_code == 0
 
 
-def test_a_readme_without_the_block_is_refused_in_one_line(tmp_path):
+def test_readme_rewrites_the_results_block_from_the_metrics_and_the_paper(tmp_path):
+    repo = _copy(tmp_path)
+    before = (repo / "README.md").read_text(encoding="utf-8")
+    block = _block(before, "results")
+    best = json.loads((REPO / "metrics" / "multitask" / "best.json").read_text())
+    assert f"| `best`, ours | {best['sst']:.3f} | {best['quora']:.3f} | {best['sts']:.3f} |" in block
+    assert "| `best`, the paper | 0.542 | 0.878 | 0.877 | 0.766 |" in block  # reference/paper.yaml
+    assert "[report/README.md](report/README.md)" in block
+    # A rerun of `best` and of SST's full fine-tuning: only the results block changes.
+    path = repo / "metrics" / "multitask" / "best.json"
+    path.write_text(json.dumps({**best, "sts": 0.8123}))
+    sst = repo / "metrics" / "sentiment" / "sst-full.json"
+    sst.write_text(json.dumps({**json.loads(sst.read_text()), "accuracy": 0.5011}))
+    assert _readme("--check", "--repo", str(repo)).exit_code == 1
+    assert _readme("--repo", str(repo)).exit_code == 0
+    after = (repo / "README.md").read_text(encoding="utf-8")
+    block = _block(after, "results")
+    assert f"| `best`, ours | {best['sst']:.3f} | {best['quora']:.3f} | 0.812 |" in block
+    assert re.search(r"\| ours \| [\d.]+ \| 0\.501 \|", block), block
+    assert after[: after.index(begin("results"))] == before[: before.index(begin("results"))]
+    assert after[after.index(end("results")) :] == before[before.index(end("results")) :]
+
+
+def test_a_readme_without_the_blocks_is_refused_in_one_line(tmp_path):
     repo = _copy(tmp_path)
     (repo / "README.md").write_text("# minbert\n", encoding="utf-8")
     result = _readme("--repo", str(repo))

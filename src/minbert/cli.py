@@ -277,24 +277,27 @@ def readme(
     check: bool = typer.Option(
         False, "--check", help="Only say whether it is current (exit status 1 if not)."
     ),
-    repo: Path = typer.Option(Path("."), "--repo", help="The repository (its README.md and metrics/)."),
+    repo: Path = typer.Option(
+        Path("."), "--repo", help="The repository: its README.md, metrics/, reference/."
+    ),
 ) -> None:
-    """Rewrite the README's generated block from the committed metrics.
+    """Rewrite the README's generated blocks from the committed metrics.
 
-    The block names the configuration the report ranks highest on the chance-corrected
-    dev score and sets its dev numbers beside the untrained checkpoint's; run this after
-    `dvc repro` changes them (tests/test_readme.py fails until then)."""
+    One sets our results beside the paper's (reference/paper.yaml); one names the
+    configuration the report ranks highest on the chance-corrected dev score, beside the
+    untrained checkpoint. Run this after `dvc repro` changes them (tests/test_readme.py
+    fails until then)."""
     from minbert.pipeline.readme import update
 
     current = update(repo, check=check)
     readme_file = repo / "README.md"
     if current:
-        console.print(f"{readme_file}: the generated block is current")
+        console.print(f"{readme_file}: the generated blocks are current")
     elif check:
-        console.print(f"{readme_file}: the generated block differs from metrics/: run `minbert readme`")
+        console.print(f"{readme_file}: the generated blocks differ from metrics/: run `minbert readme`")
         raise typer.Exit(1)
     else:
-        console.print(f"{readme_file}: generated block rewritten from metrics/")
+        console.print(f"{readme_file}: generated blocks rewritten from metrics/")
 
 
 @command("lr-search")
