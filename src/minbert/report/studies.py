@@ -120,7 +120,7 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     if study is None:
         return [
             "No learning-rate search has been committed (`metrics/lr-search.json`); run "
-            "`minbert lr-search` (see the README)."
+            "`minbert lr-search` (docs/parameters.md, Learning rates)."
         ]
     for i, point in enumerate(study["runs"]):
         missing = [k for k in LR_SEARCH_KEYS if k not in point]
@@ -300,7 +300,7 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
     if study is None:
         return (
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "
-            "`minbert seed-study` (see the README)."
+            "`minbert seed-study` (docs/experiments.md, The seed study)."
         )
     configs = study["configs"]
     own = usual({n: str(m["seed"]) for n, m in runs.items()})
