@@ -134,7 +134,7 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     for p in study["runs"]:
         searched.setdefault((p["scale"], p["config"], p["optimizer"]), {})[p["lr"], p["head_lr"]] = p
     lines = [
-        f"Learning-rate search (`metrics/lr-search.json`, `{study['command']}`): every "
+        f"Learning-rate search (`metrics/lr-search.json`, `{study['command']}`): each searched "
         "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
         "lr) without scoring dev; a point scores the validation selection score of its best "
         f"epoch ({SELECTION_MEAN}, as the epochs are chosen), and each configuration gets its "
