@@ -81,15 +81,15 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
     from dvc.repo.reproduce import get_active_graph, plan_repro
 
     from minbert.data.download import sha256_file
-    from minbert.pipeline import resolve
-    from minbert.pipeline.reach import scratch_repo
+    from minbert.pipeline.reach import scratch_repo, write_settings
     from minbert.pipeline.schema import read
 
     repo = Path(repo)
     with scratch_repo(repo, overrides) as scratch:
         params = read(scratch / "params.yaml")
-        resolve.run(scratch / "params.yaml", scratch / "settings")
         with Repo(str(scratch)) as dvc:
+            stage = next(s for s in dvc.index.stages if s.name == SETTINGS_STAGE)
+            write_settings(repo, scratch, stage, scratch / "settings")
             graph = get_active_graph(dvc.index.graph)
             ordered = [s for s in plan_repro(graph) if s.name not in OFF_NODE]
             (out,) = [o.def_path for s in ordered if s.name == SETTINGS_STAGE for o in s.outs]

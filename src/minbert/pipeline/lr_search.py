@@ -22,7 +22,7 @@ from minbert.device import pin_cpu_kernels
 from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import resolve_checkpoint
-from minbert.pipeline.multitask import load_tables, quora_batch_size
+from minbert.pipeline.multitask import load_tables
 from minbert.pipeline.params import load, multitask_settings
 from minbert.progress import console
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
@@ -72,8 +72,8 @@ def lr_search(
     kept; a point measured again replaces the old one). Returns the whole file's content."""
     pin_cpu_kernels()
     params = load(params_file)
-    bases = {config: multitask_settings(params, config) for config in configs}  # names checked first
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
+    bases = {config: multitask_settings(params, config, manifest["quora_split"]) for config in configs}
     tables = {key: table for key, table in load_tables(Path(tokenized_dir)).items() if key[1] == "train"}
     features = (
         ProbeFeatures(features_dir) if features_dir is not None and Path(features_dir).is_dir() else None
@@ -86,11 +86,7 @@ def lr_search(
         else {"command": "minbert lr-search", "runs": [], "chosen": {}}
     )
     for config, base in bases.items():
-        base = replace(
-            base,
-            test_predictions=False,
-            batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
-        )
+        base = replace(base, test_predictions=False)
         for lr, head_lr in itertools.product(lrs, head_lrs):
             console.log(f"lr-search {config}: {base.optimizer} lr {lr:g}, head_lr {head_lr:g}")
             settings = replace(base, lr=float(lr), head_lr=float(head_lr))

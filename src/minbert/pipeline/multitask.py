@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -34,31 +34,6 @@ from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 # The model directory's record of the training and validation rows' ids, per task.
 TRAINING_IDS = "training-ids.json.gz"
-
-# Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
-# the number its batch of 36 was sized for.
-QUORA_OFFICIAL_TRAIN_PAIRS = 141_506
-
-
-def quora_batch_size(settings: MultitaskSettings, manifest: dict) -> int:
-    """The Quora batch a run uses. With the official split, or the ``fixed`` rule, or a
-    training subset, the configured one. With a carved split (``quora_split.kind``
-    ``carved-from-dev``, about 16k training pairs) and ``paper-proportions``, the
-    configured batch scaled by carved / official training pairs, so each task's
-    batches per epoch keep the paper's proportions: at the paper's batches 2 / 36 / 2
-    an epoch is SST 4,272, Quora 3,931 and STS 3,020 batches, and an unscaled 36 on
-    the carved pairs would give Quora 450 batches, each repeated 9.5 times per epoch.
-    """
-    batch = settings.batch_size["quora"]
-    split = manifest["quora_split"]
-    if (
-        settings.carved_quora_batch == "fixed"
-        or split["kind"] == "official"
-        or settings.train_examples["quora"]
-    ):
-        return batch
-    pairs = split["train_pairs"] - settings.validation_examples["quora"]
-    return max(1, round(batch * pairs / QUORA_OFFICIAL_TRAIN_PAIRS))
 
 
 def load_tables(tokenized_dir: Path) -> dict[tuple[str, str], TokenizedTable]:
@@ -109,9 +84,6 @@ def run(
         settings = MultitaskSettings.from_dict(resolved["settings"])
         tables = load_tables(Path(tokenized))
         manifest = json.loads(Path(manifest).read_text(encoding="utf-8"))
-        settings = replace(
-            settings, batch_size={**settings.batch_size, "quora": quora_batch_size(settings, manifest)}
-        )
         resume = stage.resume_point(
             resume_dir,
             f"multitask-{name}",

@@ -12,6 +12,7 @@ repository itself is not touched, and no output is hashed (seconds, not minutes)
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +52,24 @@ def scratch_repo(repo: Path, overrides: list[str], files=("dvc.yaml", "params.ya
         yield scratch
 
 
+def write_settings(repo: Path, scratch: Path, stage, out: Path) -> None:
+    """The settings files of ``scratch``'s params.yaml, written under ``out`` by
+    ``resolve``'s own code (``stage``: DVC's ``resolve`` stage) from the data stage's
+    manifest: ``repo``'s own where it has one and the ``data`` section is unchanged, else
+    the data stage's own code run on the scratch's params.yaml."""
+    from minbert.pipeline import prepare, resolve
+    from minbert.pipeline.schema import read
+
+    manifest = Path(re.search(r"--manifest (\S+)", stage.cmd).group(1))
+    params = read(scratch / "params.yaml")
+    ours = Path(repo) / manifest
+    if not ours.is_file() or read(Path(repo) / "params.yaml").get("data") != params["data"]:
+        prepared = scratch / "prepared"
+        prepare.main(["--params", str(scratch / "params.yaml"), "--out", str(prepared)])
+        ours = prepared / manifest.name
+    resolve.run(scratch / "params.yaml", ours, out)
+
+
 @dataclass(frozen=True)
 class Reached:
     stage: str
@@ -80,13 +99,11 @@ def reach(repo: Path, overrides: list[str]) -> list[Reached]:
     from dvc.repo import Repo
     from dvc.repo.reproduce import plan_repro
 
-    from minbert.pipeline import resolve
-
     files = ("dvc.yaml", "dvc.lock", "params.yaml")
     with scratch_repo(repo, overrides, files) as scratch, Repo(str(scratch)) as dvc:
         stages = {_name(s): s for s in dvc.index.stages}
         written = [o.def_path for o in stages[SETTINGS_STAGE].outs]
-        resolve.run(scratch / "params.yaml", scratch / written[0])
+        write_settings(repo, scratch, stages[SETTINGS_STAGE], scratch / written[0])
         locked = _locked(scratch)
         direct = {}
         for name, stage in stages.items():

@@ -1,5 +1,5 @@
-"""Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` into a file
-of its own (``minbert.pipeline.params.resolve_all``).
+"""Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` and the data
+stage's manifest into a file of its own (``minbert.pipeline.params.resolve_all``).
 
 A multitask configuration's settings combine the shared defaults, its overrides, its
 optimizer's hyperparameters and the scale; a sentiment run's, its run and the
@@ -22,9 +22,11 @@ from minbert.pipeline.entry import paths
 from minbert.pipeline.params import load, resolve_all
 
 
-def run(params_file: Path, out_dir: Path) -> list[str]:
+def run(params_file: Path, manifest_file: Path, out_dir: Path) -> list[str]:
     """Write every stage's settings file under ``out_dir``; their names."""
-    resolved = resolve_all(load(params_file))
+    params = load(params_file)
+    manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
+    resolved = resolve_all(params, manifest)
     with atomic_directory(out_dir) as tmp:
         for name, content in resolved.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
@@ -35,5 +37,5 @@ def run(params_file: Path, out_dir: Path) -> list[str]:
 @reported
 def main(argv: list[str]) -> list[str]:
     """The stage script's work; its paths come from dvc.yaml's cmd."""
-    given = paths(argv, "params", "out")
-    return run(given["params"], given["out"])
+    given = paths(argv, "params", "manifest", "out")
+    return run(given["params"], given["manifest"], given["out"])

@@ -38,7 +38,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.heads import pool
 from minbert.model.multitask import MultitaskBert, task_loss
-from minbert.settings import HeadWarmup
+from minbert.settings import MultitaskSettings
 from minbert.tasks import TASKS
 
 
@@ -134,19 +134,16 @@ def warm_up_heads(
     model: MultitaskBert,
     train: dict[str, TaskData],
     validation: dict[str, TaskData],
-    warmup: HeadWarmup,
-    *,
-    weight_decay: float,
+    settings: MultitaskSettings,
     device: torch.device,
-    seed: int,
-    eval_batch_size: int = 128,
     features: ProbeFeatures | None = None,
 ) -> dict[str, dict]:
-    """Fit each task head of ``model`` on the frozen encoder's pooled vectors of the
-    ``train`` rows (from ``features`` when given), keeping the pass with the lowest loss
-    on the ``validation`` rows; returns, per task with a trainable head, the rows it was
-    fitted on, the pass kept (0: none beat the fresh head) and the validation loss
-    before and after."""
+    """Fit each head of ``settings.head_warmup.tasks`` on the frozen encoder's pooled
+    vectors of the ``train`` rows (from ``features`` when given), keeping the pass with the
+    lowest loss on the ``validation`` rows; returns, per task with a trainable head, the
+    rows it was fitted on, the pass kept (0: none beat the fresh head) and the validation
+    loss before and after."""
+    warmup, seed = settings.head_warmup, settings.seed
     if warmup.epochs == 0:
         return {}
     rng = np.random.default_rng(seed)
@@ -156,7 +153,7 @@ def warm_up_heads(
     def vectors(data: TaskData) -> torch.Tensor:
         if features is not None:
             return features.vectors(data, data.table.ids, device)
-        return pooled_vectors(model, data.task, data, eval_batch_size, device)
+        return pooled_vectors(model, data.task, data, settings.eval_batch_size, device)
 
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -172,7 +169,7 @@ def warm_up_heads(
             val_y = to_device(validation[task].labels(np.arange(len(validation[task]))), device)
             optimizer = torch.optim.AdamW(
                 [
-                    {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                    {"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
                     {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
                 ],
                 lr=warmup.lr,

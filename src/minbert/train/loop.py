@@ -109,9 +109,11 @@ def epoch_progress(
 
 
 class EpochLoop(Protocol):
-    """One kind of training run, as ``Epochs`` drives it."""
+    """One kind of training run, as ``Epochs`` drives it; an epoch is kept with a CPU copy
+    of ``model``'s weights (``cpu_copy``)."""
 
     steps_per_epoch: int
+    model: torch.nn.Module
 
     def before(self) -> dict:
         """Epoch 0's history row: the scores before any update."""
@@ -127,11 +129,6 @@ class EpochLoop(Protocol):
         schedule, random generators (collective under torchrun)."""
 
     def load_state(self, state: dict) -> None: ...
-
-    def weights(self) -> dict:
-        """A copy of the weights an epoch is kept with (``cpu_copy``)."""
-
-    def load_weights(self, weights: dict) -> None: ...
 
 
 class Epochs:
@@ -173,7 +170,7 @@ class Epochs:
                 )
                 history.append(row)
                 if score is not None:
-                    best.offer(epoch, score, loop.weights)
+                    best.offer(epoch, score, lambda: cpu_copy(loop.model))
                 if self.resume is not None:
                     state = loop.state()  # on every rank: it gathers every rank's generators
                     if self.world.is_main:
@@ -181,5 +178,5 @@ class Epochs:
                             {"epoch": epoch, "history": history, "best": best.state_dict(), "loop": state}
                         )
         if best.weights is not None:
-            loop.load_weights(best.weights)
+            loop.model.load_state_dict(best.weights)
         return history, best.epoch if best.weights is not None else epochs

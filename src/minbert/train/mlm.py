@@ -32,11 +32,9 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
 from minbert.settings import MlmSettings
-from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
-from minbert.train.optim import build_optimizer
+from minbert.train.loop import Epochs, NonFiniteGuard
+from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
-
-STARTS = ("continue", "scratch")
 
 
 def build_model(settings: MlmSettings, checkpoint_dir: Path) -> BertForMaskedLM:
@@ -211,10 +209,7 @@ class _MlmEpochs:
         self.rng = np.random.default_rng(settings.seed)
         self.steps_per_epoch = math.ceil(len(train) / settings.batch_size)
         total = settings.epochs * self.steps_per_epoch
-        warmup = max(1, total // 10)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup + 1)))
-        )
+        self.scheduler = build_scheduler("linear-warmup", self.optimizer, total_steps=total)
         self.guard = NonFiniteGuard(
             lambda at, loss: (
                 f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "
@@ -282,9 +277,3 @@ class _MlmEpochs:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_generators(state["generators"], self.rng)
         self.step = state["step"]
-
-    def weights(self) -> dict:
-        return cpu_copy(self.model)
-
-    def load_weights(self, weights: dict) -> None:
-        self.model.load_state_dict(weights)

@@ -103,14 +103,26 @@ _OPTIMIZER: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamaxw": _adamaxw,
 }
 
+
+def _linear_warmup(optimizer, gamma: float, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """BERT's schedule, stepped every step: linear warm-up over the first 10% of
+    ``total_steps``, then linear decay."""
+    warmup = max(1, total_steps // 10)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1)))
+    )
+
+
 _SCHEDULER: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
-    # Stepped once per epoch.
-    "constant": lambda opt, gamma: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
-    "exponential": lambda opt, gamma: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+    # The settings' choices (SCHEDULERS), stepped once per epoch.
+    "constant": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
+    "exponential": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+    # MLM pretraining's.
+    "linear-warmup": _linear_warmup,
 }
 
 
-assert (tuple(_OPTIMIZER), tuple(_SCHEDULER)) == (OPTIMIZERS, SCHEDULERS)
+assert tuple(_OPTIMIZER) == OPTIMIZERS and set(SCHEDULERS) <= set(_SCHEDULER)
 
 
 def _choose(registry: dict, kind: str, name: str):
@@ -169,5 +181,7 @@ def build_optimizer(
     return _choose(_OPTIMIZER, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
 
 
-def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float):
-    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma)
+def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float = 1.0, total_steps: int = 0):
+    """Schedule ``name`` (``gamma``: the exponential one's factor; ``total_steps``: the
+    linear warm-up's length)."""
+    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma, total_steps)

@@ -1,31 +1,12 @@
-"""PCGrad: gradient surgery for multitask fine-tuning of a shared encoder.
+"""PCGrad (Yu et al., 2020, arXiv:2001.06782): gradient surgery for the shared encoder.
 
-Yu et al., 2020, "Gradient Surgery for Multi-Task Learning" (NeurIPS 2020,
-arXiv:2001.06782). When several tasks share parameters, their gradients can point
-in conflicting directions (negative dot product); summing them lets one task undo
-another's progress, and a task with large gradients dominates. PCGrad removes the
-conflict before summing: for each task ``i`` it starts from ``g_i`` and, visiting
-the other tasks ``j`` in a random order, projects the running ``g_i'`` onto the
-normal plane of ``g_j`` whenever the two conflict::
-
-    if g_i' . g_j < 0:   g_i' <- g_i' - (g_i' . g_j) / ||g_j||^2 * g_j
-
-The projection is against the *original* ``g_j`` (Algorithm 1 of the paper), and
-the update direction is the sum of the projected ``g_i'``.
-
-Only the shared parameters (the BERT encoder) go through the surgery. A task head
-only receives gradient from its own task's loss, so there is nothing for it to
-conflict with: heads keep their ordinary gradients.
-
-Implementation note. Every projected ``g_i'`` is a linear combination of the
-original gradients, and every quantity the algorithm tests or divides by is a dot
-product between them. So the surgery runs on the k x k Gram matrix of the original
-gradients (k = number of tasks, a handful). The task gradients live as the rows of
-one (k, n) matrix, so the Gram matrix is a few batched matrix products and the
-result one (k,) x (k, n) product, written into a flat buffer whose slices are the
-parameters' ``.grad``: a handful of kernels per step however many parameter tensors
-the encoder has, and nothing goes to the host (the surgery's sign tests are
-``torch.where`` on the device), so a GPU never waits for the host in the step.
+For each task ``i``, visiting the other tasks ``j`` in a random order, the running
+``g_i'`` is projected onto the normal plane of the original ``g_j`` whenever the two
+conflict (``g_i' . g_j < 0``); the update is the sum of the ``g_i'``. Heads get only
+their own task's gradient, so they keep it. Every ``g_i'`` is a linear combination of
+the original gradients, so the surgery runs on their k x k Gram matrix, on the device
+(sign tests by ``torch.where``), and the result is one matrix-vector product into a flat
+buffer whose slices are the encoder parameters' ``.grad``.
 """
 
 from __future__ import annotations
@@ -34,31 +15,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PCGrad", "conflict_stats", "gram_stats", "pcgrad_backward", "project_conflicting"]
-
 # The Gram matrix is summed over chunks of this many entries: each chunk's products
 # accumulate in the gradients' float32, the chunks' sums in float64. A float32 dot
 # product over all 2.3e7 entries of MiniLM drifts by about 1e-3 relative (BLAS
 # accumulation); over chunks of 65,536 it stays near 2e-6.
 GRAM_CHUNK = 65_536
-
-
-def _check_grads(grads: Sequence[torch.Tensor]) -> None:
-    if isinstance(grads, torch.Tensor) or len(grads) == 0:
-        raise ValueError("expected a non-empty list of per-task gradient tensors")
-    first = grads[0]
-    for t, g in enumerate(grads):
-        if not isinstance(g, torch.Tensor):
-            raise TypeError(f"gradient {t} is a {type(g).__name__}, not a torch.Tensor")
-        if g.dim() != 1:
-            raise ValueError(f"gradient {t} has shape {tuple(g.shape)}; expected a flat 1-D tensor")
-        if not g.is_floating_point():
-            raise ValueError(f"gradient {t} has dtype {g.dtype}; expected a floating-point dtype")
-        if g.shape != first.shape or g.dtype != first.dtype or g.device != first.device:
-            raise ValueError(
-                f"gradient {t} is {tuple(g.shape)} {g.dtype} on {g.device}, but gradient 0 is "
-                f"{tuple(first.shape)} {first.dtype} on {first.device}; all must match"
-            )
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -134,22 +95,6 @@ def gram_stats(gram: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cos.float(), int((gram[upper] < 0).sum())
 
 
-def project_conflicting(grads: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
-    """The PCGrad direction: the sum of the conflict-projected task gradients.
-
-    ``grads`` are flat 1-D gradients of the shared parameters, one per task, of the
-    same shape, dtype and device. For each task ``i`` the other tasks are visited in
-    the order of one ``torch.randperm(len(grads), generator=generator)`` (drawn per
-    task, in task order, self skipped); ``g_i'`` is projected onto the normal plane
-    of each original ``g_j`` it conflicts with. Zero gradients are never projected
-    onto. The inputs are not modified; the result has their dtype and device.
-    """
-    _check_grads(grads)
-    rows = torch.stack(grads)
-    weights = _surgery_weights(_gram(rows), _visit_orders(len(grads), generator))
-    return _combine(weights, rows)
-
-
 @torch.no_grad()
 def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_m weights[m] * rows[m]`` as one matrix-vector product.
@@ -162,12 +107,6 @@ def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None
     if out is None:
         return combined.to(rows.dtype)
     return out.copy_(combined)
-
-
-def conflict_stats(grads: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """:func:`gram_stats` of flat per-task gradients, for logging how often tasks conflict."""
-    _check_grads(grads)
-    return gram_stats(_gram(torch.stack(grads)))
 
 
 class PCGrad:
@@ -268,20 +207,3 @@ class PCGrad:
             for p, g in zip(self.heads, heads):
                 p.grad = g.detach()
         return gram
-
-
-def pcgrad_backward(
-    losses: list[torch.Tensor],
-    shared_params: list[torch.nn.Parameter],
-    head_params_per_task: list[list[torch.nn.Parameter]] | None = None,
-    generator: torch.Generator | None = None,
-    reduce: Callable[[list[torch.Tensor]], None] | None = None,
-) -> dict:
-    """One :class:`PCGrad` step for parameters used once (a training loop keeps a
-    :class:`PCGrad`, whose buffers are reused). Returns the conflict statistics of
-    the original shared gradients for logging:
-    ``{"cosines": k x k tensor, "conflicts": int, "pairs": k * (k - 1) // 2}``."""
-    gram = PCGrad(shared_params, head_params_per_task, generator, reduce)(losses)
-    cosines, conflicts = gram_stats(gram)
-    k = len(losses)
-    return {"cosines": cosines, "conflicts": conflicts, "pairs": k * (k - 1) // 2}

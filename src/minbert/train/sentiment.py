@@ -45,8 +45,6 @@ from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
 
-MODES = ("last-layer", "full")
-
 
 @dataclass
 class SentimentResult:
@@ -105,11 +103,11 @@ class _Epochs:
     train, score the validation split and dev, step the schedule. ``train_epoch(epoch,
     tick)`` trains one epoch (``tick(loss)`` after every step) and returns its mean loss
     and accuracy; ``evaluate()`` returns ((validation loss, accuracy, MCC), (dev loss,
-    accuracy, MCC)); ``module`` holds the weights an epoch is kept with. Selection: the
+    accuracy, MCC)); ``model`` holds the weights an epoch is kept with. Selection: the
     validation MCC (chance-corrected: a head answering one class scores 0)."""
 
-    def __init__(self, settings, module, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
-        self.module, self.optimizer, self.rng = module, optimizer, rng
+    def __init__(self, settings, model, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
+        self.model, self.optimizer, self.rng = model, optimizer, rng
         self.steps_per_epoch, self.train_epoch, self.evaluate = steps_per_epoch, train_epoch, evaluate
         self.scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
 
@@ -149,28 +147,22 @@ class _Epochs:
 
     def state(self) -> dict:
         return {
-            "model": cpu_copy(self.module),
+            "model": cpu_copy(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generators": generator_states(self.rng),
         }
 
     def load_state(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         restore_generators(state["generators"], self.rng)
 
-    def weights(self) -> dict:
-        return cpu_copy(self.module)
-
-    def load_weights(self, weights: dict) -> None:
-        self.module.load_state_dict(weights)
-
 
 def _run_epochs(settings, loop: _Epochs, resume: ResumePoint | None) -> SentimentResult:
     """Every epoch through the driver; the result holds the history and the epoch kept,
-    whose weights ``loop.module`` now has."""
+    whose weights ``loop.model`` now has."""
     history, best_epoch = Epochs(resume).run(loop, settings.epochs, f"{settings.task} {settings.mode}")
     # One optimizer step per batch, every epoch.
     return SentimentResult(history, best_epoch, optimizer_steps=loop.steps_per_epoch * settings.epochs)
