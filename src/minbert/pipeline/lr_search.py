@@ -1,14 +1,7 @@
-"""``minbert lr-search``: the learning rates of a scale, chosen on the validation split.
-
-Each point of one grid (encoder ``lr`` x heads' ``head_lr``) trains each configuration at
-the chosen scale exactly as its stage would, except that nothing of dev is scored
-(``train_multitask(score_dev=False)``): the point's score is the validation selection
-score of its best epoch (the mean of the tasks' chance-corrected metrics, on which a
-constant answer scores 0), the same number the stage chooses its epoch by. Every
-configuration is searched on the same grid, and each gets its own best point; the results
-go to ``metrics/lr-search.json``, which the report shows, and ``params.yaml`` holds the
-choices (``scales.<scale>.multitask``).
-"""
+"""``minbert lr-search``: each configuration trained at every point of an (``lr``,
+``head_lr``) grid as its stage would, without scoring dev; a point's score is its best
+epoch's validation selection score. Results go to ``metrics/lr-search.json``; the choices
+to ``params.yaml`` (``scales.<scale>.multitask``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """Stage ``multitask@<config>`` (and ``multitask-mlm@<start>-<config>``): fine-tune one
-configuration and write its metrics file and record, history, PCGrad log, predictions
-and model.
-
-The stage reads its settings from the file the ``resolve`` stage wrote for it
-(``--settings data/settings/multitask/<config>.json``, see ``minbert.pipeline.params``),
-not from ``params.yaml``: DVC then reruns it only when its own resolved settings change.
-"""
+configuration, as its resolved settings file says, and write its metrics file and
+record, history, PCGrad log, predictions and model."""
 
 from __future__ import annotations
 
@@ -58,19 +53,11 @@ def run(
     models: Path | None = None,
     features: Path | None = None,
 ) -> dict:
-    """Train one configuration (``resolved``: its resolved settings file's content,
-    ``minbert.pipeline.params.resolve_multitask``) on the tokenised tables (``manifest``:
-    the data stage's) and write every output: metrics file and record (under
-    ``metrics``), history, PCGrad log, predictions and, with ``models``, the fine-tuned
-    model with its card (``models/<name>/``, ``minbert.model.multitask.save_multitask``).
-
-    With ``checkpoint`` (an ``mlm@<start>`` stage's output) fine-tuning starts from that
-    pretrained checkpoint instead of the configured one, and the outputs are named
-    ``<start>-<config>``. ``features``: the ``features`` stage's vectors of the configured
-    checkpoint for the head warm-up (from another checkpoint they are computed here).
-    Training state is saved to ``resume_dir`` after every epoch,
-    and a rerun of an interrupted stage continues from it.
-    """
+    """Train one configuration (``resolved``: its settings file's content) on the tokenised
+    tables and write every output (``models``: the model and its card too). With
+    ``checkpoint`` (an ``mlm@<start>`` output) training starts from it and the outputs are
+    named ``<start>-<config>``. ``features``: the head warm-up's vectors. The training
+    state is saved to ``resume_dir`` after every epoch; a rerun continues from it."""
     config = resolved["config"]
     start = None if checkpoint is None else Path(checkpoint).name
     name = config if start is None else f"{start}-{config}"

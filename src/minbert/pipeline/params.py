@@ -1,11 +1,6 @@
-"""``params.yaml`` resolved into each stage's typed settings (``minbert.settings``).
-
-``load`` reads and checks the whole file (``minbert.pipeline.schema``); a
-configuration's settings then combine the shared defaults, its overrides, its
-optimizer's hyperparameters, the scale and the data stage's Quora split; a sentiment
-run's, its run and the scale. The ``resolve`` stage writes them, one JSON file per stage
-(``resolve_all``): what a stage reads there is what it runs. Needs no torch.
-"""
+"""``params.yaml`` resolved into each stage's typed settings (``minbert.settings``), which
+the ``resolve`` stage writes, one file per stage: what a stage reads there is what it
+runs. Needs no torch."""
 
 from __future__ import annotations
 
@@ -88,14 +83,11 @@ QUORA_OFFICIAL_TRAIN_PAIRS = 141_506
 
 
 def quora_batch_size(batch: int, sized: dict, quora_split: dict | None) -> int:
-    """The Quora batch a run of the scale's multitask sizes ``sized`` uses for a configured
-    ``batch``, on the data stage's ``quora_split``: ``batch`` with the official split, the ``fixed``
-    rule or a training subset. With a carved split (about 16k training pairs) and
-    ``paper-proportions``, the configured batch scaled by carved / official training
-    pairs, so each task's batches per epoch keep the paper's proportions: at the paper's
-    batches 2 / 36 / 2 an epoch is SST 4,272, Quora 3,931 and STS 3,020 batches, and an
-    unscaled 36 on the carved pairs would give Quora 450 batches, each repeated 9.5 times
-    per epoch."""
+    """The Quora batch for a configured ``batch``: as configured with the official split,
+    the ``fixed`` rule or a training subset; with a carved split and
+    ``paper-proportions``, scaled by carved / official training pairs, so that each task's
+    batches per epoch keep the paper's proportions (SST 4,272, Quora 3,931, STS 3,020 at
+    2 / 36 / 2; an unscaled 36 would repeat the carved pairs 9.5 times per epoch)."""
     if sized["carved_quora_batch"] == "fixed" or sized["train_examples"]["quora"]:
         return batch
     if quora_split is None:
@@ -205,14 +197,9 @@ def resolve_tokenize(params: dict) -> dict:
 
 
 def resolve_all(params: dict, manifest: dict) -> dict[str, dict]:
-    """Every stage's settings, resolved from ``params`` and the data stage's ``manifest``:
-    file name -> content.
-
-    The ``resolve`` stage writes them, one file per stage; a stage then depends on its
-    own file rather than on ``params.yaml``, so a change reruns exactly the stages
-    whose resolved settings it changes (``dvc exp run -S smart.beta=0.95`` reruns the
-    configurations with SMART, and no other).
-    """
+    """Every stage's settings file (name -> content), from ``params`` and the data stage's
+    ``manifest``. A stage depends on its own file, so a change reruns exactly the stages
+    whose settings it changes."""
     out = {
         "tokenize.json": resolve_tokenize(params),
         "zero-shot.json": resolve_zero_shot(params),

@@ -1,13 +1,7 @@
-"""What a ``-S`` reaches: the stages ``dvc exp run -S KEY=VALUE`` would rerun, before it runs.
-
-A ``-S`` only edits params.yaml, so the stages it reaches are the ones whose params
-or settings files (``resolve`` writes one per stage) come out different, and those
-downstream of them. DVC answers both on a scratch copy of ``dvc.yaml``, ``dvc.lock``
-and params.yaml, with the overrides applied by DVC's own ``-S`` code and the settings
-written by ``resolve``'s own code: its index expands the stages, each dependency's
-status compares it with the lock, and its graph gives what lies downstream. The
-repository itself is not touched, and no output is hashed (seconds, not minutes).
-"""
+"""What a ``-S`` reaches: the stages ``dvc exp run -S KEY=VALUE`` would rerun, before it runs,
+answered by DVC on a scratch copy of ``dvc.yaml``, ``dvc.lock`` and params.yaml with the
+overrides applied and the settings files written by ``resolve``'s code: the stages whose
+params or settings files differ from the lock, and those downstream. Nothing is hashed."""
 
 from __future__ import annotations
 

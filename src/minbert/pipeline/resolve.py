@@ -1,15 +1,7 @@
-"""Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` and the data
-stage's manifest into a file of its own (``minbert.pipeline.params.resolve_all``).
-
-A multitask configuration's settings combine the shared defaults, its overrides, its
-optimizer's hyperparameters and the scale; a sentiment run's, its run and the
-scale. Each stage depends on its own file rather than on those keys, so
-``dvc exp run -S smart.beta=0.95`` reruns only the configurations that use SMART,
-``-S optimizer=adamaxw`` only those whose optimizer changes, and editing one stage's
-code reruns that stage alone. Keys keep the order of the settings classes and of
-``params.yaml`` (a stage writes them back in that order), so equal parameters give
-equal bytes.
-"""
+"""Stage ``resolve``: every stage's settings, from ``params.yaml`` and the data stage's
+manifest, each in a file of its own (``minbert.pipeline.params.resolve_all``), so that a
+parameter change reruns exactly the stages it reaches. Keys keep the settings classes'
+and ``params.yaml``'s order: equal parameters give equal bytes."""
 
 from __future__ import annotations
 

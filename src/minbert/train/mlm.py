@@ -1,18 +1,7 @@
-"""Masked-language-model pretraining before fine-tuning (optional).
-
-Two starts, chosen by name:
-
-* ``continue``: continued, in-domain pretraining of the configured checkpoint
-  (its MLM head too, when the checkpoint ships one);
-* ``scratch``: a fresh small BERT (its size in ``mlm.starts.scratch``) with the checkpoint's
-  vocabulary, for when no pretrained checkpoint fits.
-
-The corpus is the training text of the tasks (``minbert.data.corpus``); a seeded
-fraction of its sequences is held out, with masks drawn once, so masked-token
-accuracy and perplexity before and after pretraining are measured on the same
-positions. The output is a checkpoint directory that the fine-tuning stages read
-like any other.
-"""
+"""Masked-language-model pretraining before fine-tuning: ``continue`` pretrains the
+checkpoint further (its MLM head too, when it ships one); ``scratch`` trains a fresh small
+BERT with the checkpoint's vocabulary. The corpus is the tasks' training text; a seeded
+held-out part, with masks drawn once, scores every epoch on the same positions."""
 
 from __future__ import annotations
 
@@ -65,10 +54,9 @@ def split_corpus(corpus: Corpus, settings: MlmSettings) -> tuple[Corpus, Corpus]
 
 @dataclass
 class MaskedBatch:
-    """A padded batch with its masked-token labels (``IGNORE`` where nothing is
-    predicted). Built on the host, which also finds the chosen positions (flat indices
-    into the batch's tokens) and their targets: on a GPU, finding them there from a
-    boolean mask would make the host wait for the device in every step."""
+    """A padded batch, its masked-token labels (``IGNORE`` elsewhere), and the chosen
+    positions (flat) with their targets, found on the host: on a GPU, finding them from a
+    boolean mask would make the host wait every step."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -197,10 +185,8 @@ def train_mlm(
 
 
 class _MlmEpochs:
-    """An epoch of MLM pretraining for the epoch driver (``minbert.train.loop.Epochs``):
-    fresh masks every epoch, AdamW under BERT's schedule (linear warm-up over the first
-    10% of steps, then linear decay, stepped every step), then the held-out scores. No
-    selection: the last epoch is kept."""
+    """An epoch of MLM pretraining for the epoch driver: fresh masks every epoch, AdamW under
+    BERT's schedule (stepped every step), then the held-out scores; the last epoch is kept."""
 
     def __init__(self, settings: MlmSettings, model, train: Corpus, heldout_batches, vocab, device):
         self.settings, self.model, self.train, self.vocab, self.device = settings, model, train, vocab, device

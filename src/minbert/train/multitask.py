@@ -1,35 +1,6 @@
-"""Multitask fine-tuning: one shared encoder, three tasks (their heads and losses:
-``minbert.tasks``, ``minbert.model.multitask``).
-
-How the tasks share the optimizer steps (``gradient``; this is where it is said):
-
-* ``round-robin`` (the paper's, its Section 3): each step trains on one task's
-  mini-batch, cycling SST, Quora, STS, so that every task gets the same number of
-  batches per epoch;
-* ``summed``: each step takes one batch of every task and back-propagates the sum
-  of the three losses;
-* ``pcgrad``: each step takes one batch of every task and combines the task
-  gradients of the shared encoder by PCGrad gradient surgery.
-
-How an epoch's batches are drawn: ``minbert.data.multitask``. SMART
-(``minbert.train.smart``) adds an adversarial smoothness term and a Bregman proximal
-term against a momentum teacher to each task's loss; the history logs the task losses
-and the two SMART terms apart. The epochs go through ``minbert.train.loop.Epochs``.
-
-Each run first sets aside a validation split of every task's training rows
-(``minbert.data.validation``) and trains on rows drawn from the rest; with a head
-warm-up (``minbert.train.head_warmup``) the heads are first fitted on the frozen
-checkpoint. It is scored before its first encoder update (epoch 0) and after every
-epoch on the validation split and on fixed slices of the dev and training sets (the
-history); the best epoch by the
-validation split's selection score (the mean of the tasks' chance-corrected metrics,
-``minbert.tasks``: a head answering one constant scores 0 there) is then scored once
-on the full dev sets, which give the reported numbers, and predicts the test sets. Dev
-never chooses anything: its slice only draws the curves of the figures.
-
-Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
-``minbert.distributed`` says how the batches, losses and outputs are split.
-"""
+"""Multitask fine-tuning of one configuration: the run's data, its epochs (each step a
+``MultitaskStep``), the epoch chosen on the validation split, then dev and test scored
+once. How the tasks share the steps, and what a run chooses on: docs/pipeline.md."""
 
 from __future__ import annotations
 
@@ -177,17 +148,12 @@ def train_multitask(
     score_dev: bool = True,
     features: ProbeFeatures | None = None,
 ) -> MultitaskResult:
-    """Train on rows of ``tables[(task, "train")]`` outside its validation split; score
-    the validation split and fixed slices of the dev and training sets before training
-    and after every epoch; select the best epoch (1 or later) by the validation
-    selection score and score it on the full ``(task, "dev")`` tables; predict
-    ``(task, "test")`` where given. Without ``score_dev`` (a learning-rate search)
-    nothing of dev is scored at all. ``features``: the frozen checkpoint's pooled vectors
-    the head warm-up fits on (computed here when not given).
-
-    With several ranks (``world``), each step's global batch of a task holds
-    ``world.size * batch_size`` rows, split across the ranks.
-    """
+    """Train on the training rows outside each task's validation split, scoring the
+    validation split and the history's slices before training and after every epoch;
+    keep the best epoch (1 or later) by the validation selection score, score it on the
+    full dev tables and predict the test tables. Without ``score_dev`` (a learning-rate
+    search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors.
+    Under several ranks a task's global batch is ``world.size * batch_size`` rows."""
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
     epochs = Epochs(resume, world)
@@ -230,11 +196,9 @@ def train_multitask(
 
 
 class _MultitaskEpochs:
-    """An epoch of multitask training for the epoch driver (``minbert.train.loop.Epochs``):
-    every step of ``MultitaskStep``, the epoch's mean losses per task (SMART's terms
-    apart), PCGrad's conflicts, the schedule's step, then the validation split and the
-    history's slices scored. Selection: the validation split's selection score. Keeps,
-    and resumes with, the run's PCGrad log, head warm-up report and start predictions."""
+    """An epoch for the epoch driver: the steps, each task's mean losses, PCGrad's
+    conflicts, the schedule's step, then the scores. Keeps, and resumes with, the run's
+    PCGrad log, warm-up report and start predictions."""
 
     def __init__(
         self,

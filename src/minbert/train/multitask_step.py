@@ -29,15 +29,10 @@ LOSS_PARTS = ("loss", "adversarial", "adversarial_control", "bregman")
 
 
 class MultitaskStep:
-    """The model, its optimizer and what the step keeps between calls: SMART's teacher and
-    random starts, PCGrad's buffers and visit orders, the non-finite-loss guard.
-
-    Under several processes, summed losses go through ``DistributedDataParallel``, which
-    averages the gradients in the backward pass; PCGrad takes per-task gradients with
-    ``autograd.grad``, which DDP does not see, so it runs without DDP's synchronisation and
-    averages each task's gradient itself; round-robin steps leave the other tasks' heads
-    without a gradient, which DDP must be told to expect.
-    """
+    """The model, its optimizer, SMART, PCGrad and the non-finite-loss guard. Under several
+    processes summed losses go through DDP; PCGrad's per-task ``autograd.grad`` runs
+    without DDP's synchronisation and averages each task's gradient itself; round-robin
+    leaves the other heads without a gradient, which DDP is told to expect."""
 
     def __init__(
         self,
@@ -89,14 +84,10 @@ class MultitaskStep:
     def __call__(
         self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Train on one global batch of each task in ``rows_by_task`` (row indices into
-        ``train``; one task per round-robin step, all three otherwise).
-
-        Returns a (task, LOSS_PARTS) tensor on the device, each trained task's means over
-        its global batch (zeros for the others), and with PCGrad the Gram matrix of the
-        task gradients (on the device: nothing here waits for the host). A non-finite loss
-        raises ``NonFiniteLoss`` (on a GPU, during the next call or :meth:`flush`).
-        """
+        """Train on one global batch of each task in ``rows_by_task`` (one task per round-robin
+        step). Returns the (task, LOSS_PARTS) global means (zeros for untrained tasks) and
+        PCGrad's Gram matrix, both on the device; a non-finite loss raises
+        ``NonFiniteLoss`` (on a GPU one step late, or at :meth:`flush`)."""
         model, net, smart, device, world = self.model, self.net, self.smart, self.device, self.world
         objectives, rows_used = [], {}
         local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=device)

@@ -1,13 +1,8 @@
-"""PCGrad (Yu et al., 2020, arXiv:2001.06782): gradient surgery for the shared encoder.
-
-For each task ``i``, visiting the other tasks ``j`` in a random order, the running
-``g_i'`` is projected onto the normal plane of the original ``g_j`` whenever the two
-conflict (``g_i' . g_j < 0``); the update is the sum of the ``g_i'``. Heads get only
-their own task's gradient, so they keep it. Every ``g_i'`` is a linear combination of
-the original gradients, so the surgery runs on their k x k Gram matrix, on the device
-(sign tests by ``torch.where``), and the result is one matrix-vector product into a flat
-buffer whose slices are the encoder parameters' ``.grad``.
-"""
+"""PCGrad (Yu et al., 2020): each task's gradient of the shared encoder is projected, in a
+random order, onto the normal plane of every other task's original gradient it conflicts
+with (negative dot product), and the projections are summed; heads keep their own task's
+gradient. Every projection is a combination of the original gradients, so the surgery runs
+on their Gram matrix on the device and ends in one matrix-vector product."""
 
 from __future__ import annotations
 
@@ -45,26 +40,16 @@ def _gram(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _visit_orders(k: int, generator: torch.Generator | None) -> list[list[int]]:
-    """For each task ``i`` (in task order), one ``torch.randperm(k)`` over all tasks.
-
-    Task ``i`` appears in its own order and is skipped when visited. Drawing a full
-    permutation per task, always, keeps the random stream's consumption fixed, so a
-    seeded generator gives the same orders whatever the gradients are. The training
-    step's generator lives on the CPU, so the orders cost the device nothing.
-    """
+    """One ``torch.randperm(k)`` per task, in task order (its own index skipped when
+    visited): a fixed draw from ``generator`` whatever the gradients are."""
     device = generator.device if generator is not None else torch.device("cpu")
     return [torch.randperm(k, generator=generator, device=device).tolist() for _ in range(k)]
 
 
 @torch.no_grad()
 def _surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tensor:
-    """Weights ``w`` (float64, on the Gram matrix's device) with ``sum_i g_i' = sum_m w[m] g_m``.
-
-    Row ``i`` of ``coef`` holds g_i' in the basis of the original gradients, so
-    ``g_i' . g_j = coef[i] . G[:, j]`` and projecting onto the original ``g_j`` only
-    changes ``coef[i, j]``. A zero ``g_j`` has no direction to project away from
-    (and would divide by zero): it is never projected onto.
-    """
+    """Weights ``w`` with ``sum_i g_i' = sum_m w[m] g_m``: row ``i`` of ``coef`` is g_i' in the
+    basis of the original gradients; a zero ``g_j`` is never projected onto."""
     k = gram.shape[0]
     coef = torch.eye(k, dtype=torch.float64, device=gram.device)
     norm_sq = gram.diagonal()
@@ -81,10 +66,8 @@ def _surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tenso
 
 
 def gram_stats(gram: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Pairwise cosine similarities of the task gradients and the number of conflicts,
-    from their Gram matrix: a k x k float32 CPU tensor (diagonal 1; off-diagonal 0
-    where either gradient is zero) and the number of pairs ``i < j`` whose dot
-    product is negative."""
+    """The k x k cosines of the task gradients (0 where one is zero) and the number of pairs
+    with a negative dot product, from their Gram matrix."""
     gram = gram.detach().to("cpu", torch.float64)
     norms = gram.diagonal().sqrt()
     denom = norms[:, None] * norms[None, :]
@@ -97,11 +80,7 @@ def gram_stats(gram: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 @torch.no_grad()
 def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum_m weights[m] * rows[m]`` as one matrix-vector product.
-
-    Half-precision rows are combined in float32: the weights can be well above 1
-    (the projections rescale g_j by ||g_i|| / ||g_j||), and w * g could overflow
-    float16."""
+    """``sum_m weights[m] * rows[m]``, in float32 at least (weights can exceed 1)."""
     acc = _accumulation_dtype(rows.dtype)
     combined = torch.mv(rows.to(acc).T, weights.to(acc))
     if out is None:
@@ -110,24 +89,11 @@ def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None
 
 
 class PCGrad:
-    """The PCGrad replacement for ``sum(losses).backward()``, for fixed parameters.
-
-    Holds one (tasks, n) matrix for the tasks' gradients of the ``shared``
-    parameters (n entries in all) and one flat vector for their combination; the
-    shared parameters' ``.grad`` are views of that vector. A call takes one
-    ``autograd.grad`` per task loss over shared and head parameters, copies the
-    shared part into the task's row (one ``cat``), and writes:
-
-    * shared parameters: the projected combined gradient, as views of the buffer;
-    * head parameters: their plain gradient, summed over the tasks that reach them.
-
-    Both overwrite whatever ``.grad`` held. ``reduce``, when given, is called on each
-    task's row, then once on the heads' summed gradients, and may change them in place:
-    data-parallel training averages them over its processes there, so that the surgery
-    sees each task's gradient of the whole batch (the mean of a sum is the sum of the
-    means, so the heads need one call). The call returns the Gram matrix of the
-    original shared gradients on the device (:func:`gram_stats` reads it).
-    """
+    """The replacement for ``sum(losses).backward()``: one ``autograd.grad`` per task, each
+    task's shared gradient a row of one matrix; writes the surgery's result into a flat
+    buffer whose views are the shared ``.grad``, and each head's summed plain gradient.
+    ``reduce`` (data-parallel: the mean over ranks) is applied to each row and once to
+    the heads' gradients. Returns the Gram matrix of the original shared gradients."""
 
     def __init__(
         self,

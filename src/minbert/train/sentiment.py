@@ -1,21 +1,7 @@
-"""Single-task sentiment classification (SST 5-class, CFIMDB binary).
-
-Two modes, as in the course project and the paper's Table 1:
-
-* ``last-layer``: the encoder is frozen and only the head (dropout + linear on the
-  pooled vector, see ``minbert.settings.POOLINGS``) learns. A frozen encoder gives
-  the same pooled features for a sentence every epoch, so they are computed once (encoder in eval mode, no
-  gradients) and the head trains on the cached features: the same model, at a
-  fraction of the cost of re-encoding every sentence every epoch.
-* ``full``: every encoder weight is fine-tuned along with the head.
-
-Before training, ``validation_examples`` rows of the training split are set aside
-(``minbert.data.validation``) and the training rows are drawn from the rest. The
-validation split and the dev set are evaluated before the first update (epoch 0:
-the head as initialised) and after each epoch; the epoch (1 or later) with the best
-validation MCC (chance-corrected: 0 for a head that answers one class) is kept, and its
-weights produce the dev and test predictions: dev chooses nothing.
-"""
+"""Single-task sentiment classification (SST 5-class, CFIMDB binary), the paper's Table 1:
+``last-layer`` trains the head alone on the frozen encoder's pooled vectors (computed
+once, in eval mode), ``full`` fine-tunes everything. The epoch (1 or later) with the best
+validation MCC is kept; dev chooses nothing."""
 
 from __future__ import annotations
 
@@ -99,12 +85,9 @@ def _scores(labels: np.ndarray, logits: torch.Tensor) -> tuple[float, float]:
 
 
 class _Epochs:
-    """A sentiment mode's epoch for the epoch driver (``minbert.train.loop.Epochs``):
-    train, score the validation split and dev, step the schedule. ``train_epoch(epoch,
-    tick)`` trains one epoch (``tick(loss)`` after every step) and returns its mean loss
-    and accuracy; ``evaluate()`` returns ((validation loss, accuracy, MCC), (dev loss,
-    accuracy, MCC)); ``model`` holds the weights an epoch is kept with. Selection: the
-    validation MCC (chance-corrected: a head answering one class scores 0)."""
+    """A sentiment mode's epoch for the epoch driver: ``train_epoch(epoch, tick)`` (mean loss
+    and accuracy), then ``evaluate()`` ((loss, accuracy, MCC) on validation and dev), then
+    the schedule's step. Selection: the validation MCC."""
 
     def __init__(self, settings, model, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
         self.model, self.optimizer, self.rng = model, optimizer, rng

@@ -1,11 +1,8 @@
-"""SMART (Jiang et al., 2020, arXiv 1911.03437): a smoothness-inducing adversarial term
-R_s and a Bregman proximal term against a momentum teacher, added to each task's loss.
-
-:class:`Smart` owns what a run's SMART keeps between steps: the teacher, the generator
-of the ascent's random starts and each step's dropout masks. The functions below it are
-the computation, on any ``forward_fn`` from an embedding output to predictions. Where
-each choice the paper leaves open comes from, and what it measures: docs/smart.md.
-"""
+"""SMART (Jiang et al., 2020): a smoothness-inducing adversarial term R_s and a Bregman term
+against a momentum teacher, added to each task's loss. :class:`Smart` holds what a run
+keeps between steps (teacher, random starts' generator, the step's dropout masks); the
+functions below it compute on any ``forward_fn`` from embeddings to predictions. Each
+choice the paper leaves open, and what it measures: docs/smart.md."""
 
 from __future__ import annotations
 
@@ -96,10 +93,9 @@ def _as_slice(positions: np.ndarray) -> slice:
 
 
 def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
-    """Symmetric divergence between two batches of predictions, in float32, summed over
-    each example's outputs and averaged over the batch: the symmetric KL of the softmaxes
-    (``multiclass``: logits, classes last) or of ``(1 - sigmoid(z), sigmoid(z))``
-    (``binary``: one logit per example), or the squared error (``regression``)."""
+    """Symmetric divergence of two batches of predictions, float32, summed over an example's
+    outputs and averaged over the batch: symmetric KL of softmaxes (``multiclass``) or of
+    a logit's two classes (``binary``), squared error (``regression``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown divergence kind {kind!r}; expected one of {', '.join(KINDS)}")
     if a.shape != b.shape:
@@ -123,10 +119,9 @@ def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
 
 
 class EmaTeacher:
-    """The momentum teacher: a frozen copy of the model (eval mode, no gradients) whose
-    parameters follow the student's, ``theta~ <- beta theta~ + (1 - beta) theta``, at each
-    :meth:`update`. Not an ``nn.Module``: as a submodule of the student it would land in the
-    student's ``parameters()``, ``state_dict()`` and ``train()``."""
+    """The momentum teacher: a frozen eval-mode copy of the model, ``theta~ <- beta theta~ +
+    (1 - beta) theta`` at each :meth:`update`. Not an ``nn.Module``, so that it stays out of
+    the student's ``parameters()``, ``state_dict()`` and ``train()``."""
 
     def __init__(self, model: nn.Module, beta: float) -> None:
         self.beta = beta
@@ -231,10 +226,9 @@ def ascent_gradient(
     kind: Kind,
     masks: DropoutMasks | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gradient in ``noise`` of ``divergence(f(embedded + noise), f(embedded))`` on the
-    divergence's second-order model at the clean input, J' H J noise, and the clean output
-    f(embedded) (detached). One pass carries J noise as a forward-mode derivative, one
-    backward pass applies J': no difference of two float32 passes (docs/smart.md)."""
+    """The gradient in ``noise`` of the divergence between ``f(embedded + noise)`` and
+    ``f(embedded)``, on its second-order model J' H J noise (forward-mode J noise, one
+    backward pass), and the clean output, detached."""
     x = embedded.detach().requires_grad_(True)
     # Explicit attention and dropout (tiled), which forward mode supports; float32.
     replayed = masks.replay() if masks is not None else tiled(1)
@@ -258,11 +252,9 @@ def adversarial_perturbation(
     start: torch.Tensor | None = None,
     masks: DropoutMasks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inner max of R_s by the paper's normalised ascent: from ``start`` (or noise drawn
-    with ``generator``), ``steps`` times add ``step_size`` times :func:`ascent_gradient` over
-    its infinity norm (per example for ``ball``, per token for ``token``), then
-    :func:`project`. Only the noise moves: no parameter's ``.grad`` is touched. Returns the
-    perturbation and the clean output it was found against (float32, detached)."""
+    """The inner max of R_s by normalised ascent from ``start`` (or noise drawn with
+    ``generator``), then :func:`project`; the perturbation and the clean output it was
+    found against, detached. No parameter's ``.grad`` is touched."""
     embedded = embedded.detach().float()
     if start is None:
         noise = initial_noise(embedded, settings.noise_std, generator)
@@ -292,12 +284,9 @@ def smoothness_terms(
     start: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The clean output, R_s and its control for one batch (``embedded`` in the graph;
-    ``forward_fn`` takes several copies of the batch stacked). The ascent, then one pass
-    over the clean and the perturbed copies stacked, with the graph through both sides as
-    the paper differentiates them (the perturbation alone is a constant); the control is
-    the divergence between that pass's clean half and the ascent's clean output: 0 with
-    shared ``masks``, what dropout alone causes without."""
+    """The clean output (in the graph), R_s and its control: the ascent, then one pass over
+    the clean and perturbed copies stacked; the control is the divergence between that
+    pass's clean half and the ascent's clean output (0 with shared ``masks``)."""
     embedded32 = embedded.float()
     noise, target = adversarial_perturbation(
         forward_fn, embedded32, kind, settings, generator=generator, start=start, masks=masks
