@@ -80,10 +80,6 @@ def prepare(
     (``carve_quora``); Quora's tables get their ``group`` column, numbered over all of them.
     The manifest: ``source``, ``inputs``, ``unavailable``, ``tables``, ``skipped_rows``,
     ``quora_split``. Raises ``DataError`` or ``DownloadError``, leaving ``out_dir`` as it was."""
-    if not 0 < quora_holdout_fraction < 1:
-        raise ValueError(
-            f"quora_holdout_fraction must be strictly between 0 and 1, got {quora_holdout_fraction}"
-        )
     skip_ids = _checked_skip_ids(skip_ids)
     source_dir = resolve_source(source)
 

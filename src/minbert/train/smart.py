@@ -59,7 +59,7 @@ class Smart:
         return noise[mine, : batch.ids.shape[1]]
 
     def smoothness(
-        self, net: nn.Module, task: str, batch: Batch, embedded: torch.Tensor, start: torch.Tensor
+        self, net: nn.Module, task: str, batch: Batch, embedded: torch.Tensor, start: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The clean output (float32), R_s and its control (:func:`smoothness_terms`), every
         pass through ``net`` (the model or its DDP wrapper) with autocast off. Call it
