@@ -56,41 +56,38 @@ def main() -> None:
     steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
 
     # Each term's gradient norm on its task's head, step by step: the step computes SMART's
-    # terms (Smart.smoothness, Smart.bregman), then the task loss (task_loss), each with its
-    # graph; the log detaches them.
+    # smoothness term (Smart.smoothness), the task loss (task_loss), then the Bregman term
+    # (Smart.bregman), each with its graph; the log detaches them.
     grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
     pending: dict = {}
     smoothness_of, bregman_of, task_loss_of = Smart.smoothness, Smart.bregman, multitask_step.task_loss
 
     def smoothness(self, net, task, batch, embedded, start):
         output, adversarial, control = smoothness_of(self, net, task, batch, embedded, start)
-        pending.update(
-            adversarial=adversarial, head=list(getattr(net, "module", net).heads[task].parameters())
-        )
+        head = list(getattr(net, "module", net).heads[task].parameters())
+        pending.update(adversarial=adversarial, head=head)
         return output, adversarial, control
-
-    def bregman(self, task, batch, output):
-        pending.update(bregman=bregman_of(self, task, batch, output), smart=self.settings)
-        return pending["bregman"]
 
     def measured_loss(task, output, labels):
         loss = task_loss_of(task, output, labels)
         if pending:  # a step with SMART
-            smart = pending["smart"]
-            terms = {
-                "loss": loss,
-                "adversarial": smart.lambda_s * pending["adversarial"],
-                "bregman": smart.mu * pending["bregman"],
-            }
-            norms = []
-            for part in PARTS:
-                found = torch.autograd.grad(
-                    terms[part], pending["head"], retain_graph=True, allow_unused=True
-                )
-                norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
-            grads[task].append([*norms, float(pending["bregman"])])
-            pending.clear()
+            pending["loss"] = loss
         return loss
+
+    def bregman(self, task, batch, output):
+        value = bregman_of(self, task, batch, output)
+        terms = {
+            "loss": pending["loss"],
+            "adversarial": self.settings.lambda_s * pending["adversarial"],
+            "bregman": self.settings.mu * value,
+        }
+        norms = []
+        for part in PARTS:
+            found = torch.autograd.grad(terms[part], pending["head"], retain_graph=True, allow_unused=True)
+            norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
+        grads[task].append([*norms, float(value)])
+        pending.clear()
+        return value
 
     Smart.smoothness, Smart.bregman, multitask_step.task_loss = smoothness, bregman, measured_loss
     epoch_of = multitask._MultitaskEpochs.epoch

@@ -66,8 +66,8 @@ def smart_parts(
     """LOSS_PARTS of one task's batch, as the training step computes them under SMART."""
     embedded = model.embed(batch)
     output, adversarial, control = smart.smoothness(model, task, batch, embedded, start)
-    bregman = smart.bregman(task, batch, output)
-    return torch.stack([task_loss(task, output, labels), adversarial, control, bregman])
+    loss = task_loss(task, output, labels)
+    return torch.stack([loss, adversarial, control, smart.bregman(task, batch, output)])
 
 
 def objective_parts(task: str, settings: SmartSettings, seed: int = 0) -> torch.Tensor:

@@ -113,13 +113,13 @@ class MultitaskStep:
                 if smart is None:
                     with compute_context(device):
                         output = net(task, batch, embedded)
+                    loss = objective = task_loss(task, output, labels)
                     adversarial = control = bregman = torch.zeros((), device=device)
                 else:
                     output, adversarial, control = smart.smoothness(net, task, batch, embedded, start)
+                    # The loss before the Bregman term: the order autograd sums their gradients in.
+                    loss = task_loss(task, output, labels)
                     bregman = smart.bregman(task, batch, output)
-                loss = task_loss(task, output, labels)
-                objective = loss
-                if smart is not None:
                     objective = loss + smart.settings.lambda_s * adversarial + smart.settings.mu * bregman
                 objectives.append(weight * objective)
                 local[k] = weight * torch.stack([loss, adversarial, control, bregman]).detach()
