@@ -1,6 +1,6 @@
 """How much of SMART's ascent direction is float32 rounding, on the real encoder.
 
-Not a timing: a measurement of ``minbert.train.smoothness`` on all-MiniLM-L6-v2 (params.yaml's
+Not a timing: a measurement of ``minbert.train.smart`` on all-MiniLM-L6-v2 (params.yaml's
 ``checkpoint``) with the cross-encoder heads of ``best`` (heads drawn from ``--seed``, the
 cpu scale's pooling and dropout), in training mode with shared dropout masks, on the first
 ``--batch-size`` rows of each task's course training file (as ``smart_decomposition.py``).
@@ -37,17 +37,15 @@ TASKS = ("sst", "quora", "sts")
 def gradient(net, dtype, linearised: bool, task, batch, kind, embedded, noise, masks) -> torch.Tensor:
     """The ascent's gradient at ``noise`` in ``dtype``: linearised (``ascent_gradient``), or
     by autograd through a perturbed and a clean pass (the masks replayed for both)."""
-    from minbert.model.dropout import tiled
-    from minbert.train.smart import divergence
-    from minbert.train.smoothness import ascent_gradient
+    from minbert.train.smart import ascent_gradient, divergence
 
     x, start = embedded.to(dtype), noise.to(dtype)
     if linearised:
         return ascent_gradient(lambda e: net(task, batch, e), x, start, kind, masks)[0].double()
     moved = start.clone().requires_grad_(True)
-    with masks.replay(), tiled(1):
+    with masks.replay():
         clean = net(task, batch, x).detach()
-    with masks.replay(), tiled(1):
+    with masks.replay():
         perturbed = net(task, batch, x + moved)
     return torch.autograd.grad(divergence(perturbed, clean, kind), moved)[0].double()
 
@@ -64,7 +62,7 @@ def main() -> None:
     from minbert.model.checkpoint import resolve_checkpoint
     from minbert.model.multitask import MultitaskBert
     from minbert.tasks import TASKS as SPECS
-    from minbert.train.smoothness import DropoutMasks, initial_noise
+    from minbert.train.smart import DropoutMasks, initial_noise
 
     pin_cpu_kernels()
     params = yaml.safe_load((common.REPO / "params.yaml").read_text(encoding="utf-8"))

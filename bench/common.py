@@ -237,12 +237,15 @@ def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dic
 
 
 def multitask_settings(config: str, scale: str):
-    """The pipeline's settings of ``config`` at ``scale``, from params.yaml."""
+    """The pipeline's settings of ``config`` at ``scale``, from params.yaml and the data
+    stage's Quora split (the official one's sizes when no data is prepared)."""
     from minbert.pipeline import params as params_module
 
     params = params_module.load(REPO / "params.yaml")
     params["scale"] = scale
-    return params, params_module.multitask_settings(params, config)
+    manifest = REPO / "data" / "prepared" / "manifest.json"
+    split = json.loads(manifest.read_text())["quora_split"] if manifest.is_file() else {"kind": "official"}
+    return params, params_module.multitask_settings(params, config, split)
 
 
 def training_tables() -> dict:

@@ -21,7 +21,6 @@ and docs/smart.md quote it. About 15 minutes on the project's 2-core CPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import common
 import numpy as np
@@ -42,18 +41,13 @@ def main() -> None:
     from minbert.device import pin_cpu_kernels
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
-    from minbert.pipeline.multitask import quora_batch_size
     from minbert.tasks import TASKS as SPECS
     from minbert.train.head_warmup import ProbeFeatures
+    from minbert.train.smart import Smart
 
     pin_cpu_kernels()
     params, base = common.multitask_settings(args.config, "cpu")
-    manifest = json.loads((common.REPO / "data" / "prepared" / "manifest.json").read_text())
-    base = dataclasses.replace(
-        base,
-        test_predictions=False,
-        batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
-    )
+    base = dataclasses.replace(base, test_predictions=False)
     if args.quick:
         base = dataclasses.replace(base, epochs=1)
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
@@ -61,33 +55,48 @@ def main() -> None:
     per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
     steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
 
-    # Each term's gradient norm on its task's head, step by step (the objective returns
-    # its parts with their graphs; the step itself detaches them for its log).
+    # Each term's gradient norm on its task's head, step by step: the step computes SMART's
+    # smoothness term (Smart.smoothness), the task loss (task_loss), then the Bregman term
+    # (Smart.bregman), each with its graph; the log detaches them.
     grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
-    objective = multitask_step.task_objective
+    pending: dict = {}
+    smoothness_of, bregman_of, task_loss_of = Smart.smoothness, Smart.bregman, multitask_step.task_loss
 
-    def measured_objective(model, net, teacher, smart, task, batch, labels, device, start=None):
-        total, parts = objective(model, net, teacher, smart, task, batch, labels, device, start)
-        head = list(model.heads[task].parameters())
-        weights = {"loss": 1.0, "adversarial": smart.lambda_s, "bregman": smart.mu}
+    def smoothness(self, net, task, batch, embedded, start):
+        output, adversarial, control = smoothness_of(self, net, task, batch, embedded, start)
+        head = list(getattr(net, "module", net).heads[task].parameters())
+        pending.update(adversarial=adversarial, head=head)
+        return output, adversarial, control
+
+    def measured_loss(task, output, labels):
+        loss = task_loss_of(task, output, labels)
+        if pending:  # a step with SMART
+            pending["loss"] = loss
+        return loss
+
+    def bregman(self, task, batch, output):
+        value = bregman_of(self, task, batch, output)
+        terms = {
+            "loss": pending["loss"],
+            "adversarial": self.settings.lambda_s * pending["adversarial"],
+            "bregman": self.settings.mu * value,
+        }
         norms = []
         for part in PARTS:
-            term = (
-                weights[part] * parts[("loss", "adversarial", "adversarial_control", "bregman").index(part)]
-            )
-            found = torch.autograd.grad(term, head, retain_graph=True, allow_unused=True)
+            found = torch.autograd.grad(terms[part], pending["head"], retain_graph=True, allow_unused=True)
             norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
-        grads[task].append([*norms, float(parts[3])])
-        return total, parts
+        grads[task].append([*norms, float(value)])
+        pending.clear()
+        return value
 
-    multitask_step.task_objective = measured_objective
+    Smart.smoothness, Smart.bregman, multitask_step.task_loss = smoothness, bregman, measured_loss
     epoch_of = multitask._MultitaskEpochs.epoch
     before_of = multitask._MultitaskEpochs.before
     log: list[dict] = []
     start: dict = {}
 
     def distances(loop) -> dict:
-        teacher = dict(loop.train_step.teacher.module.named_parameters())
+        teacher = dict(loop.train_step.smart.teacher.module.named_parameters())
         out = {}
         for part in (*(f"heads.{t}" for t in TASKS), "encoder"):
             names = [n for n, _ in loop.model.named_parameters() if n.startswith(part)]

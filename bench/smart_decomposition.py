@@ -125,10 +125,10 @@ def main() -> None:
     from minbert.model.multitask import MultitaskBert
     from minbert.settings import SmartSettings
     from minbert.tasks import TASKS
-    from minbert.train.smart import divergence
-    from minbert.train.smoothness import (
+    from minbert.train.smart import (
         DropoutMasks,
         adversarial_perturbation,
+        divergence,
         initial_noise,
         smoothness_terms,
     )

@@ -16,7 +16,6 @@ and docs/smart.md quote it. About 15 minutes on the project's 2-core CPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import common
 
@@ -32,19 +31,13 @@ def main() -> None:
     from minbert.device import pin_cpu_kernels
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
-    from minbert.pipeline.multitask import quora_batch_size
     from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
     params, base = common.multitask_settings(args.config, "cpu")
     if not base.smart:
         raise SystemExit(f"{args.config}: SMART is off in this configuration")
-    manifest = json.loads((common.REPO / "data" / "prepared" / "manifest.json").read_text())
-    base = dataclasses.replace(
-        base,
-        test_predictions=False,
-        batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
-    )
+    base = dataclasses.replace(base, test_predictions=False)
     if args.quick:
         base = dataclasses.replace(base, epochs=1)
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}

@@ -224,6 +224,8 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
                 str(REPO / "stages" / "resolve.py"),
                 "--params",
                 "params.yaml",
+                "--manifest",
+                "manifest.json",
                 "--out",
                 "settings",
             ],

@@ -137,7 +137,8 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     tiny_multitask_scale(params, epochs=1, batch_size={"sst": 4, "quora": 3, "sts": 2})
     validate(params)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    resolve.run(tmp_path / "params.yaml", tmp_path / "data" / "settings")  # what `resolve` writes
+    manifest = tokenized / "prepared" / "manifest.json"
+    resolve.run(tmp_path / "params.yaml", manifest, tmp_path / "data" / "settings")  # what `resolve` writes
     (tmp_path / "data" / "tokenized").symlink_to(tokenized / "tok")
     (tmp_path / "data" / "prepared").symlink_to(tokenized / "prepared")
     settings = json.loads((tmp_path / "data" / "settings" / "features.json").read_text())

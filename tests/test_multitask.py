@@ -27,9 +27,10 @@ from minbert.settings import PAIR_HEADS
 from minbert.tasks import MULTITASK_TASKS
 
 
-def run_stage(params: dict, config: str, *args, **kwargs) -> dict:
+def run_stage(params: dict, config: str, tokenized: Path, manifest: Path, *args, **kwargs) -> dict:
     """The stage with the settings the resolve stage would write."""
-    return multitask.run(resolve_multitask(params, config), *args, **kwargs)
+    quora_split = json.loads(Path(manifest).read_text())["quora_split"]
+    return multitask.run(resolve_multitask(params, config, quora_split), tokenized, manifest, *args, **kwargs)
 
 
 def run_in(out: Path, params: dict, config: str, tokenized: Path, **kwargs) -> dict:
@@ -196,7 +197,7 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
     before = {t: model.heads[t].linear.weight.detach().clone() for t in MULTITASK_TASKS}
     losses, stats = step({"quora": np.arange(6)})
     assert stats is None and losses[0].abs().sum() == 0 and losses[2].abs().sum() == 0
-    assert losses[1, 0] > 0
+    assert losses[1, 0] > 0 and losses[1, 1:].abs().sum() == 0  # without SMART: the loss, then zeros
     moved = {t: not torch.equal(before[t], model.heads[t].linear.weight) for t in MULTITASK_TASKS}
     assert moved == {"sst": False, "quora": True, "sts": False}
 

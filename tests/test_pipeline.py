@@ -423,7 +423,7 @@ def test_the_paper_scale_resolves_and_plans(pipeline, tmp_path):
     assert _run(["git", "status", "--porcelain"], clone) == ""  # a dry run changes nothing
     params = yaml.safe_load((pipeline / "params.yaml").read_text())
     params["scale"] = "paper"
-    resolved = resolve_all(validate(params))
+    resolved = resolve_all(validate(params), {"quora_split": {"kind": "official"}})
     best = resolved["multitask/best.json"]["settings"]
     assert best["batch_size"] == {"sst": 2, "quora": 36, "sts": 2} and best["lr"] == 1e-4
     assert resolved["sentiment/sst-full.json"]["settings"]["batch_size"] == 64

@@ -19,7 +19,7 @@ from minbert.train.resume import ResumePoint, fingerprint
 
 # Runs one stage's function in a child process, so that the test can kill it.
 CHILD = """
-import sys, yaml
+import json, sys, yaml
 from pathlib import Path
 from minbert.pipeline import mlm, multitask, params, sentiment
 from minbert.pipeline.schema import validate
@@ -28,9 +28,10 @@ kind, name, params_file, tok, out, resume = sys.argv[1:]
 p = validate(yaml.safe_load(Path(params_file).read_text()))
 out = Path(out)
 if kind == "multitask":
-    multitask.run(params.resolve_multitask(p, name), Path(tok),
-                  Path(tok).parent / "prepared" / "manifest.json", out / "metrics", out / "pred",
-                  resume_dir=Path(resume))
+    manifest = Path(tok).parent / "prepared" / "manifest.json"
+    split = json.loads(manifest.read_text())["quora_split"]
+    multitask.run(params.resolve_multitask(p, name, split), Path(tok), manifest, out / "metrics",
+                  out / "pred", resume_dir=Path(resume))
 elif kind == "mlm":
     mlm.run(params.resolve_mlm(p, name), Path(tok), out / "models", out / "metrics", resume_dir=Path(resume))
 else:

@@ -13,7 +13,7 @@ from minbert.data.validation import carve_validation
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.pipeline import params as params
-from minbert.pipeline.multitask import QUORA_OFFICIAL_TRAIN_PAIRS, quora_batch_size
+from minbert.pipeline.schema import ParamsError
 from minbert.train.optim import build_optimizer, build_scheduler
 
 
@@ -132,20 +132,23 @@ def test_fair_ablations_match_pcgrads_work(committed):
 
 def test_paper_scale_quora_batch_keeps_the_papers_batches_per_epoch(committed):
     committed["scale"] = "paper"
-    settings = params.multitask_settings(committed, "baseline")
-    carved = {"quora_split": {"kind": "carved-from-dev", "train_pairs": 16170}}
-    batch = quora_batch_size(settings, carved)
+    carved = {"kind": "carved-from-dev", "train_pairs": 16170}
+    settings = params.multitask_settings(committed, "baseline", carved)
+    batch = settings.batch_size["quora"]
     assert batch == 4
     # Batches per epoch of each task on the data a paper-scale run trains on.
     sizes = {"sst": 8544, "sts": 6040}
     paper = {t: n / settings.batch_size[t] for t, n in sizes.items()}
-    paper["quora"] = QUORA_OFFICIAL_TRAIN_PAIRS / 36
+    paper["quora"] = params.QUORA_OFFICIAL_TRAIN_PAIRS / 36
     ours = {**paper, "quora": (16170 - settings.validation_examples["quora"]) / batch}
     for task in paper:
         assert ours[task] / ours["sst"] == pytest.approx(paper[task] / paper["sst"], rel=0.05), task
     # The unscaled 36 would repeat Quora's carved pairs about 9.5 times per SST epoch.
     assert paper["sst"] / (16170 / 36) > 9
-    assert quora_batch_size(settings, {"quora_split": {"kind": "official"}}) == 36
+    assert params.multitask_settings(committed, "baseline", {"kind": "official"}).batch_size["quora"] == 36
+    # The rule needs the data stage's split: without it, an error rather than a guess.
+    with pytest.raises(ParamsError, match="Quora split"):
+        params.multitask_settings(committed, "baseline")
     committed["scale"] = "cpu"
-    cpu = params.multitask_settings(committed, "baseline")
-    assert quora_batch_size(cpu, carved) == cpu.batch_size["quora"]  # a subset: the batch as set
+    cpu = params.multitask_settings(committed, "baseline", carved)
+    assert cpu.batch_size["quora"] == committed["scales"]["cpu"]["multitask"]["batch_size"]["quora"]

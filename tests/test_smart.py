@@ -14,10 +14,13 @@ from torch import nn
 
 from minbert.model.bert import BertModel
 from minbert.settings import PROJECTIONS, SmartSettings
-from minbert.train.smart import KINDS, EmaTeacher, bregman_loss, divergence
-from minbert.train.smoothness import (
+from minbert.train.smart import (
+    KINDS,
+    EmaTeacher,
     adversarial_perturbation,
     ascent_gradient,
+    bregman_loss,
+    divergence,
     initial_noise,
     project,
     smoothness_terms,
@@ -61,39 +64,6 @@ def test_defaults_are_the_papers_where_it_gives_them():
     # Where the paper is silent: the reference code's per-token geometry at a tenth of its
     # size, the clean pass's dropout masks (docs/smart.md says why).
     assert (s.projection, s.token_norm, s.dropout_masks) == ("token", 0.01, "shared")
-
-
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("lambda_s", -1.0),
-        ("mu", -0.5),
-        ("epsilon", 0.0),
-        ("epsilon", float("inf")),
-        ("noise_std", -1e-5),
-        ("step_size", 0.0),
-        ("step_size", float("nan")),
-        ("steps", 0),
-        ("steps", 1.5),
-        ("steps", True),
-        ("beta", 1.0),
-        ("beta", -0.1),
-        ("lambda_s", "1"),
-        ("token_norm", 0.0),
-        ("token_norm", -1.0),
-        ("token_norm", float("nan")),
-        ("projection", "sphere"),
-        ("projection", None),
-        ("dropout_masks", "fresh"),
-    ],
-)
-def test_settings_errors_name_the_field(field, value):
-    with pytest.raises(ValueError, match=rf"SmartSettings\.{field}\b"):
-        SmartSettings(**{field: value})
-
-
-def test_zero_weights_switch_terms_off():
-    SmartSettings(lambda_s=0.0, mu=0.0, beta=0.0)  # allowed
 
 
 # ----------------------------------------------------------------- divergence
@@ -393,9 +363,7 @@ def test_teacher_update_with_the_papers_beta():
         torch.testing.assert_close(p, 0.99 * o + 0.01 * new.detach(), rtol=0, atol=1e-7)
 
 
-def test_teacher_rejects_bad_beta_and_a_different_model():
-    with pytest.raises(ValueError, match="beta"):
-        EmaTeacher(nn.Linear(2, 2), beta=1.0)
+def test_teacher_rejects_a_different_model():
     teacher = EmaTeacher(nn.Linear(2, 2), beta=0.5)
     with pytest.raises(ValueError, match="parameters"):
         teacher.update(nn.Sequential(nn.Linear(2, 2)))

@@ -19,14 +19,15 @@ from torch import nn
 from minbert.data.multitask import Batch
 from minbert.model.bert import BertModel
 from minbert.model.heads import SentimentClassifier
-from minbert.model.multitask import MultitaskBert
+from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.settings import PROJECTIONS, SmartSettings
 from minbert.tasks import MULTITASK_TASKS, TASKS
-from minbert.train.objective import LOSS_PARTS, task_objective
-from minbert.train.smart import EmaTeacher, divergence
-from minbert.train.smoothness import (
+from minbert.train.multitask_step import LOSS_PARTS
+from minbert.train.smart import (
     DropoutMasks,
+    Smart,
     adversarial_perturbation,
+    divergence,
     initial_noise,
     project,
     smoothness_terms,
@@ -59,14 +60,23 @@ def tiny_batch(task: str, seed: int = 1) -> tuple[Batch, torch.Tensor]:
     return Batch(ids, mask, types, np.arange(ROWS), padded=True), labels
 
 
-def objective_parts(task: str, settings: SmartSettings | None, seed: int = 0) -> torch.Tensor:
+def smart_parts(
+    model: MultitaskBert, smart: Smart, task: str, batch: Batch, labels: torch.Tensor, start=None
+) -> torch.Tensor:
+    """LOSS_PARTS of one task's batch, as the training step computes them under SMART."""
+    embedded = model.embed(batch)
+    output, adversarial, control = smart.smoothness(model, task, batch, embedded, start)
+    loss = task_loss(task, output, labels)
+    return torch.stack([loss, adversarial, control, smart.bregman(task, batch, output)])
+
+
+def objective_parts(task: str, settings: SmartSettings, seed: int = 0) -> torch.Tensor:
     model = tiny_model()
     batch, labels = tiny_batch(task)
-    teacher = EmaTeacher(model, 0.99)
+    smart = Smart(settings, model, CPU, seed=0, multiple=1)
     start = initial_noise(torch.zeros(ROWS, WIDTH, TINY.hidden_size), 1e-5, torch.Generator().manual_seed(3))
     torch.manual_seed(seed)
-    _, parts = task_objective(model, model, teacher, settings, task, batch, labels, CPU, start)
-    return parts
+    return smart_parts(model, smart, task, batch, labels, start)
 
 
 # ------------------------------------------------------------ the control
@@ -87,18 +97,11 @@ def test_shared_masks_make_the_control_exactly_zero(task, projection):
 def test_independent_masks_leave_dropout_in_the_control(task):
     parts = objective_parts(task, SmartSettings(projection="ball", dropout_masks="independent"))
     # Two passes of the same input through different masks differ: that is the
-    # dropout noise the old term trained on, and with the paper's 1e-5 ball it
+    # dropout noise independent masks train on, and with the paper's 1e-5 ball it
     # outweighs the perturbation (whose own effect is of order 1e-9 or less).
     assert parts[CONTROL].item() > 0.0
     shared = objective_parts(task, SmartSettings(projection="ball", dropout_masks="shared"))
     assert parts[CONTROL].item() > 100 * shared[ADVERSARIAL].item()
-
-
-def test_without_smart_the_parts_are_the_loss_and_zeros():
-    parts = objective_parts("sst", None)
-    assert parts.shape == (len(LOSS_PARTS),)
-    assert LOSS_PARTS == ("loss", "adversarial", "adversarial_control", "bregman")
-    assert parts[0].item() > 0 and parts[1:].abs().sum().item() == 0.0
 
 
 def test_replay_draws_the_same_masks_and_leaves_the_stream_alone():
@@ -161,7 +164,7 @@ def test_perturbed_passes_run_in_float32_under_bf16_autocast(projection):
             noise, _ = adversarial_perturbation(
                 fn, embedded, "multiclass", settings, start=start, masks=masks
             )
-            # Outside smart.py, under the caller's autocast: what the old code ran.
+            # Under the caller's autocast: bf16 perturbed passes.
             with masks.replay():
                 bf16_clean, bf16_perturbed = fn(embedded), fn(embedded + noise)
         return loss.item(), control.item(), bf16_clean, bf16_perturbed
@@ -180,7 +183,7 @@ def test_perturbed_passes_run_in_float32_under_bf16_autocast(projection):
     fp32_loss, fp32_control, _, _ = smoothness(autocast=False)
     assert bf16_loss == fp32_loss and fp32_control == 0.0
     if projection == "ball":
-        # The paper's 1e-5 through bf16 products, as the old code ran it: what the
+        # The paper's 1e-5 through bf16 products: what the
         # divergence then sees is rounding (or nothing), not the perturbation.
         old = divergence(perturbed16, clean16, "multiclass").item()
         assert not 0.1 * fp32_loss < old < 10 * fp32_loss
@@ -209,31 +212,35 @@ def test_smart_objective_runs_in_float32_under_bf16_autocast(task):
     # Under SMART every pass of the objective (clean, ascent, perturbed, control and the
     # teacher's) runs with autocast off: the same numbers as without autocast.
     model = tiny_model()
-    teacher = EmaTeacher(model, 0.99)
+    smart = Smart(SmartSettings(), model, CPU, seed=0, multiple=1)
     batch, labels = tiny_batch(task)
+    start = initial_noise(torch.zeros(ROWS, WIDTH, TINY.hidden_size), 1e-5, torch.Generator().manual_seed(3))
 
-    def run(smart: SmartSettings | None, autocast: bool) -> tuple[torch.Tensor, list[bool]]:
+    def run(with_smart: bool, autocast: bool) -> tuple[torch.Tensor, list[bool]]:
         log: list[bool] = []
         handles = [
             m.register_forward_pre_hook(lambda m, args: log.append(torch.is_autocast_enabled("cpu")))
-            for net in (model, teacher.module)
+            for net in (model, smart.teacher.module)
             for m in net.modules()
             if isinstance(m, nn.Linear)
         ]
         torch.manual_seed(0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            _, parts = task_objective(model, model, teacher, smart, task, batch, labels, CPU, None)
+            if with_smart:
+                parts = smart_parts(model, smart, task, batch, labels, start)
+            else:  # the step without SMART: one pass under the caller's autocast
+                parts = task_loss(task, model(task, batch, model.embed(batch)), labels)
         for h in handles:
             h.remove()
         return parts, log
 
-    smart_bf16, log = run(SmartSettings(), autocast=True)
-    smart_fp32, _ = run(SmartSettings(), autocast=False)
+    smart_bf16, log = run(True, autocast=True)
+    smart_fp32, _ = run(True, autocast=False)
     assert log and not any(log)
     assert smart_bf16[ADVERSARIAL] > 0
     assert torch.equal(smart_bf16, smart_fp32)
     # Without SMART the autocast does reach the encoder: the check above can fail.
-    _, plain = run(None, autocast=True)
+    _, plain = run(False, autocast=True)
     assert any(plain)
 
 

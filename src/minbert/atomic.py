@@ -1,9 +1,5 @@
-"""Atomic outputs: a stage's result appears whole, or not at all.
-
-DVC caches whatever sits at an output path when a stage ends. Writing into a
-temporary sibling and renaming it into place on success means an interrupted or
-failing stage never leaves a half-written file that could be mistaken for a result.
-"""
+"""Atomic outputs: written beside their place and renamed on success, so that a failing
+stage never leaves a half-written result for DVC to cache."""
 
 from __future__ import annotations
 

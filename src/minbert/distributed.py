@@ -1,35 +1,7 @@
-"""Data-parallel training with PyTorch's own distributed engine (``torchrun``).
-
-A fine-tuning stage started by ``torchrun --nproc_per_node N`` (one machine) or by
-``torchrun --nnodes M ...`` on every machine runs as N x M processes ("ranks").
-``torchrun`` tells each one who it is through the environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``); without it the stage is the single process it
-always was, and nothing here changes what it computes.
-
-How the work is split, so that N ranks with batch b make the same update as one
-process with batch N*b (up to floating point):
-
-* every rank draws the *same* epoch plan (the numpy generator that orders the
-  batches is seeded alike everywhere) with global batches of N*b rows, and takes
-  its own strided shard of each (:meth:`World.shard`); the rows of a
-  length-bucketed batch have similar lengths, so the shards do too;
-* random numbers that belong to examples (SMART's random starts) are drawn for
-  the whole global batch from a generator kept alike on every rank, and each rank
-  keeps its rows' part, so an example's noise does not depend on the split;
-* each rank scales its shard's mean loss by its share of the global batch
-  (:meth:`World.loss_weight`), so that averaging gradients over the ranks (what
-  ``DistributedDataParallel`` does, and what PCGrad does by hand before its
-  projection) gives exactly the gradient of the global batch's mean loss;
-* a rank whose shard of a small last batch is empty runs one row with weight
-  zero, so that every rank takes part in every collective operation;
-* evaluation shards whole batches across ranks and gathers the outputs, each row
-  exactly once (:meth:`World.gather_rows`); every rank then holds the same
-  metrics, so all take the same best-epoch decision;
-* only rank 0 writes metrics, predictions and resumable states.
-
-Dropout masks come from torch's global generator, seeded per rank (``seed +
-rank``), so the ranks do not repeat each other's masks.
-"""
+"""Data-parallel training under ``torchrun`` (``DistributedDataParallel``), so that N ranks
+with batch b make the update one process makes with N*b: same epoch plan, strided shards,
+losses weighted by their share, evaluation gathered once per row, only rank 0 writing.
+Without ``torchrun`` nothing here changes what a stage computes. How: docs/scaling.md."""
 
 from __future__ import annotations
 
@@ -67,12 +39,8 @@ class World:
         return np.arange(self.rank, batch_rows, self.size)
 
     def loss_weight(self, local: int, total: int) -> float:
-        """Factor on this rank's mean loss over ``local`` of the batch's ``total`` rows.
-
-        Gradients are averaged over the ranks, so the factor is ``size * local /
-        total``: the average of the weighted means is the mean over the whole
-        batch. With one process it is 1.
-        """
+        """``size * local / total``: the factor on this rank's mean loss over ``local`` of the
+        batch's ``total`` rows that makes the ranks' average the whole batch's mean."""
         return self.size * local / total
 
     # ------------------------------------------------------------ collectives
@@ -105,10 +73,8 @@ class World:
 
 
 def start(device_name: str = "auto") -> tuple[World, torch.device]:
-    """Join the process group ``torchrun`` set up, if any, and pick this rank's device.
-
-    One process per GPU (``cuda:LOCAL_RANK``, NCCL) on CUDA machines; gloo on CPUs.
-    """
+    """Join ``torchrun``'s process group, if any, and pick this rank's device (CUDA: one per
+    rank with NCCL; CPUs: gloo)."""
     from minbert.device import choose_device
 
     size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,13 +1,7 @@
-"""Errors a person can act on: bad data, parameter, model or checkpoint files end a
-command or a stage with one line naming the file and the reason, not a traceback.
-
-What counts is what the code raises for bad input: ``ValueError`` (the data, schema,
-settings and model readers' errors derive from it), ``OSError`` (missing files,
-unreadable directories, failed downloads, the checkpoint errors), a non-finite loss
-and a corrupt safetensors file. Anything else is a bug and keeps its traceback. Set
-``MINBERT_DEBUG=1`` (stages) or pass ``--debug`` (``minbert``) to see the traceback
-of a reported error too.
-"""
+"""Errors a person can act on: bad input (``ValueError``, ``OSError``, a non-finite loss, a
+corrupt safetensors file) ends a command or stage with one line naming the file and the
+reason; anything else is a bug and keeps its traceback (``MINBERT_DEBUG=1``/``--debug``
+shows it always)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,12 @@
-"""Task metrics, their names, the precision they are written at, and their uncertainty.
-
-Defined once here and used by the training loops, the report and the command line
-(which metric a task has, and its names, is the task's record: ``minbert.tasks``):
-
-* the metrics themselves (accuracy; Pearson's r), chosen by the task's record, and the
-  chance-corrected ones that choose epochs and learning rates (Matthews' correlation;
-  Pearson's r), on which a constant answer scores 0;
-* the fixed precision of every number a stage writes (``fixed``) and of STS
-  predictions (``STS_DECIMALS``). The same seed and code give bit-identical numbers
-  on one machine, but CPUs of another vendor or generation run other kernels
-  (another order of floating-point additions), which moves results in the 7th
-  decimal; written at this precision, the files are the same bytes on both;
-* 95% intervals from a bootstrap over dev examples (``interval``), a paired bootstrap
-  of the difference between two models scored on the same examples (``paired``),
-  and one for the average of several tasks, each resampled on its own
-  (``average_interval``, ``paired_average``). The resampling is scipy's
-  (``scipy.stats.bootstrap``, percentile method, 9,999 resamples, a seeded
-  generator); what is resampled is the index of the examples, so labels and
-  predictions stay paired.
-
-Examples that are not independent are resampled together: given cluster ids
-(``groups``: Quora's question groups, pairs that share a question), the bootstrap
-draws whole clusters (a cluster bootstrap), and accuracy in a resample is the
-correct predictions over the examples of the clusters drawn. Pairs of one group tend
-to share their label and their errors, so resampling them one by one would treat
-them as more evidence than they are and give too narrow an interval. Pearson's r
-has no clustered form here: STS pairs are not grouped.
-"""
+"""Task metrics, their precision and their uncertainty, used by the training loops, the
+report and the command line. The metrics (accuracy, Pearson's r) and the chance-corrected
+ones that choose (Matthews' correlation, Pearson's r; a constant answer scores 0); the
+fixed precision every written number has (``fixed``, ``STS_DECIMALS``: CPUs of another
+kind move results in the 7th decimal, and the files stay the same bytes); 95% bootstrap
+intervals (scipy's percentile bootstrap, 9,999 resamples, seeded) of a score, of a paired
+difference and of a mean over tasks (each task resampled on its own). Given ``groups``
+(Quora's question groups, pairs that share a question and tend to share their errors), the
+bootstrap draws whole clusters; Pearson's r has no clustered form."""
 
 from __future__ import annotations
 
@@ -144,14 +124,9 @@ def _resampled(
     clusters: _Clusters | None = None,
     selection: bool = False,
 ):
-    """``f(idx)``: the metric (with ``selection``, the selection metric) on each row of
-    resampled indices ``idx``, indices of the examples, or of the clusters when
-    ``clusters`` is given.
-
-    Accuracy is the sum of the drawn units' correct predictions over their examples;
-    Matthews' correlation follows from the drawn units' counts (correct predictions, true
-    and predicted examples per class). Pearson's r is recomputed from the resampled
-    labels and predictions, and has no clustered form."""
+    """The metric (``selection``: the selection metric) on each row of resampled indices of
+    examples, or of ``clusters``: accuracy and MCC from the drawn units' counts, Pearson's r
+    recomputed (no clustered form)."""
     spec = TASKS[task]
     metric = spec.selection_metric if selection else spec.metric
     if metric in ("accuracy", "mcc"):
@@ -288,10 +263,8 @@ def _part(part: Sequence, arrays: int) -> tuple[str, list[np.ndarray], _Clusters
 
 
 def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Interval:
-    """The plain mean of several tasks' metrics, each task's examples resampled on
-    their own (they are different examples): ``parts`` holds (task, labels,
-    predictions), or (task, labels, predictions, groups) to resample that task's
-    examples in whole clusters (``groups`` may be None)."""
+    """The mean of several tasks' metrics, each task's examples resampled on their own;
+    ``parts``: (task, labels, predictions[, groups])."""
     parts = [_part(part, 2) for part in parts]
     metrics = [_resampled(t, y, p, c) for t, (y, p), c in parts]
 
@@ -305,10 +278,8 @@ def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Inte
 def paired_average(
     parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED, *, selection: bool = False
 ) -> Interval:
-    """The difference of two models' averages, each task paired on its own examples:
-    ``parts`` holds (task, labels, predictions, reference predictions), or the same
-    followed by ``groups`` to resample that task's examples in whole clusters. With
-    ``selection``, of the means of the tasks' selection metrics (chance-corrected)."""
+    """The difference of two models' averages (``selection``: of the selection metrics), each
+    task paired on its examples; ``parts``: (task, labels, predictions, reference[, groups])."""
     parts = [_part(part, 3) for part in parts]
     metrics = [
         (_resampled(t, y, p, c, selection), _resampled(t, y, r, c, selection)) for t, (y, p, r), c in parts

@@ -54,11 +54,8 @@ class _Lines(Progress):
 
 
 def progress(quiet: bool = False) -> Progress:
-    """A progress display with count, elapsed time and ETA; use as a context manager.
-    Where stderr is not a terminal it also logs a plain line every few seconds.
-
-    ``quiet`` shows and logs nothing (the ranks other than 0 of a data-parallel run).
-    """
+    """A progress display with count, elapsed time and ETA (a context manager), logging a line
+    every few seconds where stderr is no terminal; ``quiet`` shows nothing."""
     kind = Progress if quiet or console.is_terminal else _Lines
     return kind(
         TextColumn("[bold]{task.description}"),

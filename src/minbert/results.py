@@ -1,20 +1,7 @@
-"""A run's results on disk: the metrics file DVC shows, and the run's record beside it.
-
-Each training or scoring stage writes two JSON files per run:
-
-* ``<name>.json``, the metrics file (``dvc metrics show``, ``dvc metrics diff``,
-  ``dvc exp show``): the measured numbers a user compares and nothing else, under
-  short keys, so that every run fits one row of a 120-column table: a multitask run's
-  per-task scores (``sst``, ``quora``, ``sts``), their ``average``, the chosen
-  ``epoch`` and the optimizer ``steps``; a sentiment run's ``accuracy``; an MLM
-  run's held-out masked-token ``accuracy`` (its perplexity, a number of up to ten
-  characters, would not fit the table: the record has it);
-* ``<name>-run.json``, the run's record: how the number was produced (settings,
-  checkpoint, data split, seed, device, sizes) and what else it measured (examples
-  seen, SMART's terms, PCGrad's conflicts). The report and the model card read it.
-
-``read_result`` joins the two into one mapping; a key may live in one file only.
-"""
+"""A run's results on disk: ``<name>.json``, the metrics file DVC shows (only the numbers a
+user compares, under short keys, so a run fits one row of a 120-column table), and
+``<name>-run.json``, its record (how the numbers were produced and what else was measured;
+the report and the model card read it). ``read_result`` joins the two."""
 
 from __future__ import annotations
 

@@ -11,10 +11,9 @@ Nothing here imports torch, so resolving the settings does not load the training
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # ----------------------------------------------------------------------------- names
 
@@ -46,7 +45,7 @@ SENTIMENT_MODES: tuple[str, ...] = ("last-layer", "full")
 PROJECTIONS: tuple[str, ...] = ("token", "ball")
 DROPOUT_MASKS: tuple[str, ...] = ("shared", "independent")
 #: Without Quora's official train split: keep the Quora batch, or scale it to the
-#: paper's batches per epoch (``minbert.pipeline.multitask.quora_batch_size``).
+#: paper's batches per epoch (``minbert.pipeline.params.quora_batch_size``).
 CARVED_QUORA_BATCH: tuple[str, ...] = ("fixed", "paper-proportions")
 #: MLM pretraining: further pretrain the checkpoint, or a fresh small BERT; the tasks
 #: whose training text the corpus may take.
@@ -59,33 +58,10 @@ MLM_SOURCES: tuple[str, ...] = tuple(TASKS)
 
 @dataclass(frozen=True)
 class SmartSettings:
-    """Hyperparameters of SMART.
-
-    Defaults are those of the paper's experiments (section 5, implementation
-    details) where it gives them: perturbation radius ``epsilon`` = 1e-5, initial
-    noise ``noise_std`` (sigma) = 1e-5, ascent step ``step_size`` (eta) = 1e-3, one
-    ascent step (``steps``; the paper's T_x = 1, chosen for speed), ``mu`` = 1 and
-    teacher momentum ``beta`` = 0.99. ``lambda_s`` was searched over {1, 3, 5} in
-    the paper; 1 is the smallest of those. (The paper raises beta to 0.999 after
-    the first 10% of updates; a caller wanting that builds new settings or sets
-    ``minbert.train.smart.EmaTeacher.beta`` itself.)
-
-    The paper does not say how the perturbation's size compares with the
-    embeddings', nor what happens to dropout in the perturbed passes;
-    ``minbert.train.smart``'s docstring gives the measurements behind these defaults:
-
-    * ``projection``: ``"token"`` (default), the reference implementation's
-      geometry: each token's perturbation scaled to infinity norm ``token_norm``
-      (default 0.1; the reference code's 1 collapses the heads at small budgets,
-      docs/smart.md); ``"ball"``, the paper's literal clamp to ``[-epsilon, epsilon]``.
-    * ``dropout_masks``: ``"shared"`` (default), the perturbed passes replay the
-      clean pass's dropout masks; ``"independent"``, each draws its own.
-
-    ``lambda_s`` = 0 or ``mu`` = 0 switches that term off, so both only need to be
-    non-negative. The others must be strictly positive: a zero noise_std starts
-    the ascent where the divergence is at its minimum, so its gradient is zero
-    and the ascent never moves.
-    """
+    """SMART's hyperparameters (``minbert.train.smart``). Defaults are the paper's where it
+    gives them (its Section 5: epsilon = sigma = 1e-5, eta = 1e-3, one ascent step, mu = 1,
+    beta = 0.99; lambda_s, searched over {1, 3, 5} there, at 1); where it is silent
+    (``projection``, ``token_norm``, ``dropout_masks``), docs/smart.md says why."""
 
     lambda_s: float = 1.0
     epsilon: float = 1e-5
@@ -98,33 +74,6 @@ class SmartSettings:
     token_norm: float = 0.01
     dropout_masks: str = "shared"
 
-    def __post_init__(self) -> None:
-        def fail(name: str, rule: str) -> None:
-            raise ValueError(f"SmartSettings.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        for name in ("lambda_s", "epsilon", "noise_std", "step_size", "mu", "beta", "token_norm"):
-            value = getattr(self, name)
-            # bool is an int subclass; True as a weight is almost surely a mistake.
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                fail(name, "a number")
-            if not math.isfinite(value):
-                fail(name, "finite")
-        for name in ("lambda_s", "mu"):
-            if getattr(self, name) < 0:
-                fail(name, ">= 0")
-        for name in ("epsilon", "noise_std", "step_size", "token_norm"):
-            if getattr(self, name) <= 0:
-                fail(name, "> 0")
-        if not 0 <= self.beta < 1:
-            # beta = 1 would freeze the teacher at its initial weights forever.
-            fail("beta", "in [0, 1)")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            fail("steps", "an integer >= 1")
-        if self.projection not in PROJECTIONS:
-            fail("projection", f"one of {', '.join(PROJECTIONS)}")
-        if self.dropout_masks not in DROPOUT_MASKS:
-            fail("dropout_masks", f"one of {', '.join(DROPOUT_MASKS)}")
-
 
 @dataclass(frozen=True)
 class HeadWarmup:
@@ -134,17 +83,6 @@ class HeadWarmup:
     lr: float = 1e-3
     tasks: tuple[str, ...] = MULTITASK_TASKS  # whose heads are fitted; the others start fresh
     batch_size: int = 64  # vectors per step
-
-    def __post_init__(self) -> None:
-        if self.epochs < 0 or self.lr <= 0 or self.batch_size < 1:
-            raise ValueError(
-                f"head warm-up needs epochs >= 0, lr > 0 and batch_size >= 1, "
-                f"got {self.epochs}, {self.lr}, {self.batch_size}"
-            )
-        unknown = set(self.tasks) - set(MULTITASK_TASKS)
-        if unknown:
-            raise ValueError(f"head warm-up tasks {sorted(unknown)} are not among {list(MULTITASK_TASKS)}")
-        object.__setattr__(self, "tasks", tuple(self.tasks))
 
 
 @dataclass(frozen=True)
@@ -174,40 +112,18 @@ class MultitaskSettings:
     sts_output: str = "sigmoid"  # a name of STS_OUTPUTS
     test_predictions: bool = True  # predict the test sets with the chosen epoch
     head_lr: float | None = None  # the task heads' learning rate; None: ``lr``
-    # Without Quora's official train split (a carved one): keep the batch size
-    # ("fixed"), or scale it to keep the paper's batches per epoch
-    # ("paper-proportions", see ``minbert.pipeline.multitask.quora_batch_size``).
+    # How the Quora batch was sized on a carved split (``batch_size`` holds the result).
     carved_quora_batch: str = "fixed"
     # Heads fitted on the frozen checkpoint before fine-tuning (``minbert.train.head_warmup``).
     head_warmup: HeadWarmup = HeadWarmup()
-
-    def __post_init__(self) -> None:
-        if self.gradient not in GRADIENT_MODES:
-            raise ValueError(f"gradient {self.gradient!r} is not one of {list(GRADIENT_MODES)}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
-        if self.sts_output not in STS_OUTPUTS:
-            raise ValueError(f"sts_output {self.sts_output!r} is not one of {list(STS_OUTPUTS)}")
-        for name in ("batch_size", "train_examples", "validation_examples"):
-            if set(getattr(self, name)) != set(MULTITASK_TASKS):
-                raise ValueError(f"{name} must give a value for each of {list(MULTITASK_TASKS)}")
-        if set(self.history_examples) != {"dev", "train"}:
-            raise ValueError("history_examples must give a size for `dev` and for `train`")
-        if self.epochs < 1 or min(self.batch_size.values()) < 1:
-            raise ValueError("epochs and batch sizes must be at least 1")
-        if self.carved_quora_batch not in CARVED_QUORA_BATCH:
-            raise ValueError(
-                f"carved_quora_batch {self.carved_quora_batch!r} is not 'fixed' or 'paper-proportions'"
-            )
-        if min(self.validation_examples.values()) < 1:
-            raise ValueError("validation_examples must be at least 1 per task")
 
     @classmethod
     def from_dict(cls, values: dict) -> MultitaskSettings:
         """The settings back from their ``asdict`` form (a resolved settings file)."""
         values = dict(values)
         smart = values.pop("smart")
-        warmup = HeadWarmup(**values.pop("head_warmup", {}))
+        warmup = {k: tuple(v) if k == "tasks" else v for k, v in values.pop("head_warmup", {}).items()}
+        warmup = HeadWarmup(**warmup)
         return cls(**values, smart=None if smart is None else SmartSettings(**smart), head_warmup=warmup)
 
 
@@ -237,19 +153,6 @@ class SentimentSettings:
         """The settings back from their ``asdict`` form (a resolved settings file)."""
         return cls(**values)
 
-    def __post_init__(self) -> None:
-        if self.task not in SENTIMENT_TASKS:
-            raise ValueError(f"task {self.task!r} is not one of {sorted(SENTIMENT_TASKS)}")
-        if self.mode not in SENTIMENT_MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {list(SENTIMENT_MODES)}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "validation_examples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.train_examples < 0:
-            raise ValueError(f"train_examples must be 0 (all) or positive, got {self.train_examples}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling {self.pooling!r} is not one of {sorted(POOLINGS)}")
-
 
 @dataclass(frozen=True)
 class MlmSettings:
@@ -271,12 +174,3 @@ class MlmSettings:
     def from_dict(cls, values: dict) -> MlmSettings:
         """The settings back from their ``asdict`` form (a resolved settings file)."""
         return cls(**{**values, "sources": tuple(values["sources"])})
-
-    def __post_init__(self) -> None:
-        if self.start not in MLM_STARTS:
-            raise ValueError(f"MLM start {self.start!r} is not one of {list(MLM_STARTS)}")
-        if not 0 < self.heldout_fraction < 1:
-            raise ValueError("heldout_fraction must lie strictly between 0 and 1")
-        unknown = set(self.sources) - set(MLM_SOURCES)
-        if unknown:
-            raise ValueError(f"unknown corpus sources {sorted(unknown)}; allowed: {list(MLM_SOURCES)}")

@@ -1,13 +1,6 @@
-"""The four course tasks: one record each, the single place every layer reads a task from.
-
-A ``TaskSpec`` says how the task is stored (its course files, text and label columns),
-what its labels are (classes, or scores in a range), what its head outputs and so how
-it is trained (the loss and SMART's divergence follow from the output kind, see
-``HEAD_OUTPUTS``), how it is scored (accuracy or Pearson's r, and the key of that
-metric in history columns), and how the report names it. The reader, the model, the
-training objective, the metrics and the report never hard-code a task's fact of their
-own.
-"""
+"""The four course tasks, one ``TaskSpec`` each: the single place every layer reads a task
+from (its files and columns, labels, head output and so its loss and SMART's divergence,
+metric, and names)."""
 
 from __future__ import annotations
 
@@ -30,12 +23,8 @@ HEAD_OUTPUTS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task: its storage, labels, head output, metric and names.
-
-    The text and label column names are the ones in the source files; the
-    reader keeps the text column names as they are (so a pair task yields
-    ``sentence1``/``sentence2``) and renames the label column to ``label``.
-    """
+    """One task: its storage (the source files' column names; the label column is read as
+    ``label``), labels, head output, metric and names."""
 
     name: str
     #: How tables and prose name it ("SST"), and where its data comes from.

@@ -1,10 +1,4 @@
-"""The input layer: the course CSV files, read strictly, turned into Parquet tables,
-then into batches.
-
-`tasks` describes the four tasks and their files; `problems`, `csvlines` and `csvfile`
-read and validate one file; `download` fetches the files at a pinned commit;
-`quora_split` carves Quora's train and held-out parts; `prepare` writes the Parquet
-tables and their manifest; `tokenize` adds WordPiece ids; `batches` and `multitask`
-turn tables into padded batches; `corpus` and `masking` serve MLM pretraining;
-`predictions` reads and writes the course's prediction files.
-"""
+"""The input layer: the course CSV files read strictly (``problems``, ``csvlines``,
+``csvfile``, ``download``), carved (``quora_split``, ``strata``, ``validation``), written
+as Parquet (``prepare``), tokenised (``tokenize``) and batched (``batches``,
+``multitask``, ``corpus``, ``masking``); ``predictions`` holds the course's output files."""

@@ -1,11 +1,6 @@
-"""From tokenised Parquet tables to padded tensor batches.
-
-Padding is the largest waste in BERT training on short sentences: a batch padded
-to a fixed length, or to the longest of a random batch, spends most of its matmuls
-on ``[PAD]``. Batches here are drawn from buckets of similar length and padded
-only to their own longest sequence. The buckets are reshuffled every epoch, so the
-batches still differ from epoch to epoch.
-"""
+"""From tokenised Parquet tables to padded batches, drawn from buckets of similar length
+and padded only to their own longest row (padding is the largest waste on short
+sentences); the buckets are reshuffled every epoch."""
 
 from __future__ import annotations
 
@@ -55,12 +50,8 @@ class Sequences:
 
 @dataclass
 class TokenizedTable:
-    """One tokenised split: ids, optional labels and named sequence columns.
-
-    ``groups`` holds each row's group number where the table has a ``group`` column
-    (Quora's question groups: pairs sharing a question), else None; a split of the
-    rows that must not separate related pairs keeps each group on one side.
-    """
+    """One tokenised split: ids, optional labels, sequence columns, and each row's question
+    group where the table has one (Quora: pairs sharing a question stay on one side)."""
 
     ids: list[str]
     labels: np.ndarray | None
@@ -139,15 +130,9 @@ def length_bucketed_batches(
     generator: np.random.Generator | None = None,
     bucket_batches: int = 50,
 ) -> list[np.ndarray]:
-    """Split row indices into batches of similar length.
-
-    With ``shuffle``: shuffle all rows, cut them into windows of ``bucket_batches``
-    batches, sort each window by length, cut it into batches, and shuffle the
-    order of all batches. Each epoch draws new windows, so batch composition varies,
-    while padding stays close to the minimum. Without ``shuffle`` (evaluation),
-    rows are simply sorted by length: the least padding possible.
-    Every row appears in exactly one batch.
-    """
+    """Row indices in batches of similar length, every row once. With ``shuffle``: shuffle,
+    sort windows of ``bucket_batches`` batches by length, cut, shuffle the batches;
+    without (evaluation): sorted by length."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     n = len(lengths)
@@ -167,14 +152,9 @@ def length_bucketed_batches(
 
 
 def split_by_tokens(rows: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Cut a batch into consecutive pieces of at most ``max_tokens`` padded tokens.
-
-    A piece padded to its own longest row costs ``len(piece) * longest`` tokens of
-    activation memory; long reviews at a batch of 32 need several GB for one
-    training step, so the step runs piece by piece (gradients accumulate) under a
-    token budget. ``max_tokens`` 0 means no limit. A single row longer than the
-    budget still forms a piece of its own. Rows keep their order.
-    """
+    """A batch cut, in order, into pieces of at most ``max_tokens`` padded tokens (0: no
+    limit; a longer row is a piece of its own), so that a step's activations fit (long
+    reviews); gradients accumulate over the pieces."""
     if max_tokens <= 0 or len(rows) * int(lengths[rows].max()) <= max_tokens:
         return [rows]
     pieces, start, longest = [], 0, 0

@@ -1,21 +1,8 @@
-"""The text MLM pretraining reads: the tasks' training splits, packed into sequences.
-
-Only training splits go in (``<task>-train.parquet``); dev and test text never
-does, so pretraining cannot have seen a sentence it is later evaluated on. For
-Quora that is the training part of the carved split when the official train file
-was missing: the held-out pairs stay out.
-
-Packing, per source and in file order (CFIMDB reviews keep their own token order):
-
-* single sentences (SST, CFIMDB) are concatenated as ``[CLS] s1 [SEP] s2 [SEP] ...``
-  up to ``max_length``; a text longer than one sequence is cut into consecutive
-  pieces. Segment ids are all 0.
-* sentence pairs (Quora, STS) keep their packed ``[CLS] a [SEP] b [SEP]`` encoding
-  with segment ids 0/1, one pair per sequence, as fine-tuning will show them; a pair
-  longer than ``max_length`` is packed as two single sentences instead.
-
-Nothing is dropped: every training token appears in exactly one sequence.
-"""
+"""The text MLM pretraining reads: the tasks' training splits only (never dev or test; for
+Quora the carved training part), packed in file order into sequences of ``max_length``:
+single sentences concatenated as ``[CLS] s1 [SEP] s2 [SEP] ...`` (a longer text cut into
+pieces), pairs kept as ``[CLS] a [SEP] b [SEP]`` one per sequence (a pair too long packed
+as two sentences). Every training token appears in exactly one sequence."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Reading and validating the course's tab-separated CSV files.
-
-The files are read with the standard `csv` module rather than `pandas.read_csv`
-because a validator has to say *where* a file is wrong: the reader is fed one
-physical line at a time, so every record, every bad byte and every unbalanced
-quote can be reported with the line it is on. Nothing stops at the first
-problem: `validate_task_csv` returns all of them, and `read_task_csv` raises a
-single `DataError` listing them, so a broken file is fixed in one round.
-
-Line numbers count physical lines the way an editor does (``\\n``, ``\\r\\n`` or
-a lone ``\\r`` ends a line), starting at 1 for the header; a record's line is
-the line it starts on.
-"""
+"""Reading and validating the course's tab-separated files with the ``csv`` module, fed one
+physical line at a time, so that every bad record, byte or quote is reported with its
+line (editor's line numbers, the header at 1), and every problem of a file at once."""
 
 from __future__ import annotations
 
@@ -318,13 +308,9 @@ def validate_task_csv(
     named: bool = False,
     labelled: bool | None = None,
 ) -> list[Problem]:
-    """Every problem in one course file of `task` (a `TaskSpec` or its name), or in a
-    plain file with `named` columns; empty when the file is clean.
-
-    `labelled` True makes a file without the label column a problem (a training or
-    dev file whose labels were lost must not pass for a test file), False makes one
-    with it a problem. Rows whose id is in `skip_ids` are not checked (see `read_task_csv`).
-    """
+    """Every problem of one course file of ``task`` (or a plain file with ``named`` columns);
+    ``labelled`` says whether the label column must be there or must not. Rows of
+    ``skip_ids`` are not checked."""
     scan = _scan(path, task, skip_ids, named)
     if labelled is not None and not scan.problems and scan.labelled != labelled:
         column = _task_spec(task).label_column
@@ -345,25 +331,11 @@ def read_task_csv(
     skip_ids: Mapping[str, str] | None = None,
     named: bool = False,
 ) -> pd.DataFrame:
-    """Read one course file of `task` (a `TaskSpec` or its name) into a
-    normalised DataFrame.
-
-    Columns: ``id``, the task's text columns (``sentence`` or ``sentence1``,
-    ``sentence2``), ``label`` (int64 classes or float64 scores; only when the
-    file has a label column, i.e. not for test files) and ``line`` (the
-    physical line each row starts on). Text is kept exactly as in the file.
-
-    `skip_ids` maps ids of rows known to be broken to the reason they are
-    left out: those rows are dropped without being an error, and are listed in
-    ``df.attrs["skipped"]`` as ``{"id", "line", "reason"}`` dicts. An id in
-    `skip_ids` that the file does not contain is an error, so a skip list
-    cannot silently go stale.
-
-    With `named`, the file is a plain CSV (``.csv``) or TSV file whose header names
-    its columns instead of a course file (see `_scan`).
-
-    Raises `DataError` listing every problem found.
-    """
+    """One course file of ``task`` as a DataFrame: ``id``, its text columns, ``label`` (when
+    labelled) and ``line``, text as in the file. ``skip_ids`` (id -> reason) drops known
+    bad rows into ``df.attrs["skipped"]``; an id the file lacks is an error, so a skip list
+    cannot go stale. ``named``: a plain CSV/TSV whose header names its columns. Raises
+    ``DataError`` listing every problem."""
     task = _task_spec(task)
     scan = _scan(path, task, skip_ids, named)
     if scan.problems:

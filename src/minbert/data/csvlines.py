@@ -11,12 +11,8 @@ from minbert.data.problems import Problem
 
 
 class TabDialect(csv.Dialect):
-    """Tab-separated, standard quoting, and strict about malformed quotes.
-
-    `strict` makes the parser raise on a quote it cannot interpret (``"a"b``)
-    and on a quoted field still open at the end of the file, instead of
-    silently gluing text together; both are reported as problems.
-    """
+    """Tab-separated, standard quoting, ``strict``: a malformed or unclosed quote is an error
+    rather than silently glued text."""
 
     delimiter = "\t"
     quotechar = '"'
@@ -34,14 +30,9 @@ class CommaDialect(TabDialect):
 
 
 class PhysicalLines:
-    """Feeds a text file to `csv.reader` line by line, keeping the bookkeeping
-    the reader does not: the number of each line, the lines that make up the
-    record being parsed, and any bytes that are not UTF-8.
-
-    The file must be opened with ``errors="surrogateescape"`` so that a bad
-    byte arrives as a lone surrogate instead of aborting the whole read; it is
-    reported here with its position and handed on to the parser as U+FFFD.
-    """
+    """Feeds a file (opened with ``surrogateescape``) to ``csv.reader`` line by line, keeping
+    each line's number, the current record's lines and any non-UTF-8 byte (passed on as
+    U+FFFD)."""
 
     def __init__(self, handle: Iterable[str], path: str, problems: list[Problem]):
         self._handle = handle
@@ -86,12 +77,8 @@ class PhysicalLines:
 
 
 def last_open_quote(record: list[tuple[int, str]]) -> tuple[int | None, bool]:
-    """Where the last quoted field in `record` opened, and whether it is still open.
-
-    A small re-implementation of the quoting rules, used only after the csv
-    parser has failed, to point at the quote that caused the failure (the
-    parser itself only knows where it gave up).
-    """
+    """Where the last quoted field of ``record`` opened and whether it is still open: the
+    quoting rules again, to point at the quote the parser failed on."""
     opened_on: int | None = None
     state = "field-start"
     for number, line in record:

@@ -1,11 +1,6 @@
-"""Fetching the course CSV files, verified against known checksums.
-
-The files are pinned to one commit of the course repository, so a download is
-byte-for-byte the data the checksums below describe. A download is written to
-a temporary file beside its destination and renamed into place only once it is
-complete and verified: whatever goes wrong, no partial or unverified file is
-left where a later run could mistake it for the real one.
-"""
+"""Fetching the course CSV files at a pinned commit, verified against their checksums; a
+download lands under a temporary name and is renamed into place only once complete and
+verified."""
 
 from __future__ import annotations
 
@@ -64,13 +59,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def fetch(url: str, dest: Path, sha256: str | None, *, timeout: float = 60) -> str:
-    """Download `url` to `dest` and return the file's sha256.
-
-    When `sha256` is given the download must match it. A transfer shorter than
-    the server's Content-Length, an HTTP or network error, or a checksum
-    mismatch raises `DownloadError` and leaves neither `dest` (an existing
-    `dest` is kept as it was) nor any temporary file behind.
-    """
+    """Download ``url`` to ``dest`` (checked against ``sha256`` when given) and return its
+    sha256; any failure raises ``DownloadError`` and leaves ``dest`` as it was."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Same directory as dest so the final rename cannot cross file systems; a

@@ -1,12 +1,6 @@
-"""BERT's masked-language-model corruption (Devlin et al., 2019, section 3.1).
-
-Of the tokens that are not special ([CLS], [SEP], [PAD], ...), each is chosen with
-probability 15%; a chosen token becomes [MASK] 80% of the time, a random token 10%
-of the time, and stays unchanged 10% of the time. The loss is computed on the chosen
-positions only. Masks are drawn anew for every batch from a seeded generator
-("dynamic masking", Liu et al., 2019), so each epoch sees different masks and a
-rerun sees the same ones.
-"""
+"""BERT's MLM corruption (Devlin et al., 2019): 15% of the non-special tokens are chosen;
+80% of them become [MASK], 10% a random token, 10% stay. The loss reads the chosen
+positions only; masks are drawn anew for every batch from a seeded generator."""
 
 from __future__ import annotations
 
@@ -65,11 +59,8 @@ def mask_tokens(
     mask_prob: float = 0.15,
     replacement_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Corrupt a batch for MLM. Returns ``(inputs, labels)``.
-
-    ``maskable`` is True where a token may be chosen (real, non-special tokens).
-    ``labels`` holds the original id at chosen positions and ``IGNORE`` elsewhere.
-    """
+    """``(inputs, labels)`` of a batch (``maskable``: tokens that may be chosen); labels hold
+    the original ids at chosen positions, ``IGNORE`` elsewhere."""
     if not 0.0 < mask_prob < 1.0:
         raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
     if replacement_ids is None:

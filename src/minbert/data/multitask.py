@@ -1,15 +1,7 @@
-"""The multitask tasks' tokenised tables as padded batches, and an epoch's order of them.
-
-A task's batch pads its rows to their longest sequence (to a multiple of a few
-tokens on a GPU, so that shapes repeat). Siamese heads read both sentences of a
-pair in one batch (rows [0, n) the first sentences, [n, 2n) the second); the
-cross-encoder reads the packed ``[CLS] a [SEP] b [SEP]`` with its segment ids.
-
-An epoch gives every task the same number of batches, as many as the task with
-the most batches needs; a smaller task that runs out starts a fresh pass with a
-new shuffle rather than replaying a cached order. How steps take the batches (one
-task's per step, or one of every task) is ``gradient``, ``minbert.train.multitask``.
-"""
+"""The multitask tables as padded batches (siamese: first sentences, then second; the
+cross-encoder: the packed pair with segment ids), and an epoch's order of them: every
+task gets as many batches as the task with the most needs, a smaller one starting a fresh
+shuffled pass when it runs out."""
 
 from __future__ import annotations
 
@@ -79,12 +71,8 @@ class TaskData:
 def task_batches(
     lengths: dict[str, np.ndarray], batch_size: dict[str, int], rng: np.random.Generator
 ) -> dict[str, list[np.ndarray]]:
-    """Each task's batches (row indices) for one epoch, the same number for every task.
-
-    The number is what the task with the most batches needs; the others start
-    another freshly shuffled pass whenever they run out, so every example of every
-    task is seen at least once per epoch.
-    """
+    """Each task's batches (row indices) for one epoch, the same number for every task;
+    every example is seen at least once."""
 
     def new_pass(task):
         return length_bucketed_batches(lengths[task], batch_size[task], shuffle=True, generator=rng)
@@ -107,12 +95,8 @@ def epoch_steps(
     *,
     one_task_per_step: bool,
 ) -> list[dict[str, np.ndarray]]:
-    """One epoch of optimizer steps, each mapping the tasks it trains on to their rows.
-
-    ``one_task_per_step``: cycling through the tasks in order, so n batches per task
-    make 3n steps (the paper's round-robin); otherwise one batch of every task per
-    step, n steps.
-    """
+    """One epoch's steps, each mapping its tasks to their rows: one task per step in turn
+    (``one_task_per_step``, round-robin: 3n steps), or one batch of every task (n steps)."""
     batches = task_batches(lengths, batch_size, rng)
     n = len(next(iter(batches.values())))
     if one_task_per_step:

@@ -1,11 +1,6 @@
-"""Prediction files.
-
-Prediction files use the course's submission format (a header line
-``id \t Predicted_<Field> ``, then one ``<id> , <prediction> `` line per example),
-so they can be handed in or compared with the course's own outputs unchanged.
-Class predictions are written as integers and STS scores with
-``minbert.metrics.STS_DECIMALS`` decimals.
-"""
+"""Prediction files in the course's submission format (``id , Predicted_<Field>``, then one
+``<id> , <prediction>`` line per example): classes as integers, STS scores with
+``minbert.metrics.STS_DECIMALS`` decimals."""
 
 from __future__ import annotations
 

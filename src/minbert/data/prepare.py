@@ -1,13 +1,6 @@
-"""The data stage: course CSV files in, validated Parquet tables and a manifest out.
-
-`prepare` gathers every task's train/dev/test file (from a local directory or
-by download), checks each against its known checksum, reads and validates it,
-and writes ``{task}-{split}.parquet`` plus ``manifest.json`` recording exactly
-what went in and what came out. The output directory appears all at once: it
-is built under a temporary name beside its final place and renamed only when
-everything succeeded, so a failed run never leaves a half-prepared directory
-that a later stage could take for a good one.
-"""
+"""The data stage: course CSV files in, validated ``{task}-{split}.parquet`` tables and
+``manifest.json`` out, the directory appearing all at once (built beside its place and
+renamed when everything succeeded)."""
 
 from __future__ import annotations
 
@@ -35,14 +28,9 @@ MANIFEST_VERSION = 1
 
 
 def resolve_source(source: str) -> Path | None:
-    """The directory to read the course files from, or None to download them.
-
-    `source` is a directory path, ``"download"``, or ``"auto"``: the directory
-    in $MINBERT_DATA_DIR if set, else ../shared/data/cs224n (relative to the
-    current directory) if it exists, else download. A directory that was asked
-    for explicitly but does not exist is an error rather than a silent
-    download, since the user evidently expected local data.
-    """
+    """The directory of the course files, or None to download: a path, ``download``, or
+    ``auto`` ($MINBERT_DATA_DIR, else ../shared/data/cs224n when it exists, else
+    download). A named directory that does not exist is an error, not a download."""
     if source == "download":
         return None
     if source == "auto":
@@ -82,37 +70,16 @@ def prepare(
     verify_checksums: bool = True,
     base_url: str | None = None,
 ) -> dict:
-    """Build `out_dir` from the course files and return its manifest.
+    """Build ``out_dir`` from the course files and return its manifest.
 
-    `source` is as for `resolve_source`; downloads go to ``out_dir/raw/``, from
-    the pinned course commit or from `base_url` (a mirror, or a test server).
-    `skip_ids` maps a course file name to ``{id: reason}`` for rows known to be
-    broken (see `read_task_csv`); the list of a file that is not available
-    cannot be checked and is ignored. Files with no known checksum (the Quora
-    train and test files) are downloaded only with `allow_unverified`; a local
-    copy of them is used when present, with its checksum recorded. With
-    `verify_checksums` off, a local copy whose checksum differs from the course
-    file's (a slice, one's own data in the course format) is accepted and recorded
-    as ``verified: false``; downloads are always verified. When Quora's
-    train file is unavailable, train and dev are carved out of the labelled
-    quora-dev.csv (see `holdout_mask`) and the manifest says so. The Quora train
-    and dev tables get the integer column ``group``, the question group of each
-    pair (see `question_groups`), numbered over both tables together so a number
-    never names two groups: the carved split keeps whole groups on one side, the
-    official one need not (there its test table is numbered along with them).
-
-    The manifest (also written as ``manifest.json``) holds: ``source``;
-    ``inputs`` (file, sha256, verified); ``unavailable`` (file, reason);
-    ``tables`` (``{task}-{split}`` -> file, rows, source file); ``skipped_rows``
-    (file, line, id, reason); and ``quora_split``.
-
-    Raises `DataError` (bad or missing input, listing every problem found) or
-    `DownloadError`; in either case `out_dir` is left as it was.
-    """
-    if not 0 < quora_holdout_fraction < 1:
-        raise ValueError(
-            f"quora_holdout_fraction must be strictly between 0 and 1, got {quora_holdout_fraction}"
-        )
+    Downloads (to ``out_dir/raw/``, from the pinned commit or ``base_url``) are always
+    verified; files with no known checksum (Quora's train and test) only with
+    ``allow_unverified``. With ``verify_checksums`` off a local file that differs from the
+    course's (a slice) is accepted as ``verified: false``. ``skip_ids``: file -> {id:
+    reason}. Without Quora's train file, train and dev are carved out of quora-dev.csv
+    (``carve_quora``); Quora's tables get their ``group`` column, numbered over all of them.
+    The manifest: ``source``, ``inputs``, ``unavailable``, ``tables``, ``skipped_rows``,
+    ``quora_split``. Raises ``DataError`` or ``DownloadError``, leaving ``out_dir`` as it was."""
     skip_ids = _checked_skip_ids(skip_ids)
     source_dir = resolve_source(source)
 
@@ -235,11 +202,8 @@ def _gather(
     verify_checksums: bool,
     base_url: str | None,
 ) -> tuple[list[dict], list[dict], dict[str, Path]]:
-    """Find or download every course file and check its checksum.
-
-    Returns the manifest's ``inputs`` and ``unavailable`` lists and the path of
-    each available file. Only files with an unknown checksum may be missing.
-    """
+    """Find or download every course file and check it: the manifest's ``inputs`` and
+    ``unavailable``, and each available file's path."""
     inputs: list[dict] = []
     unavailable: list[dict] = []
     paths: dict[str, Path] = {}

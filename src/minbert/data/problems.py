@@ -1,8 +1,5 @@
-"""What is wrong with an input file, said with the file and the line.
-
-A `Problem` is one finding at a physical line; a `DataError` carries every problem
-a read found, so a broken file is fixed in one round.
-"""
+"""What is wrong with an input file, with its line: a ``Problem`` per finding, a
+``DataError`` carrying all of a read's."""
 
 from __future__ import annotations
 
@@ -25,11 +22,7 @@ _HOW_TO_PROVIDE = (
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with an input file, at a 1-based physical line.
-
-    Line 0 means the file as a whole (it is missing, or a skip list names an
-    id it does not contain); such a problem prints without a line number.
-    """
+    """One thing wrong with an input file at a 1-based physical line (0: the whole file)."""
 
     path: str
     line: int

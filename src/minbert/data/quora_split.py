@@ -1,15 +1,8 @@
-"""Quora's train and held-out parts, carved out of the labelled quora-dev.csv.
-
-Offline, the course's 141k Quora train split is missing, so the pipeline splits the
-20k labelled dev pairs itself. Questions repeat across pairs, so a split by pair
-would let a held-out pair share a question with a training pair; pairs that share a
-question (directly or through a chain of pairs) therefore stay on one side. Groups are
-drawn with one seeded hash each, so a large group is no likelier to be held out than a
-single pair: Quora's large groups are mostly duplicates, and a size-biased draw would
-give the two sides different duplicate rates. Every part keeps each pair's group
-number (column ``group``), so a bootstrap over held-out pairs can resample whole
-groups: pairs of one group share questions and are not independent examples.
-"""
+"""Quora's train and held-out parts, carved out of the labelled quora-dev.csv (the course's
+141k train split is missing offline). Pairs that share a question, directly or through a
+chain, stay on one side; each group is drawn by one seeded hash, so a large group (mostly
+duplicates on Quora) is no likelier to be held out than a single pair. Every part keeps
+the ``group`` column, so a bootstrap can resample whole groups."""
 
 from __future__ import annotations
 
@@ -29,11 +22,8 @@ def normalise_question(text: str) -> str:
 
 
 def question_groups(first: Sequence[str], second: Sequence[str]) -> np.ndarray:
-    """Group number of each pair: two pairs belong to one group when they share a
-    question (after ``normalise_question``), directly or through a chain of pairs.
-
-    Union-find over the questions; groups are numbered in order of first appearance.
-    """
+    """Each pair's group number (pairs sharing a normalised question, through any chain),
+    by union-find, numbered in order of first appearance."""
     parent: dict[str, str] = {}
 
     def root(q: str) -> str:
@@ -59,23 +49,14 @@ def holdout_mask(
     groups: Sequence[int] | None = None,
     strata: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """Boolean mask (True = held out) assigning about `fraction` of `ids` to a held-out
-    part, whole groups at a time.
+    """True for the held-out ids: about ``fraction`` of them, whole groups at a time.
 
-    Each group (each id on its own when ``groups`` is None) is ranked by the sha256 of
-    (seed, its canonical member): the smallest of its ids as strings. One hash per
-    group, whatever its size, gives every group the same chance to be held out. (Ranking
-    a group by the smallest hash among all its members, as this once did, favours large
-    groups: a group of k pairs draws k tickets. On Quora large groups are mostly
-    duplicates, so that held-out part had far more duplicates than the training part.)
-    Groups are held out in rank order until ``round(len * fraction)`` ids are: exactly
-    that many when every group has one member, else at most one group more. The
-    result depends only on the ids, their grouping, the fraction and the seed: not on
-    row order, Python's hash randomisation or library versions. Both parts keep at
-    least one group. With ``strata`` (a label stratum per id, ``minbert.data.strata``)
-    each stratum gives its share of the target, a group counting in its canonical
-    member's stratum.
-    """
+    Each group is ranked by the sha256 of (seed, its smallest id): one ticket per group
+    (the smallest hash over all its members would give a group of k pairs k tickets, and
+    the held-out part far more duplicates). Groups are held out in rank order until
+    ``round(len * fraction)`` ids are (at most one group more); both parts keep a group.
+    The result depends only on the ids, groups, fraction and seed. With ``strata`` each
+    label stratum gives its share."""
     ids = list(ids)
     if len(ids) < 2:
         raise ValueError(f"need at least 2 ids to split, got {len(ids)}")
@@ -126,14 +107,8 @@ GROUP_SIZE_BINS: tuple[tuple[str, int, float], ...] = (
 
 
 def number_question_groups(frames: dict[tuple[str, str], pd.DataFrame]) -> None:
-    """Add the ``group`` column (``question_groups``) to every Quora table in `frames`,
-    numbered over all of them together, so one number means one group in every table.
-
-    For the official split: its train and dev parts were not split by question, so a
-    group may have pairs on both sides; the column still lets a bootstrap over dev
-    pairs resample whole groups, and a validation split carved out of training rows
-    keep each group on one side. (The carved split gets its column from `carve_quora`.)
-    """
+    """Add ``group`` to every Quora table, numbered over all of them (the official split was
+    not split by question, so a group may span train and dev)."""
     keys = [key for key in frames if key[0] == "quora"]
     if not keys:
         return
@@ -148,10 +123,8 @@ def number_question_groups(frames: dict[tuple[str, str], pd.DataFrame]) -> None:
 
 
 def describe_part(frame: pd.DataFrame) -> dict:
-    """One side of the carved split, for the manifest: its pairs, question groups,
-    duplicate rate, the share of its pairs in groups of more than one pair, and how
-    many of its groups have each size (``GROUP_SIZE_BINS``). These are what a size-
-    or label-biased choice of held-out groups would show. `frame` has at least one row."""
+    """One side of the carved split for the manifest: pairs, groups, duplicate rate, the
+    share of pairs in multi-pair groups and the group sizes, what a biased draw would show."""
     sizes = frame["group"].value_counts().to_numpy()
     return {
         "pairs": len(frame),
@@ -170,13 +143,8 @@ def carve_quora(
     fraction: float,
     seed: int,
 ) -> dict:
-    """Replace the Quora dev table by a train part and a held-out dev part of it,
-    holding out whole groups of pairs that share a question (``question_groups``).
-
-    Both parts get the integer column ``group``: the question-group number, counted
-    over the whole file, so a number never names two different groups. Returns the
-    manifest's ``quora_split``, with ``train`` and ``heldout`` described by
-    `describe_part`."""
+    """Replace the Quora dev table by a train part and a held-out part, whole question groups
+    at a time; returns the manifest's ``quora_split``."""
     dev = frames.pop(("quora", "dev"))
     name = origin.pop(("quora", "dev"))
     groups = question_groups(dev["sentence1"], dev["sentence2"])

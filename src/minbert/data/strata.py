@@ -1,12 +1,5 @@
-"""Label strata: subsets of a labelled table that keep its label distribution.
-
-A validation split of 200 rows drawn without regard to the labels can hold a third
-more of one class than the rows it came from (SST at seed 11711: 34% "positive"
-against 27%); the epoch chosen on it then favours whichever epoch predicts that class
-more, and a training subset of 192 rows shifts its head's prior the same way. Every
-subset the runs draw (``subsample``, ``carve_validation``) therefore takes from each
-label its share of the rows.
-"""
+"""Label strata: every subset the runs draw (``subsample``, ``carve_validation``) takes
+from each label its share of the rows (why: docs/method.md)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""WordPiece tokenisation of the prepared tables, done once and stored as Parquet.
-
-Each ``{task}-{split}.parquet`` written by the prepare stage becomes a table of
-token ids with the same rows and order, so that no later stage tokenises again:
-
-* single-sentence tasks (sst, cfimdb): ``input_ids`` and ``length``;
-* sentence-pair tasks (quora, sts): each sentence on its own (``input_ids_1``,
-  ``length_1``, ``input_ids_2``, ``length_2``, for siamese encoders) and the pair
-  packed as ``[CLS] a [SEP] b [SEP]`` (``pair_input_ids``, ``pair_token_type_ids``,
-  ``pair_length``, for cross-encoders).
-
-A prepared table's ``group`` column (Quora's question groups) is kept as it is, so
-that later stages can keep a group's pairs together.
-
-``length`` is the number of real tokens: an attention mask is ``arange(T) < length``,
-and batches are padded only to their own longest sequence.
-"""
+"""WordPiece tokenisation of the prepared tables, once, into Parquet with the same rows:
+single sentences as ``input_ids`` and ``length``; pairs as each sentence apart
+(``input_ids_1/2``, ``length_1/2``, siamese) and packed (``pair_input_ids``,
+``pair_token_type_ids``, ``pair_length``, cross-encoder). ``length`` counts real tokens;
+a ``group`` column is kept."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The validation split: training rows set aside to choose the epoch and the learning rates.
-
-The course's test labels are not public, so the dev sets are the only labelled data
-the tables can report. Choosing the best epoch, or a learning rate, on the dev
-examples a table then reports flatters that table; so every training run first sets
-aside ``n`` rows of its *training* split as a validation split, chooses on those,
-and scores dev once. The training rows are then drawn from what remains, so no
-validation row is ever trained on.
-
-Where a table carries question groups (the carved Quora split, see
-``minbert.data.quora_split``), whole groups are set aside, so no question of a
-validation pair appears in a training pair. Each label gives its share of the rows
-(``minbert.data.strata``), so the split's label distribution is the training split's.
-"""
+"""The validation split: rows of a training split set aside to choose the epoch and the
+learning rates on, so that dev is scored once and never chooses (docs/method.md); whole
+question groups where a table has them, each label its share."""
 
 from __future__ import annotations
 
@@ -23,12 +12,8 @@ from minbert.data.strata import label_strata
 
 
 def carve_validation(table: TokenizedTable, n: int, seed: int) -> tuple[TokenizedTable, TokenizedTable]:
-    """(the rows left for training, about ``n`` validation rows) of ``table``.
-
-    The rows are chosen by a seeded hash of their ids (``holdout_mask``): the same
-    ids and seed give the same split in any row order. Each label stratum gives its
-    share; with groups, whole groups are taken until at least that many rows are.
-    """
+    """(the rows left for training, about ``n`` validation rows) of ``table``, by a seeded
+    hash of the ids (``holdout_mask``): the same in any row order."""
     if n < 1:
         raise ValueError(f"a validation split needs at least 1 row, got {n}")
     if n >= len(table):

@@ -25,14 +25,9 @@ def evaluate_multitask(
     world: World = World(),
     show_progress: bool = False,
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Each task's loss (``loss_<task>``), metric and selection metric, the average of the
-    metrics and the mean of the selection metrics, and the predictions in row order.
-    Unlabelled tables (test sets) give predictions only.
-
-    Under torchrun each rank runs every ``world.size``-th batch and the outputs are
-    gathered, so every rank returns the same numbers for every row, each row
-    computed exactly once. ``show_progress`` shows a bar per task (long files).
-    """
+    """Each task's loss, metric and selection metric, their averages, and the predictions in
+    row order (test tables: predictions only). Under torchrun each rank scores every
+    ``world.size``-th batch and the outputs are gathered: every rank returns the same."""
     was_training = model.training
     model.eval()
     metrics, preds = {}, {}

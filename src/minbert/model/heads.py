@@ -1,34 +1,10 @@
-"""Task heads on top of the shared encoder.
-
-Every head reads one vector per sequence, chosen by name from ``POOLINGS``:
-
-* ``pooler``: BERT's pooled output, a tanh layer over the final [CLS] state
-  (Devlin et al., 2019), what the paper's heads read;
-* ``mean``: the mean of the final states over the real (non-padding) tokens, what
-  sentence-embedding checkpoints such as all-MiniLM-L6-v2 were trained to produce
-  (Reimers & Gurevych, 2019). Such a checkpoint carries a pooler layer that its own
-  training never used, so its pooled [CLS] output says little about the sentence.
-
-Sentiment: dropout + linear on the pooled vector, one logit per class.
-
-Sentence pairs (paraphrase, similarity) come in two families, chosen by name from
-``PAIR_HEADS``:
-
-* siamese: both sentences go through the encoder on their own (stacked into one
-  batch, so one forward pass serves both) giving pooled vectors u and v, and the
-  head combines them: ``concat(u,v)``, ``concat(u,v,|u-v|)``, ``concat(u,v,u*v)``,
-  ``concat(u,v,|u-v|,u*v)`` (Reimers & Gurevych, 2019) followed by dropout +
-  linear, or 5 times the cosine of u and v (similarity only, ``CosineHead``);
-* cross-encoder ("sentence concatenation"): the pair is packed as
-  ``[CLS] a [SEP] b [SEP]`` with segment ids and encoded once; dropout + linear
-  on the pooled output.
-
-Every head returns one score per pair: a logit for paraphrase (trained with binary
-cross-entropy on logits) or a similarity on the 0-5 scale (trained with MSE). A
-linear similarity head outputs either its logit as it is (``linear``) or, as the
-paper does (its Section 3), the logit's sigmoid rescaled to 0-5 (``sigmoid``),
-chosen by name from ``STS_OUTPUTS``.
-"""
+"""Task heads on the shared encoder. Each reads one vector per sequence (``POOLINGS``:
+BERT's pooler, or the mean of the final states over real tokens). Sentiment: dropout and
+linear. Sentence pairs (``PAIR_HEADS``): siamese heads encode the two sentences apart (one
+batch) and combine u and v (``concat(u,v)``, with ``|u-v|`` and/or ``u*v``, Reimers &
+Gurevych, 2019; or 5 cos(u, v)); the cross-encoder encodes ``[CLS] a [SEP] b [SEP]`` once.
+A pair head returns a paraphrase logit or a 0-5 similarity (``STS_OUTPUTS``: the logit,
+or the paper's 5 sigmoid(logit))."""
 
 from __future__ import annotations
 
@@ -66,13 +42,8 @@ def pool(output: EncoderOutput, attention_mask: torch.Tensor | None, pooling: st
 
 
 def run_head(head: nn.Module, *features: torch.Tensor) -> torch.Tensor:
-    """``head(*features)`` in float32, with autocast off.
-
-    Under bf16 autocast a head's linear layer would round its logits to 8 bits of
-    mantissa before the loss upcasts them, and ``5 * sigmoid`` would put the STS
-    scores on a grid 0.016-0.031 apart near 2.5-4.5. A head is a few thousand
-    multiply-adds: float32 costs nothing measurable.
-    """
+    """``head(*features)`` in float32, autocast off: bf16 would round logits to 8 bits and
+    put STS scores on a grid 0.016-0.031 apart; a head costs nothing measurable."""
     with torch.autocast(features[0].device.type, enabled=False):
         return head(*(at_least_float32(f) for f in features))
 
@@ -137,19 +108,8 @@ class SiameseLinearHead(nn.Module):
 
 
 class CosineHead(nn.Module):
-    """``STS_MAX * cos(u, v)``: trained with MSE against the 0-5 label, that is
-    ``STS_MAX**2`` times the MSE between the cosine and ``label / STS_MAX`` (the SBERT
-    regression objective, Reimers & Gurevych, 2019).
-
-    No parameters of its own: all learning happens in the encoder, which is pushed
-    to place similar sentences at small angles. Why not ``2.5 * (cos + 1)``, which
-    spans [-1, 1] onto 0-5: a sentence encoder's cosines are mostly positive
-    (all-MiniLM-L6-v2's STS dev cosines average 0.65), so that mapping sits on
-    average 1.39 above the labels, and most of the gradient pushed every cosine down
-    together instead of re-ranking pairs: the dev Pearson fell from 0.823 to 0.775
-    over three epochs while the training Pearson rose. ``label / 5`` matches the
-    cosines' own range, so the loss reorders pairs from the start.
-    """
+    """``STS_MAX * cos(u, v)``, no parameters: trained with MSE against the label, the SBERT
+    regression objective (why not ``2.5 * (cos + 1)``: docs/pipeline.md)."""
 
     siamese = True
 

@@ -1,12 +1,6 @@
-"""BERT with its masked-language-model head, for continued or from-scratch pretraining.
-
-The head is BERT's own (Devlin et al., 2019): a transform (dense, GELU, LayerNorm)
-and a decoder onto the vocabulary whose weight *is* the word-embedding matrix
-(tied), plus an output bias. Parameter names follow Hugging Face's
-``BertForMaskedLM`` (``bert.*`` for the encoder, ``cls.predictions.*`` for the
-head), so a checkpoint's pretrained head loads by name and the directories written
-here load back into :class:`~minbert.model.bert.BertModel` for fine-tuning.
-"""
+"""BERT with its masked-language-model head (Devlin et al., 2019: transform, then a decoder
+tied to the word embeddings, plus a bias), under Hugging Face's ``BertForMaskedLM``
+names, so a pretrained head loads by name and the encoder loads back for fine-tuning."""
 
 from __future__ import annotations
 
@@ -85,12 +79,8 @@ class BertForMaskedLM(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Vocabulary logits, at every position or only at ``positions``, flat indices
-        into the batch's tokens (row by row).
-
-        Pretraining asks only for the masked positions: projecting 15% of the
-        tokens onto a 30k vocabulary instead of all of them is most of the head's cost.
-        """
+        """Vocabulary logits at every position, or only at ``positions`` (flat indices): the
+        masked 15% are most of what pretraining needs of the head."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
         if positions is not None:
             # An index, not a boolean mask: selecting by a mask on a GPU makes the host

@@ -1,14 +1,6 @@
-"""One shared encoder with a head per task: SST sentiment, Quora paraphrase, STS similarity.
-
-Every pass goes through :meth:`MultitaskBert.forward` with the task's name, so that
-under ``DistributedDataParallel`` each (SMART's perturbed passes included) is seen
-by its wrapper; :meth:`MultitaskBert.embed` and ``forward(..., embedded)`` split the
-embedding layer from the rest, which SMART perturbs in between.
-
-Each head's output, loss and predictions follow its task's record
-(``minbert.tasks``): cross-entropy over SST's classes, binary cross-entropy on
-Quora's logit, squared error on STS's score.
-"""
+"""One shared encoder with a head per task (SST, Quora, STS). Every pass goes through
+:meth:`MultitaskBert.forward` with the task's name, so that DDP sees each, SMART's too;
+``forward(..., embedded)`` starts after the embedding layer, which SMART perturbs."""
 
 from __future__ import annotations
 
@@ -61,10 +53,9 @@ class MultitaskBert(nn.Module):
         return self.encoder.embed(batch.ids, batch.token_types)
 
     def pooled(self, batch: Batch, embedded: torch.Tensor | None = None) -> torch.Tensor:
-        """The vectors the heads read, one per sequence of ``batch`` (a siamese batch:
-        the first sentences' rows, then the second sentences'). ``embedded`` may hold
-        several copies of the batch's embedding output stacked one after the other
-        (SMART's clean and perturbed copies): the vectors then come copy after copy."""
+        """The vectors the heads read, one per sequence (siamese: first sentences, then
+        second); ``embedded`` may stack several copies of the batch, vectors then copy
+        after copy."""
         embedded = self.embed(batch) if embedded is None else embedded
         copies = _copies(embedded, batch)
         mask = batch.mask if copies == 1 else batch.mask.repeat(copies, 1)
@@ -150,11 +141,8 @@ def save_multitask(model: MultitaskBert, directory: Path, vocab_file: Path, info
 
 
 def load_multitask(directory: str | Path) -> tuple[MultitaskBert, dict]:
-    """A model written by :func:`save_multitask`, in eval mode, and its ``minbert.json``.
-
-    A directory that is not such a model, or whose heads do not fit what its
-    ``minbert.json`` says, is an error naming the directory and the reason.
-    """
+    """A model written by :func:`save_multitask`, in eval mode, and its ``minbert.json``; a
+    directory that is not one is an error naming it and why."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

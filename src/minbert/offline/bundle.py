@@ -1,19 +1,6 @@
-"""The bundle: what an offline node needs besides the repository's files, made on the DVC machine.
-
-A directory of
-
-* ``data/``: the course CSV files the ``prepare`` stage reads (``data.source``);
-* ``checkpoint/``: the checkpoint (``config.json``, ``vocab.txt``, the training-data
-  list when there is one) with its weights as an fp16 copy, loaded into fp32 (half
-  the size: all-MiniLM-L6-v2's 91 MB become 45 MB);
-* ``bundle.json``: the commit and the files that differ from it, the checkpoint's
-  name, original weights file and sha256, the plan (``minbert.offline.plan``), and
-  the sha256 of every file above.
-
-The node runs the repository's working tree as it was sent (a GPU lending service
-copies the tracked files and the untracked ones git does not ignore), with the bundle
-inside it: ``call_size`` is what one call sends, refused above ``SEND_LIMIT``.
-"""
+"""The bundle an offline node needs besides the repository's files: ``data/`` (the course
+CSV files), ``checkpoint/`` (its weights as an fp16 copy) and ``bundle.json`` (commit,
+changed files, checkpoint, plan, every file's sha256). ``call_size`` is what a call sends."""
 
 from __future__ import annotations
 

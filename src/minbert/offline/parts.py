@@ -1,13 +1,6 @@
-"""What a node call brings back: files packed into one gzipped tar, cut into parts of at
-most ``MAX_BYTES``, and an index (``gpu-results.json``) that lists the parts with their
-sha256 beside what the call did.
-
-The runner writes the whole set again after every stage, so the folder that comes back
-always holds every stage finished so far, however the call ends. Parts are named by
-their content and the index is renamed into place last: a call killed while writing
-leaves the previous index and its parts whole. The old parts are removed only then,
-so at most ``MAX_PARTS`` old and new parts and the index lie there together.
-"""
+"""What a node call brings back: one gzipped tar cut into parts of at most ``MAX_BYTES`` and
+an index (``gpu-results.json``), rewritten after every stage; parts are named by content
+and the index renamed into place last, so a killed call leaves a whole previous set."""
 
 from __future__ import annotations
 

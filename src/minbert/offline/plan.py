@@ -1,22 +1,8 @@
-"""The plan: the pipeline's stages as DVC itself resolves them for one study.
-
-Made on the DVC machine (``resolve_plan``): ``dvc.yaml`` and a copy of ``params.yaml``
-with the study's ``--set`` overrides applied by DVC's own ``-S`` code go into a scratch
-DVC repository, whose index expands the stages (``foreach``, ``matrix``, ``${...}``)
-and orders them as ``dvc repro`` would. Each stage keeps its name, command, deps and
-outs, the stages it needs (DVC's graph), and what its result depends on:
-
-* ``sources``: the sha256 of every file it depends on that no stage writes (its code);
-* ``inputs``: its command, the values of its ``params`` dependencies, and the sha256
-  of its settings files as ``resolve`` writes them here (a stage's settings file
-  stands for exactly the parameters it reads).
-
-A result is current while the fingerprint of its stage and of every stage upstream
-(``fingerprint``) is what it was: on the node nothing upstream is kept between calls,
-so every call reruns the upstream stages. The node runs stages from the plan
-(``select``) and never reads ``dvc.yaml``; needs no DVC, only this module's plain
-functions below ``resolve_plan``.
-"""
+"""The plan: the pipeline's stages as DVC resolves them for one study (``resolve_plan``, on
+the DVC machine, with the study's overrides): each stage's command, deps, outs and needs,
+its ``sources`` (sha256 of files no stage writes) and ``inputs`` (command, params values,
+settings files' sha256). A result is current while its ``fingerprint`` (its stage's and
+every upstream stage's) is unchanged. The functions below ``resolve_plan`` need no DVC."""
 
 from __future__ import annotations
 
@@ -81,15 +67,15 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
     from dvc.repo.reproduce import get_active_graph, plan_repro
 
     from minbert.data.download import sha256_file
-    from minbert.pipeline import resolve
-    from minbert.pipeline.reach import scratch_repo
+    from minbert.pipeline.reach import scratch_repo, write_settings
     from minbert.pipeline.schema import read
 
     repo = Path(repo)
     with scratch_repo(repo, overrides) as scratch:
         params = read(scratch / "params.yaml")
-        resolve.run(scratch / "params.yaml", scratch / "settings")
         with Repo(str(scratch)) as dvc:
+            stage = next(s for s in dvc.index.stages if s.name == SETTINGS_STAGE)
+            write_settings(repo, scratch, stage, scratch / "settings")
             graph = get_active_graph(dvc.index.graph)
             ordered = [s for s in plan_repro(graph) if s.name not in OFF_NODE]
             (out,) = [o.def_path for s in ordered if s.name == SETTINGS_STAGE for o in s.outs]

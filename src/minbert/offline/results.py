@@ -1,24 +1,7 @@
-"""The GPU results, back on the DVC machine: calls unpacked into one folder, and their status.
-
-The folder (``metrics/gpu/`` by default, ignored by git until committed) mirrors the
-repository: ``metrics/gpu/metrics/multitask/best.json``,
-``metrics/gpu/predictions/multitask/best/sst-dev-out.csv``, ..., with
-``provenance.json`` beside them:
-
-* ``overrides``: the study's ``--set`` (every call unpacked here made with the same);
-* ``calls``: each call by the time it started, with its commit, device, torch and
-  CUDA versions, its seconds, and the stages it finished (with their seconds), those
-  that failed and those it did not run (with why);
-* ``stages``: each stage with results, from the newest call that finished it: that
-  call, its seconds, its files and its fingerprint (``minbert.offline.plan``);
-* ``failures``: the stages whose last attempt failed and that have no results yet.
-
-``unpack`` adds a call's stages: a stage another call already brought back is
-replaced by the newer call's, its old files removed. ``status`` compares every stage
-with the plan DVC resolves now for the study's overrides, as ``dvc status`` does for
-the CPU results: current, stale (what changed), or missing (in the plan, with no
-results yet).
-"""
+"""The GPU results back on the DVC machine: calls unpacked into one folder mirroring the
+repository (``metrics/gpu/`` by default) with ``provenance.json`` (the overrides, every
+call, each stage's newest results and fingerprint, failures); ``status`` compares every
+stage with the plan DVC resolves now: current, stale (what changed) or missing."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Run a bundle's plan on a node without DVC, and bring back each stage as it finishes.
-
-Runs in the repository root as it was sent, with ``src/`` on ``PYTHONPATH`` (nothing
-installed), each stage's command as the plan has it (its leading ``python`` this
-interpreter). Before anything runs, every source file of the stages to run is checked
-against the plan's sha256: a tree other than the one the plan was made from is
-refused. params.yaml is the plan's for the call, the bundle's checkpoint and course
-files named by their path from the repository root, and is restored afterwards.
-
-After every stage, finished or not, the outputs of every stage finished so far are
-packed into ``out`` (``minbert.offline.parts``), with what the call did: a call that
-fails, or is stopped at its ``deadline`` or by the node's own time limit, still brings
-back every stage it finished. A stage that fails is named with its exit status; the
-stages that need it are not run, the others are. Each result is rewritten on the way
-out so that no node path leaves the node: its records name the checkpoint as
-params.yaml does (``all-minilm-l6-v2``), not as the bundle's copy on the node.
-"""
+"""A bundle's plan run on a node without DVC (``src/`` on ``PYTHONPATH``), after checking
+every source file against the plan's sha256. After every stage the outputs finished so
+far are packed into ``out``, so a failed or stopped call brings back what it finished; a
+failed stage's dependants are skipped. No node path leaves the node."""
 
 from __future__ import annotations
 

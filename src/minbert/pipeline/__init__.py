@@ -1,9 +1,3 @@
-"""The pipeline layer: the only code that knows ``params.yaml``, DVC's file layout and
-the formats of the files stages write.
-
-Each stage of ``dvc.yaml`` is a thin script in ``stages/`` calling one module here,
-and each module here does the same five things in order: read its settings (from
-``params.yaml`` through ``settings``, or from the file the ``resolve`` stage wrote),
-load its inputs, build the model, call ``minbert.train`` / ``minbert.evaluate``, and
-write its outputs through ``outputs``. Nothing below this layer imports it.
-"""
+"""The pipeline layer, the only code that knows ``params.yaml``, DVC's file layout and the
+formats of the files stages write: a module per stage of ``dvc.yaml`` (read its settings,
+load its inputs, build the model, train or evaluate, write its outputs), and the tools."""

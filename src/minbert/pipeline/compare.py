@@ -1,18 +1,8 @@
-"""Experiments side by side: ``dvc exp show --json`` as one narrow table per metric,
-each experiment's difference from its parent with its uncertainty, and why it differs.
-
-``dvc exp show`` puts every metric of every metrics file and every parameter in one
-row per experiment: with a dozen configurations that is hundreds of columns. Here the
-same data is turned around: one table per metric (each task's score, the average),
-a row per run (``multitask/best``, ...), a column per experiment. An experiment's
-cell also gives its difference from its parent (the baseline commit it ran from; HEAD
-for the workspace) with a 95% paired bootstrap interval from both runs' dev
-predictions (``minbert.metrics``), marked ``~`` when the interval includes zero.
-Under the tables, the parameters each experiment changed, and its runs that differ
-for another reason, by ``dvc.lock``: the same inputs (a rebuild, e.g. on another
-CPU) or changed ones (code, data). A table holds as many experiment columns as fit
-the width asked for; the newest experiments are kept.
-"""
+"""Experiments side by side: ``dvc exp show --json`` turned into one narrow table per metric
+(a row per run, a column per experiment, as many as fit, newest kept). A cell gives the
+difference from the experiment's parent with a 95% paired bootstrap interval on both
+runs' dev predictions (``~``: it includes zero); under the tables, the parameters each
+experiment changed, and its runs that differ for another reason by ``dvc.lock``."""
 
 from __future__ import annotations
 

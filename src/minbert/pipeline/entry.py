@@ -1,11 +1,6 @@
-"""A stage script's entry: the paths its command line gives, the resolved settings file
-it reads, and a ``main`` that ends bad input in one line (``minbert.errors``).
-
-A stage's paths are written once, in its ``cmd`` in ``dvc.yaml`` (``--settings
-data/settings/multitask/best.json --metrics metrics/multitask ...``), as DVC's own
-example projects pass them; the stage scripts name none. Needs no torch (the data
-stage starts here too).
-"""
+"""A stage script's entry: the paths its ``cmd`` in ``dvc.yaml`` gives (the scripts name
+none), its resolved settings file, and a ``main`` that ends bad input in one line.
+Needs no torch."""
 
 from __future__ import annotations
 

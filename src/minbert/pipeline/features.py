@@ -1,8 +1,6 @@
 """Stage ``features``: the frozen checkpoint's pooled vectors of every training row, per
-task and encoding layout, which the head warm-up fits the heads on
-(``minbert.train.head_warmup``). Computed once here rather than in every fine-tuning
-stage: the vectors depend on the checkpoint, the pooling and the tokenised rows, not on
-the configuration or the seed."""
+task and layout, for the head warm-up; computed once for every configuration that starts
+from the checkpoint."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""``minbert lr-search``: the learning rates of a scale, chosen on the validation split.
-
-Each point of one grid (encoder ``lr`` x heads' ``head_lr``) trains each configuration at
-the chosen scale exactly as its stage would, except that nothing of dev is scored
-(``train_multitask(score_dev=False)``): the point's score is the validation selection
-score of its best epoch (the mean of the tasks' chance-corrected metrics, on which a
-constant answer scores 0), the same number the stage chooses its epoch by. Every
-configuration is searched on the same grid, and each gets its own best point; the results
-go to ``metrics/lr-search.json``, which the report shows, and ``params.yaml`` holds the
-choices (``scales.<scale>.multitask``).
-"""
+"""``minbert lr-search``: each configuration trained at every point of an (``lr``,
+``head_lr``) grid as its stage would, without scoring dev; a point's score is its best
+epoch's validation selection score. Results go to ``metrics/lr-search.json``; the choices
+to ``params.yaml`` (``scales.<scale>.multitask``)."""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ from minbert.device import pin_cpu_kernels
 from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.checkpoint import resolve_checkpoint
-from minbert.pipeline.multitask import load_tables, quora_batch_size
+from minbert.pipeline.multitask import load_tables
 from minbert.pipeline.params import load, multitask_settings
 from minbert.progress import console
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
@@ -72,8 +65,8 @@ def lr_search(
     kept; a point measured again replaces the old one). Returns the whole file's content."""
     pin_cpu_kernels()
     params = load(params_file)
-    bases = {config: multitask_settings(params, config) for config in configs}  # names checked first
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
+    bases = {config: multitask_settings(params, config, manifest["quora_split"]) for config in configs}
     tables = {key: table for key, table in load_tables(Path(tokenized_dir)).items() if key[1] == "train"}
     features = (
         ProbeFeatures(features_dir) if features_dir is not None and Path(features_dir).is_dir() else None
@@ -86,11 +79,7 @@ def lr_search(
         else {"command": "minbert lr-search", "runs": [], "chosen": {}}
     )
     for config, base in bases.items():
-        base = replace(
-            base,
-            test_predictions=False,
-            batch_size={**base.batch_size, "quora": quora_batch_size(base, manifest)},
-        )
+        base = replace(base, test_predictions=False)
         for lr, head_lr in itertools.product(lrs, head_lrs):
             console.log(f"lr-search {config}: {base.optimizer} lr {lr:g}, head_lr {head_lr:g}")
             settings = replace(base, lr=float(lr), head_lr=float(head_lr))

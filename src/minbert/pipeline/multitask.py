@@ -1,17 +1,12 @@
 """Stage ``multitask@<config>`` (and ``multitask-mlm@<start>-<config>``): fine-tune one
-configuration and write its metrics file and record, history, PCGrad log, predictions
-and model.
-
-The stage reads its settings from the file the ``resolve`` stage wrote for it
-(``--settings data/settings/multitask/<config>.json``, see ``minbert.pipeline.params``),
-not from ``params.yaml``: DVC then reruns it only when its own resolved settings change.
-"""
+configuration, as its resolved settings file says, and write its metrics file and
+record, history, PCGrad log, predictions and model."""
 
 from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -34,31 +29,6 @@ from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 # The model directory's record of the training and validation rows' ids, per task.
 TRAINING_IDS = "training-ids.json.gz"
-
-# Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
-# the number its batch of 36 was sized for.
-QUORA_OFFICIAL_TRAIN_PAIRS = 141_506
-
-
-def quora_batch_size(settings: MultitaskSettings, manifest: dict) -> int:
-    """The Quora batch a run uses. With the official split, or the ``fixed`` rule, or a
-    training subset, the configured one. With a carved split (``quora_split.kind``
-    ``carved-from-dev``, about 16k training pairs) and ``paper-proportions``, the
-    configured batch scaled by carved / official training pairs, so each task's
-    batches per epoch keep the paper's proportions: at the paper's batches 2 / 36 / 2
-    an epoch is SST 4,272, Quora 3,931 and STS 3,020 batches, and an unscaled 36 on
-    the carved pairs would give Quora 450 batches, each repeated 9.5 times per epoch.
-    """
-    batch = settings.batch_size["quora"]
-    split = manifest["quora_split"]
-    if (
-        settings.carved_quora_batch == "fixed"
-        or split["kind"] == "official"
-        or settings.train_examples["quora"]
-    ):
-        return batch
-    pairs = split["train_pairs"] - settings.validation_examples["quora"]
-    return max(1, round(batch * pairs / QUORA_OFFICIAL_TRAIN_PAIRS))
 
 
 def load_tables(tokenized_dir: Path) -> dict[tuple[str, str], TokenizedTable]:
@@ -83,19 +53,11 @@ def run(
     models: Path | None = None,
     features: Path | None = None,
 ) -> dict:
-    """Train one configuration (``resolved``: its resolved settings file's content,
-    ``minbert.pipeline.params.resolve_multitask``) on the tokenised tables (``manifest``:
-    the data stage's) and write every output: metrics file and record (under
-    ``metrics``), history, PCGrad log, predictions and, with ``models``, the fine-tuned
-    model with its card (``models/<name>/``, ``minbert.model.multitask.save_multitask``).
-
-    With ``checkpoint`` (an ``mlm@<start>`` stage's output) fine-tuning starts from that
-    pretrained checkpoint instead of the configured one, and the outputs are named
-    ``<start>-<config>``. ``features``: the ``features`` stage's vectors of the configured
-    checkpoint for the head warm-up (from another checkpoint they are computed here).
-    Training state is saved to ``resume_dir`` after every epoch,
-    and a rerun of an interrupted stage continues from it.
-    """
+    """Train one configuration (``resolved``: its settings file's content) on the tokenised
+    tables and write every output (``models``: the model and its card too). With
+    ``checkpoint`` (an ``mlm@<start>`` output) training starts from it and the outputs are
+    named ``<start>-<config>``. ``features``: the head warm-up's vectors. The training
+    state is saved to ``resume_dir`` after every epoch; a rerun continues from it."""
     config = resolved["config"]
     start = None if checkpoint is None else Path(checkpoint).name
     name = config if start is None else f"{start}-{config}"
@@ -109,9 +71,6 @@ def run(
         settings = MultitaskSettings.from_dict(resolved["settings"])
         tables = load_tables(Path(tokenized))
         manifest = json.loads(Path(manifest).read_text(encoding="utf-8"))
-        settings = replace(
-            settings, batch_size={**settings.batch_size, "quora": quora_batch_size(settings, manifest)}
-        )
         resume = stage.resume_point(
             resume_dir,
             f"multitask-{name}",

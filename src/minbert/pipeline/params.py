@@ -1,11 +1,6 @@
-"""``params.yaml`` resolved into each stage's typed settings (``minbert.settings``).
-
-``load`` reads and checks the whole file (``minbert.pipeline.schema``); a
-configuration's settings then combine the shared defaults, its overrides, its
-optimizer's hyperparameters and the scale; a sentiment run's, its run and the scale.
-The ``resolve`` stage writes them, one JSON file per stage (``resolve_all``). Needs no
-torch.
-"""
+"""``params.yaml`` resolved into each stage's typed settings (``minbert.settings``), which
+the ``resolve`` stage writes, one file per stage: what a stage reads there is what it
+runs. Needs no torch."""
 
 from __future__ import annotations
 
@@ -22,9 +17,11 @@ from minbert.settings import (
 )
 
 __all__ = [
+    "QUORA_OFFICIAL_TRAIN_PAIRS",
     "load",
     "mlm_settings",
     "multitask_settings",
+    "quora_batch_size",
     "resolve_all",
     "resolve_features",
     "resolve_mlm",
@@ -80,20 +77,45 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
     )
 
 
-def multitask_settings(params: dict, config: str) -> MultitaskSettings:
+# Quora's official training pairs (the paper's Section 4.1: 141,506 / 20,215 / 40,431):
+# the number its batch of 36 was sized for.
+QUORA_OFFICIAL_TRAIN_PAIRS = 141_506
+
+
+def quora_batch_size(batch: int, sized: dict, quora_split: dict | None) -> int:
+    """The Quora batch for a configured ``batch``: as configured with the official split,
+    the ``fixed`` rule or a training subset; with a carved split and
+    ``paper-proportions``, scaled by carved / official training pairs, so that each task's
+    batches per epoch keep the paper's proportions (SST 4,272, Quora 3,931, STS 3,020 at
+    2 / 36 / 2; an unscaled 36 would repeat the carved pairs 9.5 times per epoch)."""
+    if sized["carved_quora_batch"] == "fixed" or sized["train_examples"]["quora"]:
+        return batch
+    if quora_split is None:
+        raise ParamsError("carved_quora_batch: paper-proportions needs the data stage's Quora split")
+    if quora_split["kind"] == "official":
+        return batch
+    pairs = quora_split["train_pairs"] - sized["validation_examples"]["quora"]
+    return max(1, round(batch * pairs / QUORA_OFFICIAL_TRAIN_PAIRS))
+
+
+def multitask_settings(params: dict, config: str, quora_split: dict | None = None) -> MultitaskSettings:
+    """A configuration's settings; ``quora_split``: the data stage's manifest's, which the
+    Quora batch depends on under ``carved_quora_batch: paper-proportions``."""
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart, warmup = values["smart"], sized["head_warmup"]
     # The learning rates, their schedule and the weight decay belong to the optimizer; the
     # encoder's rate, to the configuration where the scale's search chose one for it.
     optimizer = sized["optimizers"][values["optimizer"]]
+    batch_size = {t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()}
+    batch_size["quora"] = quora_batch_size(batch_size["quora"], sized, quora_split)
     return _settings(
         MultitaskSettings,
         **{k: values[k] for k in ("paraphrase_head", "sts_head", "sts_output", "gradient", "optimizer")},
         lr=sized["lr_by_config"].get(config, optimizer["lr"]),
         **{k: optimizer[k] for k in ("head_lr", "weight_decay", "lr_schedule")},
         lr_gamma=optimizer.get("lr_gamma", 1.0),
-        batch_size={t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()},
+        batch_size=batch_size,
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
         **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
         head_warmup=_settings(HeadWarmup, **{**warmup, "tasks": tuple(warmup["tasks"])}),
@@ -135,13 +157,13 @@ def resolve_sentiment(params: dict, run: str) -> dict:
     return {"run": run, **_run_context(params), "settings": asdict(sentiment_settings(params, run))}
 
 
-def resolve_multitask(params: dict, config: str) -> dict:
+def resolve_multitask(params: dict, config: str, quora_split: dict) -> dict:
     # The tokenised lengths travel with the fine-tuned model, for predicting new text.
     return {
         "config": config,
         **_run_context(params),
         "max_length": scale(params)["max_length"],
-        "settings": asdict(multitask_settings(params, config)),
+        "settings": asdict(multitask_settings(params, config, quora_split)),
     }
 
 
@@ -174,14 +196,10 @@ def resolve_tokenize(params: dict) -> dict:
     return {"checkpoint": params["checkpoint"], "max_length": scale(params)["max_length"]}
 
 
-def resolve_all(params: dict) -> dict[str, dict]:
-    """Every stage's settings, resolved from ``params``: file name -> content.
-
-    The ``resolve`` stage writes them, one file per stage; a stage then depends on its
-    own file rather than on ``params.yaml``, so a change reruns exactly the stages
-    whose resolved settings it changes (``dvc exp run -S smart.beta=0.95`` reruns the
-    configurations with SMART, and no other).
-    """
+def resolve_all(params: dict, manifest: dict) -> dict[str, dict]:
+    """Every stage's settings file (name -> content), from ``params`` and the data stage's
+    ``manifest``. A stage depends on its own file, so a change reruns exactly the stages
+    whose settings it changes."""
     out = {
         "tokenize.json": resolve_tokenize(params),
         "zero-shot.json": resolve_zero_shot(params),
@@ -190,6 +208,7 @@ def resolve_all(params: dict) -> dict[str, dict]:
     out.update(
         {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}
     )
-    out.update({f"multitask/{c}.json": resolve_multitask(params, c) for c in params["configs"]})
+    quora_split = manifest["quora_split"]
+    out.update({f"multitask/{c}.json": resolve_multitask(params, c, quora_split) for c in params["configs"]})
     out.update({f"mlm/{start}.json": resolve_mlm(params, start) for start in params["mlm"]["starts"]})
     return out

@@ -1,13 +1,6 @@
-"""A fine-tuned multitask model on new text: predictions for a file or a few sentences
-(with Quora's probability of a paraphrase and SST's most probable classes), and scores
-(with a bootstrap interval) for a labelled file.
-
-The model is a directory the multitask stages write (``models/multitask/<config>/``);
-its ``minbert.json`` says how long its inputs were tokenised and with which batch
-size it was evaluated. Input files are read with the data stage's rules: a course
-file, or a plain CSV (``.csv``) / TSV file whose header names its columns; a bad
-row stops the command with ``file:line: reason``, and nothing is skipped.
-"""
+"""A fine-tuned multitask model (``models/multitask/<config>/``) on new text: predictions for
+a file or a few sentences, and scores with a bootstrap interval for a labelled file.
+Inputs are read with the data stage's rules; a bad row stops with ``file:line: reason``."""
 
 from __future__ import annotations
 
@@ -106,11 +99,9 @@ def known_bad_rows(file: Path, params_file: Path = Path("params.yaml")) -> dict[
 
 
 def read_input(path: str | Path, task: str, skip_ids: dict[str, str] | None = None) -> pd.DataFrame:
-    """A course file of ``task``, a plain CSV/TSV file with named columns (told apart
-    by the header: a course file's first column is pandas's unnamed index), or a table
-    the data stage prepared (``data/prepared/<task>-<split>.parquet``, e.g. the Quora
-    pairs the pipeline holds out). ``skip_ids`` (``{id: reason}``) are a course file's
-    rows known to be broken, left out as the data stage leaves them out."""
+    """A course file of ``task``, a plain CSV/TSV with named columns (told apart by the
+    header), or a prepared table (``data/prepared/<task>-<split>.parquet``); ``skip_ids``
+    as the data stage's."""
     path = Path(path)
     head = _head(path)
     if head.startswith(PARQUET_MAGIC):

@@ -1,8 +1,5 @@
-"""Stage ``prepare``: validate the course CSV files and write them as Parquet tables.
-
-Reads only the ``data`` section of the parameters (``minbert.pipeline.schema``), so the
-data stage loads no training code.
-"""
+"""Stage ``prepare``: the course CSV files validated and written as Parquet tables; reads
+only the ``data`` section, loading no training code."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""What a ``-S`` reaches: the stages ``dvc exp run -S KEY=VALUE`` would rerun, before it runs.
-
-A ``-S`` only edits params.yaml, so the stages it reaches are the ones whose params
-or settings files (``resolve`` writes one per stage) come out different, and those
-downstream of them. DVC answers both on a scratch copy of ``dvc.yaml``, ``dvc.lock``
-and params.yaml, with the overrides applied by DVC's own ``-S`` code and the settings
-written by ``resolve``'s own code: its index expands the stages, each dependency's
-status compares it with the lock, and its graph gives what lies downstream. The
-repository itself is not touched, and no output is hashed (seconds, not minutes).
-"""
+"""What a ``-S`` reaches: the stages ``dvc exp run -S KEY=VALUE`` would rerun, before it runs,
+answered by DVC on a scratch copy of ``dvc.yaml``, ``dvc.lock`` and params.yaml with the
+overrides applied and the settings files written by ``resolve``'s code: the stages whose
+params or settings files differ from the lock, and those downstream. Nothing is hashed."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +46,24 @@ def scratch_repo(repo: Path, overrides: list[str], files=("dvc.yaml", "params.ya
         yield scratch
 
 
+def write_settings(repo: Path, scratch: Path, stage, out: Path) -> None:
+    """The settings files of ``scratch``'s params.yaml, written under ``out`` by
+    ``resolve``'s own code (``stage``: DVC's ``resolve`` stage) from the data stage's
+    manifest: ``repo``'s own where it has one and the ``data`` section is unchanged, else
+    the data stage's own code run on the scratch's params.yaml."""
+    from minbert.pipeline import prepare, resolve
+    from minbert.pipeline.schema import read
+
+    manifest = Path(re.search(r"--manifest (\S+)", stage.cmd).group(1))
+    params = read(scratch / "params.yaml")
+    ours = Path(repo) / manifest
+    if not ours.is_file() or read(Path(repo) / "params.yaml").get("data") != params["data"]:
+        prepared = scratch / "prepared"
+        prepare.main(["--params", str(scratch / "params.yaml"), "--out", str(prepared)])
+        ours = prepared / manifest.name
+    resolve.run(scratch / "params.yaml", ours, out)
+
+
 @dataclass(frozen=True)
 class Reached:
     stage: str
@@ -80,13 +93,11 @@ def reach(repo: Path, overrides: list[str]) -> list[Reached]:
     from dvc.repo import Repo
     from dvc.repo.reproduce import plan_repro
 
-    from minbert.pipeline import resolve
-
     files = ("dvc.yaml", "dvc.lock", "params.yaml")
     with scratch_repo(repo, overrides, files) as scratch, Repo(str(scratch)) as dvc:
         stages = {_name(s): s for s in dvc.index.stages}
         written = [o.def_path for o in stages[SETTINGS_STAGE].outs]
-        resolve.run(scratch / "params.yaml", scratch / written[0])
+        write_settings(repo, scratch, stages[SETTINGS_STAGE], scratch / written[0])
         locked = _locked(scratch)
         direct = {}
         for name, stage in stages.items():

@@ -1,18 +1,7 @@
-"""The README's generated blocks: numbers that come from runs, from the committed metrics.
-
-Two blocks, each between its own pair of markers:
-
-* ``results``: ours beside the paper's, from the metrics files git tracks
-  (``metrics/multitask/*.json``, ``metrics/sentiment/*.json`` with their records) and the
-  published numbers of ``reference/paper.yaml`` (the rows of its Table 2 that carry all
-  four numbers, and Table 1's paper arms), with one line on the scale they were made at;
-* ``model``: the configuration the report ranks highest on the chance-corrected dev score
-  (``minbert.report.findings.ranked``), its dev numbers beside the untrained checkpoint's
-  (``metrics/zero-shot.json``) and the commands that try it.
-
-``minbert readme`` rewrites both after a ``dvc repro``; ``tests/test_readme.py`` fails
-while the committed README differs from what the committed metrics give.
-"""
+"""The README's generated blocks, from the committed metrics: ``results`` (ours beside the
+paper's, ``reference/paper.yaml``) and ``model`` (the configuration the report ranks
+highest, beside the untrained checkpoint, and the commands that try it). ``minbert
+readme`` rewrites them; ``tests/test_readme.py`` fails while they differ."""
 
 from __future__ import annotations
 

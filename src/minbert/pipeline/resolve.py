@@ -1,15 +1,7 @@
-"""Stage ``resolve``: every stage's settings, resolved from ``params.yaml`` into a file
-of its own (``minbert.pipeline.params.resolve_all``).
-
-A multitask configuration's settings combine the shared defaults, its overrides, its
-optimizer's hyperparameters and the scale; a sentiment run's, its run and the
-scale. Each stage depends on its own file rather than on those keys, so
-``dvc exp run -S smart.beta=0.95`` reruns only the configurations that use SMART,
-``-S optimizer=adamaxw`` only those whose optimizer changes, and editing one stage's
-code reruns that stage alone. Keys keep the order of the settings classes and of
-``params.yaml`` (a stage writes them back in that order), so equal parameters give
-equal bytes.
-"""
+"""Stage ``resolve``: every stage's settings, from ``params.yaml`` and the data stage's
+manifest, each in a file of its own (``minbert.pipeline.params.resolve_all``), so that a
+parameter change reruns exactly the stages it reaches. Keys keep the settings classes'
+and ``params.yaml``'s order: equal parameters give equal bytes."""
 
 from __future__ import annotations
 
@@ -22,9 +14,11 @@ from minbert.pipeline.entry import paths
 from minbert.pipeline.params import load, resolve_all
 
 
-def run(params_file: Path, out_dir: Path) -> list[str]:
+def run(params_file: Path, manifest_file: Path, out_dir: Path) -> list[str]:
     """Write every stage's settings file under ``out_dir``; their names."""
-    resolved = resolve_all(load(params_file))
+    params = load(params_file)
+    manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
+    resolved = resolve_all(params, manifest)
     with atomic_directory(out_dir) as tmp:
         for name, content in resolved.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
@@ -35,5 +29,5 @@ def run(params_file: Path, out_dir: Path) -> list[str]:
 @reported
 def main(argv: list[str]) -> list[str]:
     """The stage script's work; its paths come from dvc.yaml's cmd."""
-    given = paths(argv, "params", "out")
-    return run(given["params"], given["out"])
+    given = paths(argv, "params", "manifest", "out")
+    return run(given["params"], given["manifest"], given["out"])

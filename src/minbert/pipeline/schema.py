@@ -1,14 +1,7 @@
-"""``params.yaml``: read as YAML 1.2 and checked against its schema, every key, before
-any work starts (the ``resolve`` stage; ``minbert check-params``).
-
-A schema is a dict of key -> (type | tuple of allowed values | nested schema |
-[item schema] for a list); "*" matches any key (names the user chooses) and a
-``Partial`` mapping's keys may be left out. An unknown key, a value of the wrong type,
-or a name outside its registry (``minbert.settings``) is an error naming the key and
-what is allowed: a typo in an ablation (``optimiser: adamaxw``) must fail loudly, not
-silently run the default. Needs no torch; the data stage checks its own section
-(``load_data``) without loading the training code.
-"""
+"""``params.yaml`` read as YAML 1.2 and checked, every key, before any work starts. A schema
+maps a key to a type, a tuple of allowed names, a nested schema or ``[item]`` for a list
+(``*``: any key; a ``Partial`` mapping's keys may be left out); an unknown key, a wrong
+type or a name outside its registry is an error naming the key and what is allowed."""
 
 from __future__ import annotations
 

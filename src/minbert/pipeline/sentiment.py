@@ -24,15 +24,9 @@ def run(
     predictions: Path,
     resume_dir: Path | None = RESUME_DIRECTORY,
 ) -> dict:
-    """Train one run (``resolved``: ``minbert.pipeline.params.resolve_sentiment``) and
-    write every output.
-
-    Reads the tokenised tables under ``tokenized``; writes ``metrics/<run>.json`` (the
-    numbers) and ``<run>-run.json`` (how they were produced, ``minbert.results``),
-    ``metrics/<run>-history.csv`` (per-epoch rows for plots) and the course-format dev
-    and test predictions under ``predictions/<run>/``. Training state is saved to
-    ``resume_dir`` after every epoch; a rerun after an interruption resumes.
-    """
+    """Train one run (``resolved``: its settings file's content) and write its metrics file,
+    record, history and predictions; the training state is saved to ``resume_dir`` after
+    every epoch, and a rerun continues from it."""
     tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized, metrics, predictions))
     run, settings = resolved["run"], SentimentSettings.from_dict(resolved["settings"])
     with started(resolved, "sentiment") as stage:

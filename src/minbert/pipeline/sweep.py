@@ -1,18 +1,6 @@
-"""Seed sweeps: DVC experiments aggregated into mean ± standard deviation.
-
-A sweep is a grid of DVC experiments, queued and run in parallel by DVC itself::
-
-    dvc exp run --queue -S 'seed=1,2,3' -S 'optimizer=adamw,adamaxw'
-    dvc queue start --jobs 2
-    minbert sweep-report
-
-Each experiment is a git commit holding its ``params.yaml`` and its metrics files.
-:func:`collect_runs` reads them back (the baseline commit and every finished
-experiment derived from it); :func:`aggregate` groups the runs whose parameters
-differ only in ``seed`` and reports, for each group and each result (a multitask
-configuration's metrics, a sentiment run's accuracy), the mean, the sample
-standard deviation and the seeds it came from.
-"""
+"""Seed sweeps: DVC experiments (``dvc exp run --queue -S 'seed=1,2,3'``, ``dvc queue start``)
+read back from their commits (:func:`collect_runs`) and grouped by their parameters but
+the seed (:func:`aggregate`): per result, the mean, sample standard deviation and seeds."""
 
 from __future__ import annotations
 
@@ -149,16 +137,9 @@ UNFINISHED = ("Queued", "Running", "Failed")
 
 
 def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[Run]:
-    """The baseline commit (``revs``: these commits) and its experiments with results, as
-    DVC lists them.
-
-    Experiments run in the workspace (``dvc exp run``) have no queue state and count
-    once they hold metrics files, like queued ones that succeeded. Experiments still
-    queued, running or failed, and any run without metrics files (a baseline never
-    reproduced), are left out, each named with the reason on the way, so that a short
-    sweep is never mistaken for a full one. Runs with identical parameters (an
-    experiment that repeats the baseline) count once.
-    """
+    """The baseline commits ``revs`` and their experiments with results. Queued, running or
+    failed experiments and runs without metrics files are left out, each named; runs with
+    identical parameters count once."""
     from dvc.api import exp_show
 
     from minbert.progress import console
@@ -208,17 +189,9 @@ def same_code(run: Run, lock: dict, stage: str) -> bool:
 
 
 def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | None = None) -> dict:
-    """Each configuration's full-dev metrics per seed other than ``params``' own, from the
-    runs whose parameters are ``params`` but for the seed. The own seed's numbers are
-    the committed metrics files, which the report reads itself: a copy here would go
-    stale the moment those are rebuilt.
-
-    A run counts for a configuration only when that configuration's metrics file was
-    written with the run's own seed: an experiment that retrained some stages keeps
-    the others' files from its baseline, and those must not pass for another seed;
-    and, given ``lock`` (the current dvc.lock's stages), only when it ran that stage's
-    current code and data (:func:`same_code`), whichever commit it was queued from.
-    """
+    """Each configuration's full-dev metrics per seed other than ``params``' own (the committed
+    files hold that one). A run counts for a configuration only when its metrics file was
+    written with the run's seed and, given ``lock``, by the stage's current code and data."""
     same = [
         r
         for r in runs
@@ -268,12 +241,9 @@ SEED_STUDY_COMMAND = "minbert seed-study"
 
 
 def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[str, ...] = ()) -> dict:
-    """The seed study of ``params.yaml``'s ``seed_study``: queue its configurations for
-    each of its seeds (``dvc exp run --queue -S seed=N multitask@<config> ...``), run
-    the queue, wait, and write each configuration's full-dev metrics per seed to
-    ``out`` (the pipeline's own seed: the committed metrics files, not copied).
-    ``baselines``: earlier commits whose experiments count too, where a configuration's
-    stage ran the code and data of the current dvc.lock."""
+    """Queue, run and wait for ``seed_study``'s configurations at each of its seeds, then
+    write their full-dev metrics per seed to ``out``; ``baselines``: earlier commits
+    whose experiments count too."""
     from minbert.atomic import atomic_write_text
     from minbert.pipeline.params import load
     from minbert.progress import console

@@ -1,13 +1,7 @@
-"""The cells of the report's tables: number formats, Markdown rows, each run's evidence,
-and the one sentence a paired difference allows.
-
-A paired difference is called distinguishable (and printed bold) only when its
-bootstrap interval over the dev examples excludes zero, so does its paired interval
-over the seeds of the seed study (``seed_interval``: one training run is one draw of
-the seed, which the dev bootstrap does not resample), and both rows had the same
-training budget (optimizer steps and examples seen); an interval that excludes zero
-without the rest is marked with what it lacks (``MARKS_NOTE``).
-"""
+"""The report's table cells: number formats, rows, each run's evidence, and what a paired
+difference allows: distinguishable (bold) only when its dev bootstrap interval and its
+interval over the seed study's seeds exclude zero and both rows had the same training
+budget; otherwise marked with what it lacks (``MARKS_NOTE``)."""
 
 from __future__ import annotations
 
@@ -91,10 +85,8 @@ def per_task(counts: dict) -> str:
 
 
 def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
-    """The seed study (``metrics/seed-study.json``: the extra seeds) with the tables' own
-    seed added from the current metrics files (``runs``), per configuration, by seed.
-    Never a stored copy of the own seed: a rebuild would leave it stale (an older study
-    file that holds one is read without it). ``seeds``: the extra seeds only."""
+    """The seed study's extra seeds with the tables' own seed taken from the current metrics
+    files (``runs``), per configuration and seed; ``seeds``: the extra seeds only."""
     if study is None:
         return None
     own = {m["seed"] for m in runs.values()}

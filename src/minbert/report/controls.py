@@ -1,21 +1,8 @@
-"""Controls: each fine-tuned number set against what a reader can compute without training.
-
-A number can pass every test and still not measure what its table claims: a head
-that never learned scores the majority class, a Quora split with another label prior
-than training rewards a constant guess, a head whose training makes its encoder worse
-than it started reads as a method's effect. Each check below compares a run with
-its control on the same dev examples (a paired bootstrap, question groups resampled
-whole for Quora) and says whether the interval clears it:
-
-* SST accuracy of every multitask configuration against the majority class of the
-  training labels (the zero-shot stage's SST prediction);
-* SST accuracy against the model fine-tuning started from (the heads fitted on the
-  frozen checkpoint by the head warm-up, its record's ``start_dev``): fine-tuning must
-  not leave it lower; no check for a run without a warm-up;
-* Quora accuracy of every configuration against "always not-duplicate";
-* the cosine STS head's Pearson against the untrained checkpoint's cosine (zero-shot);
-* CFIMDB accuracy of both Table 1 runs (full, last layer) against chance (0.5).
-"""
+"""Controls: each fine-tuned number against what a reader can compute without training, by
+a paired bootstrap on the same dev examples: SST against the training labels' majority
+class and against the run's own start (its warmed-up heads), Quora against "always
+not-duplicate", the cosine STS head against the untrained checkpoint's cosine, CFIMDB
+against chance."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The evidence behind every number of the report: each run's dev predictions joined
-with the dev labels, and the bootstrap intervals computed from them.
-
-A metrics file says what a stage scored; the prediction files say what it predicted.
-Each number is recomputed here from the predictions and must equal the metrics
-file's (at the written precision), so an interval always belongs to the number
-printed beside it.
-
-A prepared dev table with a ``group`` column (Quora's question groups: pairs that
-share a question) has its intervals, paired differences and its part of an average
-resampled in whole groups (a cluster bootstrap, see ``minbert.metrics``), since pairs
-of one group are not independent examples. A table without one is resampled example
-by example.
-"""
+"""The evidence behind every number of the report: each run's dev predictions joined with
+the dev labels, the number recomputed from them (it must equal the metrics file's) and its
+bootstrap intervals, resampled in whole question groups where the table has them."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The report's figures, drawn from the per-epoch history and per-step conflict files.
-
-Each figure is a bare matplotlib ``Figure`` on the Agg canvas in the default style,
-saved without metadata, so equal data gives byte-identical PNG files.
-"""
+"""The report's figures from the histories and PCGrad logs: bare matplotlib figures saved
+without metadata, so equal data gives byte-identical PNG files."""
 
 from __future__ import annotations
 

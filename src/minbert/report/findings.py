@@ -1,9 +1,5 @@
-"""What the report found, in plain words, computed from the same evidence as its tables:
-the scale the numbers were made at, where fine-tuning stands against the untrained
-checkpoint it starts from, which configuration scores highest on the chance-corrected
-score that chose the epochs and how far it is from the next, which ablation differences
-the data and the seeds can tell apart, and which controls are not met. No number here
-is written by hand."""
+"""What the report found, in plain words, from the same evidence as its tables; no number
+here is written by hand."""
 
 from __future__ import annotations
 
@@ -140,10 +136,8 @@ def findings_section(
 
 
 def ranked(runs: dict[str, dict]) -> list[tuple[str, float]]:
-    """The configurations by their chance-corrected dev score (each record's
-    ``dev_selection``), highest first: the plain average, the paper's metric, can rank
-    a constant answer high (Quora's always-not-duplicate). The README's model section
-    (``minbert readme``) names the first."""
+    """The configurations by their chance-corrected dev score (``dev_selection``), highest
+    first (the plain average can rank a constant answer high)."""
     return sorted(((n, m["dev_selection"][SELECTION]) for n, m in runs.items()), key=lambda r: -r[1])
 
 

@@ -1,10 +1,6 @@
-"""Phrases the report's sections share (what chose an epoch, an optimizer's rates, the
-value most runs share), and the facts the report's prose quotes from the runs.
-
-Prose in ``reference/paper.yaml`` (the choices where the paper is silent) names facts
-such as ``{smart}`` or ``{steps best-round-robin}`` rather than writing numbers that a
-new run would leave stale: ``fill_facts`` replaces each with what the metrics say.
-"""
+"""Phrases the report's sections share, and ``fill_facts``: the facts the prose of
+``reference/paper.yaml`` names (``{smart}``, ``{steps best-round-robin}``) read from the
+runs, so that no number there goes stale."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The tables behind dvc.yaml's top-level plots: every configuration's history and PCGrad
-log gathered into one long table each, a row per configuration and epoch (or step),
-so that one plot overlays the configurations (``dvc plots show``; the template
-``.dvc/plots/by_config.json`` colours by the ``config`` column).
-
-``epochs.csv`` holds, per configuration and epoch (0: before training), the averages
-on the validation split, the dev slice and the training slice, and each task's
-dev-slice loss; ``losses.csv``, per configuration and trained epoch (1 on), each
-task's mean training loss; ``conflicts.csv``, per PCGrad configuration and step, the
-share of conflicting task-gradient pairs so far and each pair's cosine. Every row
-has every value its plots draw (an empty cell would be drawn as 0), and a
-configuration without PCGrad steps has no rows in ``conflicts.csv``, so no plot is
-drawn empty.
-"""
+"""The long tables behind dvc.yaml's top-level plots, a row per configuration and epoch (or
+step), coloured by ``config``: ``epochs.csv`` (averages on validation, dev and training
+slices, dev losses), ``losses.csv`` (training losses), ``conflicts.csv`` (PCGrad runs
+only). Every row has every value its plots draw, so no plot is drawn empty or at 0."""
 
 from __future__ import annotations
 

@@ -43,10 +43,8 @@ def selection_section(
     lr_search: dict | None,
     sources: dict[str, str],
 ) -> str:
-    """What chose each run's epoch and its learning rates, and the multitask runs'
-    chance-corrected dev scores (their records' ``dev_selection``); per scale, the runs'
-    own metrics for the scale they ran at, ``params`` (params.yaml) for the others, and
-    ``sources`` (paper.yaml's ``learning_rates``: scale -> what chose its rates)."""
+    """What chose each run's epoch and rates, and the multitask runs' chance-corrected dev
+    scores, per scale (``params``: the scales not run; ``sources``: what chose the rates)."""
     if not runs:
         return "No multitask configuration has been run (stage `multitask`)."
     ran = list(dict.fromkeys(m["scale"] for m in runs.values()))
@@ -293,10 +291,8 @@ def mlm_section(
 
 
 def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, dict]) -> str:
-    """The seed study with the tables' own seed (``cells.seed_runs``): mean ± sample
-    standard deviation per cell, and each configuration's average minus its ablation
-    parent's (``parents``, from the report's tables) seed by seed, with the paired
-    interval over seeds that the tables' bold rests on."""
+    """The seed study with the tables' own seed: mean ± sd per cell, and each configuration
+    minus its ablation parent seed by seed, with the paired interval over seeds."""
     if study is None:
         return (
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "

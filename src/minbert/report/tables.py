@@ -1,13 +1,6 @@
-"""The report's tables, each with its intervals, paired differences and notes.
-
-Every "ours" cell is a metrics file's number with a 95% bootstrap interval over the
-dev examples; every configuration with an ablation parent gets a paired bootstrap
-of its difference from the parent on the same examples. A difference is called
-distinguishable only when its interval excludes zero, so does its paired interval over
-the seeds of the seed study, and both rows had the same training budget
-(``cells.Comparison``); each row shows its budget (optimizer steps / examples seen),
-and the conclusions under each table say no more than that.
-"""
+"""The report's tables: every "ours" cell a metrics file's number with its 95% dev bootstrap
+interval, and every ablation a paired difference from its parent, called distinguishable
+only as ``cells`` allows; each row shows its training budget."""
 
 from __future__ import annotations
 

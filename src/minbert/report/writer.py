@@ -1,13 +1,7 @@
-"""The report's document: every section in order, from the runs' metrics files and
-records, their dev predictions and ``reference/paper.yaml``.
-
-It opens with what a reader needs first: the setup at a glance beside the paper's, the
-notes that colour every number (stated once), and the findings in plain words; then
-the paper's tables, the configurations no table shows, the controls, the choices where
-the paper is silent, the MLM and seed studies, the figures, and last one table of how
-each run was produced. The findings are written after the tables are computed (they
-quote the same comparisons) but placed before them.
-"""
+"""The report's document, every section in order: setup beside the paper's, the notes
+that colour every number, the findings (computed after the tables, placed before), the
+tables, other configurations, controls, choices where the paper is silent, MLM and seed
+studies, figures, and how each run was produced."""
 
 from __future__ import annotations
 
@@ -110,11 +104,8 @@ def write_report(
     params_file: Path | None = None,
     smart_file: Path | None = None,
 ) -> None:
-    """The report under ``out_dir``: README.md, its figures, and the tables the top-level
-    plots of dvc.yaml draw (``out_dir/plots/``). ``params_file`` (params.yaml) gives the
-    scales the runs were not made at, for "What chose what"; without it that section
-    shows the runs' own scale only. ``smart_file``: ``bench/smart_collapse.py``'s result, for
-    the section on SMART's settings."""
+    """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
+    the scales not run, ``smart_file`` ``bench/smart_collapse.py``'s result."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)

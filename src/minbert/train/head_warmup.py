@@ -1,27 +1,11 @@
-"""Fitting the task heads on the frozen checkpoint before fine-tuning starts.
+"""The task heads fitted on the frozen checkpoint before fine-tuning (why: docs/method.md).
 
-Fresh heads are random projections: at a small budget the first steps of fine-tuning
-bend the encoder towards them instead of training the heads (at the cpu scale a head
-gets 72 updates). Fitting each head first on the pooled vectors of the untouched
-checkpoint ("linear probing, then fine-tuning", Kumar et al., 2022, who show it also
-distorts the pretrained features less) starts fine-tuning from heads that already
-read the features, and SMART's teacher (a copy of the model made after this) from
-heads worth staying near.
-
-The heads train on the pooled vectors of every training row outside the validation
-split, not only of the rows fine-tuning then takes: a linear probe is cheap, and a
-Quora head reading ``concat(u, v)`` (no product of the two sentences) needs thousands
-of pairs to beat the constant answer (docs/method.md). The vectors come from the
-``features`` stage (:class:`ProbeFeatures`, computed once for every configuration that
-starts from the same checkpoint), or are computed here (:func:`pooled_vectors`, encoder
-in eval mode, no gradient). Up to ``epochs`` passes of AdamW at ``lr`` (weight decay on
-the weight matrices only), keeping the pass with the lowest validation loss (per
-task). The heads train in training mode (their own dropout on the features), the
-validation loss is taken in eval mode. Heads without parameters (the cosine head)
-are left as they are. Every draw is seeded, and the global random state is restored
-afterwards, so each data-parallel rank fits the same heads and training then runs as
-it would have without the warm-up.
-"""
+Each head trains on the pooled vectors of every training row outside the validation
+split (the ``features`` stage's, or computed here in eval mode): up to ``epochs``
+passes of AdamW (weight decay on weight matrices only), heads in training mode, keeping
+the pass with the lowest validation loss (taken in eval mode). The cosine head has
+nothing to fit. Every draw is seeded and the global random state restored, so every
+rank fits the same heads and training runs as it would have without the warm-up."""
 
 from __future__ import annotations
 
@@ -38,7 +22,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.heads import pool
 from minbert.model.multitask import MultitaskBert, task_loss
-from minbert.settings import HeadWarmup
+from minbert.settings import MultitaskSettings
 from minbert.tasks import TASKS
 
 
@@ -134,19 +118,14 @@ def warm_up_heads(
     model: MultitaskBert,
     train: dict[str, TaskData],
     validation: dict[str, TaskData],
-    warmup: HeadWarmup,
-    *,
-    weight_decay: float,
+    settings: MultitaskSettings,
     device: torch.device,
-    seed: int,
-    eval_batch_size: int = 128,
     features: ProbeFeatures | None = None,
 ) -> dict[str, dict]:
-    """Fit each task head of ``model`` on the frozen encoder's pooled vectors of the
-    ``train`` rows (from ``features`` when given), keeping the pass with the lowest loss
-    on the ``validation`` rows; returns, per task with a trainable head, the rows it was
-    fitted on, the pass kept (0: none beat the fresh head) and the validation loss
-    before and after."""
+    """Fit the heads of ``settings.head_warmup.tasks`` (see the module); per fitted task:
+    its rows, the pass kept (0: none beat the fresh head), the validation loss before and
+    after."""
+    warmup, seed = settings.head_warmup, settings.seed
     if warmup.epochs == 0:
         return {}
     rng = np.random.default_rng(seed)
@@ -156,7 +135,7 @@ def warm_up_heads(
     def vectors(data: TaskData) -> torch.Tensor:
         if features is not None:
             return features.vectors(data, data.table.ids, device)
-        return pooled_vectors(model, data.task, data, eval_batch_size, device)
+        return pooled_vectors(model, data.task, data, settings.eval_batch_size, device)
 
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -172,7 +151,7 @@ def warm_up_heads(
             val_y = to_device(validation[task].labels(np.arange(len(validation[task]))), device)
             optimizer = torch.optim.AdamW(
                 [
-                    {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                    {"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
                     {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
                 ],
                 lr=warmup.lr,

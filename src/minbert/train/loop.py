@@ -1,14 +1,9 @@
-"""The epoch driver every training run goes through (sentiment, multitask, MLM), and what
-their steps share: the non-finite-loss guard and the best-epoch record.
+"""The epoch driver of every training run, and what their steps share.
 
-The runs differ in what an epoch is (``EpochLoop``); ``Epochs`` does the rest the same
-way for all: epoch 0 scores the model before any update (a reference point, never
-kept); every epoch then trains, scores and adds a history row, and the epoch kept is
-the best one by the run's selection score (or the last, for a run without one); the
-whole training state is saved after every epoch (``minbert.train.resume``) and a
-rerun continues from it; a progress bar shows every step with an ETA. A NaN or
-infinite loss stops training at once, naming where it happened.
-"""
+``Epochs`` scores the model before any update (epoch 0, never kept), then trains and
+scores every epoch, keeps the best one by the run's selection score (or the last),
+saves the whole training state after every epoch (``minbert.train.resume``) and shows
+a progress bar. A non-finite loss stops training at once, naming where it happened."""
 
 from __future__ import annotations
 
@@ -28,15 +23,10 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class NonFiniteGuard:
-    """Checks each step's losses without making the host wait for the device.
-
-    ``push`` hands over a step's losses (a tensor) and what identifies the step;
-    ``describe(step, local)`` makes the message when they are not finite (``local``:
-    this process's own values, where they differ from the pushed global ones). On a
-    GPU the losses go to the host asynchronously and are checked one step later, when
-    the device has long finished them, so the host keeps queueing work; on the CPU
-    they are checked at once. ``last`` holds the newest losses checked.
-    """
+    """Checks each step's losses without making the host wait for the device: on a GPU
+    they reach the host asynchronously and are checked one step later; on the CPU at
+    once. ``describe(step, local)`` words a failure (``local``: this rank's values);
+    ``last`` holds the newest losses checked."""
 
     def __init__(self, describe: Callable[[Any, torch.Tensor], str]):
         self.describe = describe
@@ -69,10 +59,8 @@ class NonFiniteGuard:
 
 
 class BestEpoch:
-    """The best epoch so far by a score, with a CPU copy of its weights.
-
-    Strictly better only: a tie keeps the earlier (cheaper, less fitted) epoch.
-    """
+    """The best epoch so far by a score, with a CPU copy of its weights; a tie keeps the
+    earlier (cheaper, less fitted) epoch."""
 
     def __init__(self) -> None:
         self.epoch, self.score, self.weights = 0, None, None
@@ -109,9 +97,11 @@ def epoch_progress(
 
 
 class EpochLoop(Protocol):
-    """One kind of training run, as ``Epochs`` drives it."""
+    """One kind of training run, as ``Epochs`` drives it; an epoch is kept with a CPU copy
+    of ``model``'s weights (``cpu_copy``)."""
 
     steps_per_epoch: int
+    model: torch.nn.Module
 
     def before(self) -> dict:
         """Epoch 0's history row: the scores before any update."""
@@ -128,17 +118,10 @@ class EpochLoop(Protocol):
 
     def load_state(self, state: dict) -> None: ...
 
-    def weights(self) -> dict:
-        """A copy of the weights an epoch is kept with (``cpu_copy``)."""
-
-    def load_weights(self, weights: dict) -> None: ...
-
 
 class Epochs:
-    """The epoch driver: resume, epoch 0, the epochs, the best one, the progress bar.
-
-    Made before the run's optimizer, so that a run can tell whether it resumes
-    (``resumed``) and skip what only a fresh run does (fitting heads first)."""
+    """The epoch driver; made before the run's optimizer, so that a run can tell whether it
+    resumes (``resumed``) and skip what only a fresh run does."""
 
     def __init__(self, resume: ResumePoint | None = None, world: World = World()):
         self.resume, self.world = resume, world
@@ -173,7 +156,7 @@ class Epochs:
                 )
                 history.append(row)
                 if score is not None:
-                    best.offer(epoch, score, loop.weights)
+                    best.offer(epoch, score, lambda: cpu_copy(loop.model))
                 if self.resume is not None:
                     state = loop.state()  # on every rank: it gathers every rank's generators
                     if self.world.is_main:
@@ -181,5 +164,5 @@ class Epochs:
                             {"epoch": epoch, "history": history, "best": best.state_dict(), "loop": state}
                         )
         if best.weights is not None:
-            loop.load_weights(best.weights)
+            loop.model.load_state_dict(best.weights)
         return history, best.epoch if best.weights is not None else epochs

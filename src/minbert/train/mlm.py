@@ -1,18 +1,7 @@
-"""Masked-language-model pretraining before fine-tuning (optional).
-
-Two starts, chosen by name:
-
-* ``continue``: continued, in-domain pretraining of the configured checkpoint
-  (its MLM head too, when the checkpoint ships one);
-* ``scratch``: a fresh small BERT (its size in ``mlm.starts.scratch``) with the checkpoint's
-  vocabulary, for when no pretrained checkpoint fits.
-
-The corpus is the training text of the tasks (``minbert.data.corpus``); a seeded
-fraction of its sequences is held out, with masks drawn once, so masked-token
-accuracy and perplexity before and after pretraining are measured on the same
-positions. The output is a checkpoint directory that the fine-tuning stages read
-like any other.
-"""
+"""Masked-language-model pretraining before fine-tuning: ``continue`` pretrains the
+checkpoint further (its MLM head too, when it ships one); ``scratch`` trains a fresh small
+BERT with the checkpoint's vocabulary. The corpus is the tasks' training text; a seeded
+held-out part, with masks drawn once, scores every epoch on the same positions."""
 
 from __future__ import annotations
 
@@ -32,11 +21,9 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertConfig
 from minbert.model.mlm import BertForMaskedLM
 from minbert.settings import MlmSettings
-from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
-from minbert.train.optim import build_optimizer
+from minbert.train.loop import Epochs, NonFiniteGuard
+from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
-
-STARTS = ("continue", "scratch")
 
 
 def build_model(settings: MlmSettings, checkpoint_dir: Path) -> BertForMaskedLM:
@@ -67,10 +54,9 @@ def split_corpus(corpus: Corpus, settings: MlmSettings) -> tuple[Corpus, Corpus]
 
 @dataclass
 class MaskedBatch:
-    """A padded batch with its masked-token labels (``IGNORE`` where nothing is
-    predicted). Built on the host, which also finds the chosen positions (flat indices
-    into the batch's tokens) and their targets: on a GPU, finding them there from a
-    boolean mask would make the host wait for the device in every step."""
+    """A padded batch, its masked-token labels (``IGNORE`` elsewhere), and the chosen
+    positions (flat) with their targets, found on the host: on a GPU, finding them from a
+    boolean mask would make the host wait every step."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -199,10 +185,8 @@ def train_mlm(
 
 
 class _MlmEpochs:
-    """An epoch of MLM pretraining for the epoch driver (``minbert.train.loop.Epochs``):
-    fresh masks every epoch, AdamW under BERT's schedule (linear warm-up over the first
-    10% of steps, then linear decay, stepped every step), then the held-out scores. No
-    selection: the last epoch is kept."""
+    """An epoch of MLM pretraining for the epoch driver: fresh masks every epoch, AdamW under
+    BERT's schedule (stepped every step), then the held-out scores; the last epoch is kept."""
 
     def __init__(self, settings: MlmSettings, model, train: Corpus, heldout_batches, vocab, device):
         self.settings, self.model, self.train, self.vocab, self.device = settings, model, train, vocab, device
@@ -211,10 +195,7 @@ class _MlmEpochs:
         self.rng = np.random.default_rng(settings.seed)
         self.steps_per_epoch = math.ceil(len(train) / settings.batch_size)
         total = settings.epochs * self.steps_per_epoch
-        warmup = max(1, total // 10)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup + 1)))
-        )
+        self.scheduler = build_scheduler("linear-warmup", self.optimizer, total_steps=total)
         self.guard = NonFiniteGuard(
             lambda at, loss: (
                 f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "
@@ -282,9 +263,3 @@ class _MlmEpochs:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_generators(state["generators"], self.rng)
         self.step = state["step"]
-
-    def weights(self) -> dict:
-        return cpu_copy(self.model)
-
-    def load_weights(self, weights: dict) -> None:
-        self.model.load_state_dict(weights)

@@ -1,35 +1,6 @@
-"""Multitask fine-tuning: one shared encoder, three tasks (their heads and losses:
-``minbert.tasks``, ``minbert.model.multitask``).
-
-How the tasks share the optimizer steps (``gradient``; this is where it is said):
-
-* ``round-robin`` (the paper's, its Section 3): each step trains on one task's
-  mini-batch, cycling SST, Quora, STS, so that every task gets the same number of
-  batches per epoch;
-* ``summed``: each step takes one batch of every task and back-propagates the sum
-  of the three losses;
-* ``pcgrad``: each step takes one batch of every task and combines the task
-  gradients of the shared encoder by PCGrad gradient surgery.
-
-How an epoch's batches are drawn: ``minbert.data.multitask``. SMART
-(``minbert.train.smart``) adds an adversarial smoothness term and a Bregman proximal
-term against a momentum teacher to each task's loss; the history logs the task losses
-and the two SMART terms apart. The epochs go through ``minbert.train.loop.Epochs``.
-
-Each run first sets aside a validation split of every task's training rows
-(``minbert.data.validation``) and trains on rows drawn from the rest; with a head
-warm-up (``minbert.train.head_warmup``) the heads are first fitted on the frozen
-checkpoint. It is scored before its first encoder update (epoch 0) and after every
-epoch on the validation split and on fixed slices of the dev and training sets (the
-history); the best epoch by the
-validation split's selection score (the mean of the tasks' chance-corrected metrics,
-``minbert.tasks``: a head answering one constant scores 0 there) is then scored once
-on the full dev sets, which give the reported numbers, and predicts the test sets. Dev
-never chooses anything: its slice only draws the curves of the figures.
-
-Under ``torchrun`` the same loop runs data-parallel (``DistributedDataParallel``);
-``minbert.distributed`` says how the batches, losses and outputs are split.
-"""
+"""Multitask fine-tuning of one configuration: the run's data, its epochs (each step a
+``MultitaskStep``), the epoch chosen on the validation split, then dev and test scored
+once. How the tasks share the steps, and what a run chooses on: docs/pipeline.md."""
 
 from __future__ import annotations
 
@@ -51,9 +22,8 @@ from minbert.progress import console
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures, warm_up_heads
-from minbert.train.loop import Epochs, cpu_copy
-from minbert.train.multitask_step import MultitaskStep
-from minbert.train.objective import LOSS_PARTS
+from minbert.train.loop import Epochs
+from minbert.train.multitask_step import LOSS_PARTS, MultitaskStep
 from minbert.train.optim import build_scheduler
 from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
@@ -178,47 +148,41 @@ def train_multitask(
     score_dev: bool = True,
     features: ProbeFeatures | None = None,
 ) -> MultitaskResult:
-    """Train on rows of ``tables[(task, "train")]`` outside its validation split; score
-    the validation split and fixed slices of the dev and training sets before training
-    and after every epoch; select the best epoch (1 or later) by the validation
-    selection score and score it on the full ``(task, "dev")`` tables; predict
-    ``(task, "test")`` where given. Without ``score_dev`` (a learning-rate search)
-    nothing of dev is scored at all. ``features``: the frozen checkpoint's pooled vectors
-    the head warm-up fits on (computed here when not given).
-
-    With several ranks (``world``), each step's global batch of a task holds
-    ``world.size * batch_size`` rows, split across the ranks.
-    """
+    """Train on the training rows outside each task's validation split, scoring the
+    validation split and the history's slices before training and after every epoch;
+    keep the best epoch (1 or later) by the validation selection score, score it on the
+    full dev tables and predict the test tables. Without ``score_dev`` (a learning-rate
+    search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors.
+    Under several ranks a task's global batch is ``world.size * batch_size`` rows."""
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
     epochs = Epochs(resume, world)
-    result = MultitaskResult()
-    if not epochs.resumed:  # before the optimizer and SMART's teacher copy the heads
-        result.head_warmup = warm_up_heads(
-            model,
-            data.pool,
-            data.validation,
-            settings.head_warmup,
-            weight_decay=settings.weight_decay,
-            device=device,
-            seed=settings.seed,
-            eval_batch_size=settings.eval_batch_size,
-            features=features,
-        )
-    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, result)
+    # Before the optimizer and SMART's teacher copy the heads.
+    warmup = (
+        {} if epochs.resumed else warm_up_heads(model, data.pool, data.validation, settings, device, features)
+    )
+    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup)
     if score_dev and not epochs.resumed:
-        result.start_predictions = {"sst": loop.score({"sst": data.dev["sst"]})[1]["sst"]}
-    result.history, result.best_epoch = epochs.run(loop, settings.epochs, "multitask")
-    result.model = model  # with the best epoch's weights
-    result.optimizer_steps, result.examples_seen = loop.global_step, {t: int(n) for t, n in loop.seen.items()}
-    result.validation_examples = {t: len(d) for t, d in data.validation.items()}
-    result.train_examples = {t: len(d) for t, d in data.train.items()}
-    result.history_examples = {s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()}
-    learned = data.pool if result.head_warmup else data.train
-    result.training_ids = {
-        t: {"trained": learned[t].table.ids, "validation": data.validation[t].table.ids}
-        for t in MULTITASK_TASKS
-    }
+        loop.start_predictions = {"sst": loop.score({"sst": data.dev["sst"]})[1]["sst"]}
+    history, best_epoch = epochs.run(loop, settings.epochs, "multitask")
+    learned = data.pool if loop.head_warmup else data.train
+    result = MultitaskResult(
+        history=history,
+        conflicts=loop.conflicts,
+        best_epoch=best_epoch,
+        start_predictions=loop.start_predictions,
+        train_examples={t: len(d) for t, d in data.train.items()},
+        history_examples={s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()},
+        validation_examples={t: len(d) for t, d in data.validation.items()},
+        head_warmup=loop.head_warmup,
+        optimizer_steps=loop.global_step,
+        examples_seen={t: int(n) for t, n in loop.seen.items()},
+        training_ids={
+            t: {"trained": learned[t].table.ids, "validation": data.validation[t].table.ids}
+            for t in MULTITASK_TASKS
+        },
+        model=model,  # with the best epoch's weights
+    )
     if not score_dev:
         return result
     if world.is_main:
@@ -232,14 +196,24 @@ def train_multitask(
 
 
 class _MultitaskEpochs:
-    """An epoch of multitask training for the epoch driver (``minbert.train.loop.Epochs``):
-    every step of ``MultitaskStep``, the epoch's mean losses per task (SMART's terms
-    apart), PCGrad's conflicts, the schedule's step, then the validation split and the
-    history's slices scored. Selection: the validation split's selection score."""
+    """An epoch for the epoch driver: the steps, each task's mean losses, PCGrad's
+    conflicts, the schedule's step, then the scores. Keeps, and resumes with, the run's
+    PCGrad log, warm-up report and start predictions."""
 
-    def __init__(self, settings, model, data: RunData, device, world: World, score_dev: bool, result):
+    def __init__(
+        self,
+        settings: MultitaskSettings,
+        model: MultitaskBert,
+        data: RunData,
+        device: torch.device,
+        world: World,
+        score_dev: bool,
+        head_warmup: dict[str, dict],
+    ):
         self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
-        self.score_dev, self.result = score_dev, result  # result: conflicts and warm-up, resumed too
+        self.score_dev, self.head_warmup = score_dev, head_warmup
+        self.conflicts: list[dict] = []
+        self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
         self.train_step = MultitaskStep(settings, model, data.train, device, world)
         self.scheduler = build_scheduler(
@@ -287,7 +261,7 @@ class _MultitaskEpochs:
             last = self.train_step.guard.last
             step(f"epoch {epoch} loss {'…' if last is None else f'{last[:, 0].sum():.3f}'}")
         self.train_step.flush()
-        self.result.conflicts += _conflict_rows(epoch, grams)
+        self.conflicts += _conflict_rows(epoch, grams)
         self.scheduler.step()
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
         losses = {
@@ -304,37 +278,31 @@ class _MultitaskEpochs:
     def state(self) -> dict:
         # Collective: every rank's generators, each rank resumes from its own.
         generators = self.world.all_gather(generator_states(self.rng, *self.train_step.generators))
-        teacher = self.train_step.teacher
+        smart = self.train_step.smart
         return {
             "global_step": self.global_step,
             "examples_seen": self.seen,
             "model": self.model.state_dict(),
             "optimizer": self.train_step.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "teacher": teacher.module.state_dict() if teacher is not None else None,
+            "teacher": smart.teacher.module.state_dict() if smart is not None else None,
             "generators": generators,
-            "conflicts": self.result.conflicts,
-            "head_warmup": self.result.head_warmup,
+            "conflicts": self.conflicts,
+            "head_warmup": self.head_warmup,
             # As lists: the saved state loads with torch.load(weights_only=True), no numpy.
-            "start_predictions": {t: p.tolist() for t, p in self.result.start_predictions.items()},
+            "start_predictions": {t: p.tolist() for t, p in self.start_predictions.items()},
         }
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.train_step.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.train_step.teacher is not None:
-            self.train_step.teacher.module.load_state_dict(state["teacher"])
+        if self.train_step.smart is not None:
+            self.train_step.smart.teacher.module.load_state_dict(state["teacher"])
         restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)
-        self.result.conflicts, self.result.head_warmup = state["conflicts"], state["head_warmup"]
-        self.result.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
+        self.conflicts, self.head_warmup = state["conflicts"], state["head_warmup"]
+        self.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
         self.global_step, self.seen = state["global_step"], state["examples_seen"]
-
-    def weights(self) -> dict:
-        return cpu_copy(self.model)
-
-    def load_weights(self, weights: dict) -> None:
-        self.model.load_state_dict(weights)
 
 
 # PCGrad's log: per step, the cosine of each pair of task gradients (i < j, the Gram

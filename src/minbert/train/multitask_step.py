@@ -1,12 +1,5 @@
-"""One multitask training step (``MultitaskStep``), the object the loop and the benchmarks
-in ``bench/`` both run (its settings: ``minbert.settings.MultitaskSettings``).
-
-Summed losses: ``DistributedDataParallel`` averages the gradients during the backward
-pass. PCGrad takes per-task gradients with ``autograd.grad``, which DDP does not
-see, so it runs without DDP's synchronisation and averages each task's gradient
-itself. Round-robin steps leave the other tasks' heads without a gradient, which
-DDP must be told to expect.
-"""
+"""One multitask training step, top to bottom (:meth:`MultitaskStep.__call__`); the loop
+(``minbert.train.multitask``) and the benchmarks in ``bench/`` run the same object."""
 
 from __future__ import annotations
 
@@ -18,27 +11,28 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from minbert.data.multitask import TaskData
-from minbert.device import pad_multiple, to_device
+from minbert.device import compute_context, pad_multiple, to_device
 from minbert.distributed import World
-from minbert.model.multitask import MultitaskBert
+from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS
 from minbert.train.loop import NonFiniteGuard
-from minbert.train.objective import LOSS_PARTS, smart_start, task_objective
 from minbert.train.optim import build_optimizer
 from minbert.train.pcgrad import PCGrad
-from minbert.train.smart import EmaTeacher
+from minbert.train.smart import Smart
 
-GRADIENT_MODES = ("round-robin", "summed", "pcgrad")
+# What each step logs per task: the task's own loss, then SMART's terms unweighted (zero
+# without SMART): the smoothness term as trained, its control (the same divergence with no
+# perturbation: what of the term is not the perturbation's doing; not trained) and the
+# Bregman term.
+LOSS_PARTS = ("loss", "adversarial", "adversarial_control", "bregman")
 
 
 class MultitaskStep:
-    """One training step, as ``train_multitask`` runs it: the objective of each task
-    the step trains on (its loss, plus SMART's terms when on) over this rank's share
-    of the task's global batch, the backward pass (PCGrad's with ``pcgrad``), gradient
-    clipping, the optimizer step and SMART's teacher update. The benchmarks in
-    ``bench/`` time this same object.
-    """
+    """The model, its optimizer, SMART, PCGrad and the non-finite-loss guard. Under several
+    processes summed losses go through DDP; PCGrad's per-task ``autograd.grad`` runs
+    without DDP's synchronisation and averages each task's gradient itself; round-robin
+    leaves the other heads without a gradient, which DDP is told to expect."""
 
     def __init__(
         self,
@@ -48,18 +42,7 @@ class MultitaskStep:
         device: torch.device,
         world: World = World(),
     ):
-        self.settings, self.model, self.train, self.device, self.world = (
-            settings,
-            model,
-            train,
-            device,
-            world,
-        )
-        # Summed losses: DDP averages the gradients during the backward pass. PCGrad
-        # takes per-task gradients with autograd.grad, which DDP does not see, so it
-        # runs without DDP's synchronisation and averages each task's gradient itself.
-        # Round-robin steps leave the other tasks' heads without a gradient, which DDP
-        # must be told to expect.
+        self.settings, self.model, self.train, self.device, self.world = settings, model, train, device, world
         self.net = model
         if world.distributed:
             self.net = DistributedDataParallel(
@@ -67,11 +50,8 @@ class MultitaskStep:
                 device_ids=[device.index] if device.type == "cuda" else None,
                 find_unused_parameters=settings.gradient == "round-robin",
             )
-        self.no_sync = (
-            self.net.no_sync
-            if world.distributed and settings.gradient == "pcgrad"
-            else contextlib.nullcontext
-        )
+        pcgrad = settings.gradient == "pcgrad"
+        self.no_sync = self.net.no_sync if world.distributed and pcgrad else contextlib.nullcontext
         self.optimizer = build_optimizer(
             settings.optimizer,
             model,
@@ -79,9 +59,12 @@ class MultitaskStep:
             weight_decay=settings.weight_decay,
             head_lr=settings.head_lr,
         )
-        self.teacher = EmaTeacher(model, settings.smart.beta) if settings.smart else None
-        self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
+        self.pad_multiple = pad_multiple(device)
+        self.smart = (
+            Smart(settings.smart, model, device, settings.seed, self.pad_multiple) if settings.smart else None
+        )
         # PCGrad operates on the shared encoder; each head keeps its own task's gradient.
+        self.pcgrad_generator = torch.Generator().manual_seed(settings.seed)
         self.pcgrad = (
             PCGrad(
                 [p for p in model.encoder.parameters() if p.requires_grad],
@@ -89,84 +72,81 @@ class MultitaskStep:
                 self.pcgrad_generator,
                 world.all_reduce_mean_,
             )
-            if settings.gradient == "pcgrad"
+            if pcgrad
             else None
         )
-        # SMART's random starts, drawn for whole global batches: alike on every rank.
-        self.smart_generator = torch.Generator(device).manual_seed(settings.seed)
-        # Checks each step's losses (global means) and names the examples of a bad one.
         self.guard = NonFiniteGuard(lambda at, local: _non_finite(world, at, local, train))
-        self.pad_multiple = pad_multiple(device)
 
     @property
-    def generators(self) -> tuple[torch.Generator, torch.Generator]:
-        return self.pcgrad_generator, self.smart_generator
+    def generators(self) -> tuple[torch.Generator, ...]:
+        return (self.pcgrad_generator, *([self.smart.generator] if self.smart else []))
 
     def __call__(
         self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
-    ) -> tuple[torch.Tensor, dict | None]:
-        """Train on one global batch of each task in ``rows_by_task`` (row indices into
-        ``train``; one task per round-robin step, all three otherwise).
-
-        Returns a (task, LOSS_PARTS) tensor on the device: each trained task's mean
-        loss and SMART terms over its global batch (zeros for the other tasks) and,
-        with PCGrad, the Gram matrix of the task gradients (on the device; nothing in
-        the step waits for the host). A non-finite loss
-        raises :class:`NonFiniteLoss` (on a GPU, during the next call or :meth:`flush`).
-        """
-        world, smart, gram = self.world, self.settings.smart, None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Train on one global batch of each task in ``rows_by_task`` (one task per round-robin
+        step). Returns the (task, LOSS_PARTS) global means (zeros for untrained tasks) and
+        PCGrad's Gram matrix, both on the device; a non-finite loss raises
+        ``NonFiniteLoss`` (on a GPU one step late, or at :meth:`flush`)."""
+        model, net, smart, device, world = self.model, self.net, self.smart, self.device, self.world
         objectives, rows_used = [], {}
-        local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
+        local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=device)
         with self.no_sync():
             for k, task in enumerate(MULTITASK_TASKS):
                 if task not in rows_by_task:
                     continue
-                rows = rows_by_task[task]
+                # This rank's share of the task's global batch. A rank left without rows of
+                # a small last batch runs one row with weight zero: every rank joins every
+                # collective.
+                data, rows = self.train[task], rows_by_task[task]
                 positions = world.shard(len(rows))
                 weight = world.loss_weight(len(positions), len(rows))
-                # A rank left without rows of a small last batch runs one row with
-                # weight zero: every rank joins every collective.
                 if not len(positions):
                     positions = np.zeros(1, dtype=int)
-                data = self.train[task]
-                batch = data.batch(rows[positions], self.pad_multiple).to(self.device)
-                labels = to_device(data.labels(batch.rows), self.device)
-                start = (
-                    None
-                    if smart is None
-                    else smart_start(
-                        data,
-                        rows,
-                        positions,
-                        batch,
-                        self.model.encoder.config.hidden_size,
-                        smart.noise_std,
-                        self.smart_generator,
-                        self.pad_multiple,
-                    )
-                )
-                objective, parts = task_objective(
-                    self.model, self.net, self.teacher, smart, task, batch, labels, self.device, start
-                )
+                batch = data.batch(rows[positions], self.pad_multiple).to(device)
+                labels = to_device(data.labels(batch.rows), device)
+
+                # 1. The task's loss, plus SMART's smoothness and Bregman terms.
+                start = None if smart is None else smart.start(data, rows, positions, batch)
+                with compute_context(device):
+                    embedded = model.embed(batch)
+                if smart is None:
+                    with compute_context(device):
+                        output = net(task, batch, embedded)
+                    loss = objective = task_loss(task, output, labels)
+                    adversarial = control = bregman = torch.zeros((), device=device)
+                else:
+                    output, adversarial, control = smart.smoothness(net, task, batch, embedded, start)
+                    # The loss before the Bregman term: the order autograd sums their gradients in.
+                    loss = task_loss(task, output, labels)
+                    bregman = smart.bregman(task, batch, output)
+                    objective = loss + smart.settings.lambda_s * adversarial + smart.settings.mu * bregman
                 objectives.append(weight * objective)
-                local[k] = weight * parts.detach()
+                local[k] = weight * torch.stack([loss, adversarial, control, bregman]).detach()
                 rows_used[task] = batch.rows
+
+            # 2. The global batch's mean of each part, for the log and the non-finite check.
             step_losses = local.clone()
             if world.distributed:
-                # The global batch's mean of each task's losses, for the log and the check.
                 dist.all_reduce(step_losses)
                 step_losses /= world.size
             self.guard.push(step_losses, (epoch, step, rows_used), local)
+
+            # 3. Backward: the sum of the tasks' objectives (one task in a round-robin
+            # step), or PCGrad's surgery on the encoder's per-task gradients.
             self.optimizer.zero_grad(set_to_none=True)
+            gram = None
             if self.pcgrad is not None:
                 gram = self.pcgrad(objectives)
             else:
                 torch.stack(objectives).sum().backward()
+
+        # 4. Clipping, 5. the optimizer step, 6. SMART's teacher follows the student.
         if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
-        if self.teacher is not None:
-            self.teacher.update(self.model)
+        if smart is not None:
+            smart.teacher.update(model)
         return step_losses, gram
 
     def flush(self) -> None:

@@ -1,10 +1,5 @@
-"""Optimizers and learning-rate schedules, chosen by name from small registries.
-
-AdamW is PyTorch's. AdamaxW is written here: Adamax (Kingma & Ba, 2015, section 7.1),
-the infinity-norm variant of Adam, with the weight decay decoupled from the
-gradient-based update as in AdamW (Loshchilov & Hutter, 2019). The minBERT paper
-compares the two.
-"""
+"""Optimizers and learning-rate schedules by name: PyTorch's AdamW, and AdamaxW (Adamax,
+Kingma & Ba, 2015, with AdamW's decoupled weight decay), which the paper compares."""
 
 from __future__ import annotations
 
@@ -16,18 +11,9 @@ from minbert.settings import OPTIMIZERS, SCHEDULERS
 
 
 class AdamaxW(torch.optim.Optimizer):
-    r"""Adamax with decoupled weight decay.
-
-    For each parameter :math:`p` with gradient :math:`g` at step :math:`t`:
-
-    .. math::
-        p &\leftarrow p - \eta\lambda p \\
-        m &\leftarrow \beta_1 m + (1-\beta_1) g \\
-        u &\leftarrow \max(\beta_2 u, |g| + \epsilon) \\
-        p &\leftarrow p - \frac{\eta}{1-\beta_1^t}\,\frac{m}{u}
-
-    ``eps`` sits inside the max, as in PyTorch's Adamax, so ``u`` is never zero.
-    """
+    r"""Adamax with decoupled weight decay: ``p -= lr wd p``; ``m = lerp(m, g, 1 - b1)``;
+    ``u = max(b2 u, |g| + eps)`` (eps inside the max, as PyTorch's Adamax: u is never
+    zero); ``p -= lr / (1 - b1^t) m / u``."""
 
     def __init__(
         self,
@@ -103,14 +89,26 @@ _OPTIMIZER: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamaxw": _adamaxw,
 }
 
+
+def _linear_warmup(optimizer, gamma: float, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """BERT's schedule, stepped every step: linear warm-up over the first 10% of
+    ``total_steps``, then linear decay."""
+    warmup = max(1, total_steps // 10)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / (total_steps - warmup + 1)))
+    )
+
+
 _SCHEDULER: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
-    # Stepped once per epoch.
-    "constant": lambda opt, gamma: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
-    "exponential": lambda opt, gamma: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+    # The settings' choices (SCHEDULERS), stepped once per epoch.
+    "constant": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
+    "exponential": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+    # MLM pretraining's.
+    "linear-warmup": _linear_warmup,
 }
 
 
-assert (tuple(_OPTIMIZER), tuple(_SCHEDULER)) == (OPTIMIZERS, SCHEDULERS)
+assert tuple(_OPTIMIZER) == OPTIMIZERS and set(SCHEDULERS) <= set(_SCHEDULER)
 
 
 def _choose(registry: dict, kind: str, name: str):
@@ -125,12 +123,9 @@ def parameter_groups(
     weight_decay: float,
     lr: float | None = None,
 ) -> list[dict]:
-    """Two groups, as BERT (Devlin et al., 2019) and Hugging Face train: weight
-    matrices and embeddings decay, while biases and LayerNorm gains and shifts (every
-    one-dimensional parameter) do not; decaying a LayerNorm gain towards zero would
-    shrink the normalised activations rather than regularise a mapping.
-    Frozen parameters are left out. With ``lr`` the groups carry their own learning
-    rate (see ``build_optimizer``'s ``head_lr``)."""
+    """Decay and no-decay groups, as BERT and Hugging Face train: every one-dimensional
+    parameter (biases, LayerNorm gains and shifts) is not decayed. Frozen parameters are
+    left out; with ``lr`` the groups carry their own rate."""
     decay, no_decay = [], []
     for _, p in named_parameters:
         if p.requires_grad:
@@ -150,15 +145,10 @@ def build_optimizer(
     weight_decay: float,
     head_lr: float | None = None,
 ) -> torch.optim.Optimizer:
-    """Optimizer ``name`` over ``model``'s trainable parameters (see ``parameter_groups``).
-
-    With ``head_lr``, the parameters outside ``model.encoder`` (the task heads) learn
-    at ``head_lr`` and the encoder's at ``lr``. A freshly initialised head at a
-    fine-tuning rate barely moves: 72 AdamW updates at 3e-5 move a weight by at most
-    about 2e-3 against its initial range of about +-0.05, so the encoder is bent to
-    fit a random projection instead. Schedules scale every group's rate alike, so
-    the head's decays with the encoder's.
-    """
+    """Optimizer ``name`` over ``model``'s trainable parameters. With ``head_lr`` the task
+    heads learn at their own rate (a fresh head at a fine-tuning rate barely moves: 72
+    AdamW updates at 3e-5 move a weight by about 2e-3 of its +-0.05 range); schedules
+    scale every group alike."""
     if head_lr is None:
         groups = parameter_groups(model.named_parameters(), weight_decay)
     else:
@@ -169,5 +159,7 @@ def build_optimizer(
     return _choose(_OPTIMIZER, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
 
 
-def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float):
-    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma)
+def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float = 1.0, total_steps: int = 0):
+    """Schedule ``name`` (``gamma``: the exponential one's factor; ``total_steps``: the
+    linear warm-up's length)."""
+    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma, total_steps)

@@ -1,32 +1,8 @@
-"""PCGrad: gradient surgery for multitask fine-tuning of a shared encoder.
-
-Yu et al., 2020, "Gradient Surgery for Multi-Task Learning" (NeurIPS 2020,
-arXiv:2001.06782). When several tasks share parameters, their gradients can point
-in conflicting directions (negative dot product); summing them lets one task undo
-another's progress, and a task with large gradients dominates. PCGrad removes the
-conflict before summing: for each task ``i`` it starts from ``g_i`` and, visiting
-the other tasks ``j`` in a random order, projects the running ``g_i'`` onto the
-normal plane of ``g_j`` whenever the two conflict::
-
-    if g_i' . g_j < 0:   g_i' <- g_i' - (g_i' . g_j) / ||g_j||^2 * g_j
-
-The projection is against the *original* ``g_j`` (Algorithm 1 of the paper), and
-the update direction is the sum of the projected ``g_i'``.
-
-Only the shared parameters (the BERT encoder) go through the surgery. A task head
-only receives gradient from its own task's loss, so there is nothing for it to
-conflict with: heads keep their ordinary gradients.
-
-Implementation note. Every projected ``g_i'`` is a linear combination of the
-original gradients, and every quantity the algorithm tests or divides by is a dot
-product between them. So the surgery runs on the k x k Gram matrix of the original
-gradients (k = number of tasks, a handful). The task gradients live as the rows of
-one (k, n) matrix, so the Gram matrix is a few batched matrix products and the
-result one (k,) x (k, n) product, written into a flat buffer whose slices are the
-parameters' ``.grad``: a handful of kernels per step however many parameter tensors
-the encoder has, and nothing goes to the host (the surgery's sign tests are
-``torch.where`` on the device), so a GPU never waits for the host in the step.
-"""
+"""PCGrad (Yu et al., 2020): each task's gradient of the shared encoder is projected, in a
+random order, onto the normal plane of every other task's original gradient it conflicts
+with (negative dot product), and the projections are summed; heads keep their own task's
+gradient. Every projection is a combination of the original gradients, so the surgery runs
+on their Gram matrix on the device and ends in one matrix-vector product."""
 
 from __future__ import annotations
 
@@ -34,31 +10,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PCGrad", "conflict_stats", "gram_stats", "pcgrad_backward", "project_conflicting"]
-
 # The Gram matrix is summed over chunks of this many entries: each chunk's products
 # accumulate in the gradients' float32, the chunks' sums in float64. A float32 dot
 # product over all 2.3e7 entries of MiniLM drifts by about 1e-3 relative (BLAS
 # accumulation); over chunks of 65,536 it stays near 2e-6.
 GRAM_CHUNK = 65_536
-
-
-def _check_grads(grads: Sequence[torch.Tensor]) -> None:
-    if isinstance(grads, torch.Tensor) or len(grads) == 0:
-        raise ValueError("expected a non-empty list of per-task gradient tensors")
-    first = grads[0]
-    for t, g in enumerate(grads):
-        if not isinstance(g, torch.Tensor):
-            raise TypeError(f"gradient {t} is a {type(g).__name__}, not a torch.Tensor")
-        if g.dim() != 1:
-            raise ValueError(f"gradient {t} has shape {tuple(g.shape)}; expected a flat 1-D tensor")
-        if not g.is_floating_point():
-            raise ValueError(f"gradient {t} has dtype {g.dtype}; expected a floating-point dtype")
-        if g.shape != first.shape or g.dtype != first.dtype or g.device != first.device:
-            raise ValueError(
-                f"gradient {t} is {tuple(g.shape)} {g.dtype} on {g.device}, but gradient 0 is "
-                f"{tuple(first.shape)} {first.dtype} on {first.device}; all must match"
-            )
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -84,26 +40,16 @@ def _gram(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _visit_orders(k: int, generator: torch.Generator | None) -> list[list[int]]:
-    """For each task ``i`` (in task order), one ``torch.randperm(k)`` over all tasks.
-
-    Task ``i`` appears in its own order and is skipped when visited. Drawing a full
-    permutation per task, always, keeps the random stream's consumption fixed, so a
-    seeded generator gives the same orders whatever the gradients are. The training
-    step's generator lives on the CPU, so the orders cost the device nothing.
-    """
+    """One ``torch.randperm(k)`` per task, in task order (its own index skipped when
+    visited): a fixed draw from ``generator`` whatever the gradients are."""
     device = generator.device if generator is not None else torch.device("cpu")
     return [torch.randperm(k, generator=generator, device=device).tolist() for _ in range(k)]
 
 
 @torch.no_grad()
 def _surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tensor:
-    """Weights ``w`` (float64, on the Gram matrix's device) with ``sum_i g_i' = sum_m w[m] g_m``.
-
-    Row ``i`` of ``coef`` holds g_i' in the basis of the original gradients, so
-    ``g_i' . g_j = coef[i] . G[:, j]`` and projecting onto the original ``g_j`` only
-    changes ``coef[i, j]``. A zero ``g_j`` has no direction to project away from
-    (and would divide by zero): it is never projected onto.
-    """
+    """Weights ``w`` with ``sum_i g_i' = sum_m w[m] g_m``: row ``i`` of ``coef`` is g_i' in the
+    basis of the original gradients; a zero ``g_j`` is never projected onto."""
     k = gram.shape[0]
     coef = torch.eye(k, dtype=torch.float64, device=gram.device)
     norm_sq = gram.diagonal()
@@ -120,10 +66,8 @@ def _surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tenso
 
 
 def gram_stats(gram: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Pairwise cosine similarities of the task gradients and the number of conflicts,
-    from their Gram matrix: a k x k float32 CPU tensor (diagonal 1; off-diagonal 0
-    where either gradient is zero) and the number of pairs ``i < j`` whose dot
-    product is negative."""
+    """The k x k cosines of the task gradients (0 where one is zero) and the number of pairs
+    with a negative dot product, from their Gram matrix."""
     gram = gram.detach().to("cpu", torch.float64)
     norms = gram.diagonal().sqrt()
     denom = norms[:, None] * norms[None, :]
@@ -134,29 +78,9 @@ def gram_stats(gram: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cos.float(), int((gram[upper] < 0).sum())
 
 
-def project_conflicting(grads: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
-    """The PCGrad direction: the sum of the conflict-projected task gradients.
-
-    ``grads`` are flat 1-D gradients of the shared parameters, one per task, of the
-    same shape, dtype and device. For each task ``i`` the other tasks are visited in
-    the order of one ``torch.randperm(len(grads), generator=generator)`` (drawn per
-    task, in task order, self skipped); ``g_i'`` is projected onto the normal plane
-    of each original ``g_j`` it conflicts with. Zero gradients are never projected
-    onto. The inputs are not modified; the result has their dtype and device.
-    """
-    _check_grads(grads)
-    rows = torch.stack(grads)
-    weights = _surgery_weights(_gram(rows), _visit_orders(len(grads), generator))
-    return _combine(weights, rows)
-
-
 @torch.no_grad()
 def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum_m weights[m] * rows[m]`` as one matrix-vector product.
-
-    Half-precision rows are combined in float32: the weights can be well above 1
-    (the projections rescale g_j by ||g_i|| / ||g_j||), and w * g could overflow
-    float16."""
+    """``sum_m weights[m] * rows[m]``, in float32 at least (weights can exceed 1)."""
     acc = _accumulation_dtype(rows.dtype)
     combined = torch.mv(rows.to(acc).T, weights.to(acc))
     if out is None:
@@ -164,31 +88,12 @@ def _combine(weights: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None
     return out.copy_(combined)
 
 
-def conflict_stats(grads: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """:func:`gram_stats` of flat per-task gradients, for logging how often tasks conflict."""
-    _check_grads(grads)
-    return gram_stats(_gram(torch.stack(grads)))
-
-
 class PCGrad:
-    """The PCGrad replacement for ``sum(losses).backward()``, for fixed parameters.
-
-    Holds one (tasks, n) matrix for the tasks' gradients of the ``shared``
-    parameters (n entries in all) and one flat vector for their combination; the
-    shared parameters' ``.grad`` are views of that vector. A call takes one
-    ``autograd.grad`` per task loss over shared and head parameters, copies the
-    shared part into the task's row (one ``cat``), and writes:
-
-    * shared parameters: the projected combined gradient, as views of the buffer;
-    * head parameters: their plain gradient, summed over the tasks that reach them.
-
-    Both overwrite whatever ``.grad`` held. ``reduce``, when given, is called on each
-    task's row, then once on the heads' summed gradients, and may change them in place:
-    data-parallel training averages them over its processes there, so that the surgery
-    sees each task's gradient of the whole batch (the mean of a sum is the sum of the
-    means, so the heads need one call). The call returns the Gram matrix of the
-    original shared gradients on the device (:func:`gram_stats` reads it).
-    """
+    """The replacement for ``sum(losses).backward()``: one ``autograd.grad`` per task, each
+    task's shared gradient a row of one matrix; writes the surgery's result into a flat
+    buffer whose views are the shared ``.grad``, and each head's summed plain gradient.
+    ``reduce`` (data-parallel: the mean over ranks) is applied to each row and once to
+    the heads' gradients. Returns the Gram matrix of the original shared gradients."""
 
     def __init__(
         self,
@@ -268,20 +173,3 @@ class PCGrad:
             for p, g in zip(self.heads, heads):
                 p.grad = g.detach()
         return gram
-
-
-def pcgrad_backward(
-    losses: list[torch.Tensor],
-    shared_params: list[torch.nn.Parameter],
-    head_params_per_task: list[list[torch.nn.Parameter]] | None = None,
-    generator: torch.Generator | None = None,
-    reduce: Callable[[list[torch.Tensor]], None] | None = None,
-) -> dict:
-    """One :class:`PCGrad` step for parameters used once (a training loop keeps a
-    :class:`PCGrad`, whose buffers are reused). Returns the conflict statistics of
-    the original shared gradients for logging:
-    ``{"cosines": k x k tensor, "conflicts": int, "pairs": k * (k - 1) // 2}``."""
-    gram = PCGrad(shared_params, head_params_per_task, generator, reduce)(losses)
-    cosines, conflicts = gram_stats(gram)
-    k = len(losses)
-    return {"cosines": cosines, "conflicts": conflicts, "pairs": k * (k - 1) // 2}

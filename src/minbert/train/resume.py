@@ -1,21 +1,9 @@
-"""Resumable training: the whole training state, saved at the end of every epoch.
-
-A stage killed mid-run (a lost machine, a Ctrl-C, an out-of-memory kill) leaves no
-output for DVC to record, so ``dvc repro`` simply runs it again; the training loop
-then finds its last saved state and continues from the next epoch. Everything
-that decides what happens next is in the state: model, optimizer and scheduler
-states, the random generators (torch's global generator for dropout, on a GPU every
-CUDA device's, the numpy generator that orders batches, any extra torch generator such
-as PCGrad's) and the
-results so far. So a resumed run ends with exactly the numbers of a run that was
-never interrupted (tested).
-
-A state is only resumed by the run it belongs to: it carries a fingerprint of the
-run's settings, checkpoint and data, and one that does not match is ignored and
-replaced. It is written atomically (temporary file, then rename), loaded with
-``torch.load(weights_only=True)``, and removed once the stage has written its
-outputs.
-"""
+"""The whole training state, saved after every epoch, so that a killed stage rerun by
+``dvc repro`` continues from its last epoch and ends with the numbers of an uninterrupted
+run (tested): weights, optimizer, schedule, every random generator, the results so far.
+A state carries a fingerprint of the run's settings, checkpoint and data, and another
+run's is ignored; it is written atomically, loaded with ``weights_only=True`` and removed
+once the stage's outputs are written."""
 
 from __future__ import annotations
 

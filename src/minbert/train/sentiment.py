@@ -1,21 +1,7 @@
-"""Single-task sentiment classification (SST 5-class, CFIMDB binary).
-
-Two modes, as in the course project and the paper's Table 1:
-
-* ``last-layer``: the encoder is frozen and only the head (dropout + linear on the
-  pooled vector, see ``minbert.settings.POOLINGS``) learns. A frozen encoder gives
-  the same pooled features for a sentence every epoch, so they are computed once (encoder in eval mode, no
-  gradients) and the head trains on the cached features: the same model, at a
-  fraction of the cost of re-encoding every sentence every epoch.
-* ``full``: every encoder weight is fine-tuned along with the head.
-
-Before training, ``validation_examples`` rows of the training split are set aside
-(``minbert.data.validation``) and the training rows are drawn from the rest. The
-validation split and the dev set are evaluated before the first update (epoch 0:
-the head as initialised) and after each epoch; the epoch (1 or later) with the best
-validation MCC (chance-corrected: 0 for a head that answers one class) is kept, and its
-weights produce the dev and test predictions: dev chooses nothing.
-"""
+"""Single-task sentiment classification (SST 5-class, CFIMDB binary), the paper's Table 1:
+``last-layer`` trains the head alone on the frozen encoder's pooled vectors (computed
+once, in eval mode), ``full`` fine-tunes everything. The epoch (1 or later) with the best
+validation MCC is kept; dev chooses nothing."""
 
 from __future__ import annotations
 
@@ -44,8 +30,6 @@ from minbert.tasks import TASKS
 from minbert.train.loop import Epochs, NonFiniteGuard, cpu_copy
 from minbert.train.optim import build_optimizer, build_scheduler
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
-
-MODES = ("last-layer", "full")
 
 
 @dataclass
@@ -101,15 +85,12 @@ def _scores(labels: np.ndarray, logits: torch.Tensor) -> tuple[float, float]:
 
 
 class _Epochs:
-    """A sentiment mode's epoch for the epoch driver (``minbert.train.loop.Epochs``):
-    train, score the validation split and dev, step the schedule. ``train_epoch(epoch,
-    tick)`` trains one epoch (``tick(loss)`` after every step) and returns its mean loss
-    and accuracy; ``evaluate()`` returns ((validation loss, accuracy, MCC), (dev loss,
-    accuracy, MCC)); ``module`` holds the weights an epoch is kept with. Selection: the
-    validation MCC (chance-corrected: a head answering one class scores 0)."""
+    """A sentiment mode's epoch for the epoch driver: ``train_epoch(epoch, tick)`` (mean loss
+    and accuracy), then ``evaluate()`` ((loss, accuracy, MCC) on validation and dev), then
+    the schedule's step. Selection: the validation MCC."""
 
-    def __init__(self, settings, module, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
-        self.module, self.optimizer, self.rng = module, optimizer, rng
+    def __init__(self, settings, model, optimizer, rng, steps_per_epoch, train_epoch, evaluate):
+        self.model, self.optimizer, self.rng = model, optimizer, rng
         self.steps_per_epoch, self.train_epoch, self.evaluate = steps_per_epoch, train_epoch, evaluate
         self.scheduler = build_scheduler(settings.lr_schedule, optimizer, gamma=settings.lr_gamma)
 
@@ -149,28 +130,22 @@ class _Epochs:
 
     def state(self) -> dict:
         return {
-            "model": cpu_copy(self.module),
+            "model": cpu_copy(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generators": generator_states(self.rng),
         }
 
     def load_state(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         restore_generators(state["generators"], self.rng)
 
-    def weights(self) -> dict:
-        return cpu_copy(self.module)
-
-    def load_weights(self, weights: dict) -> None:
-        self.module.load_state_dict(weights)
-
 
 def _run_epochs(settings, loop: _Epochs, resume: ResumePoint | None) -> SentimentResult:
     """Every epoch through the driver; the result holds the history and the epoch kept,
-    whose weights ``loop.module`` now has."""
+    whose weights ``loop.model`` now has."""
     history, best_epoch = Epochs(resume).run(loop, settings.epochs, f"{settings.task} {settings.mode}")
     # One optimizer step per batch, every epoch.
     return SentimentResult(history, best_epoch, optimizer_steps=loop.steps_per_epoch * settings.epochs)

@@ -1,188 +1,114 @@
-r"""SMART regularisation for fine-tuning (Jiang et al., 2020).
-
-Jiang, He, Chen, Liu, Gao and Zhao, "SMART: Robust and Efficient Fine-Tuning for
-Pre-trained Natural Language Models through Principled Regularized Optimization",
-ACL 2020 (arXiv 1911.03437). SMART adds two terms to the task loss:
-
-**Smoothness-inducing adversarial regulariser** :math:`\mathcal{R}_s`, weight
-:math:`\lambda_s`. The model's prediction should not change much when its input
-moves a little:
-
-.. math::
-    \mathcal{R}_s(\theta) = \frac{1}{n}\sum_i
-        \max_{\|\tilde x_i - x_i\|_\infty \le \epsilon}
-        \ell_s\big(f(\tilde x_i;\theta),\, f(x_i;\theta)\big)
-
-where :math:`x_i` is the *embedding output* (BERT's input is discrete, so the
-perturbation lives in the continuous space right after the embeddings) and
-:math:`\ell_s` is a symmetric divergence: symmetric KL for classification,
-squared error for regression. The inner max is approximated by a few steps of
-normalised gradient ascent from a small random start
-(``minbert.train.smoothness.adversarial_perturbation``); ``smoothness_terms`` there
-then evaluates :math:`\ell_s` at the perturbation found, with the graph to the model
-kept so the term regularises the parameters.
-
-**Bregman proximal point term** :math:`\mathcal{D}_{breg}`, weight :math:`\mu`.
-Each update should stay close, *in prediction space*, to a slowly moving
-"teacher": an exponential moving average of the model's own parameters
-(:class:`EmaTeacher`, the paper's momentum variant):
-
-.. math::
-    \mathcal{D}_{breg}(\theta, \tilde\theta_t) = \frac{1}{n}\sum_i
-        \ell_s\big(f(x_i;\theta),\, f(x_i;\tilde\theta_t)\big),
-    \qquad \tilde\theta_t = \beta\,\tilde\theta_{t-1} + (1-\beta)\,\theta_t .
-
-This keeps aggressive updates from wrecking what the pre-trained model knew, the
-"aggressive fine-tuning" failure the paper targets.
-
-What the smoothness term measures
----------------------------------
-
-Three choices decide whether :math:`\mathcal{R}_s` measures the perturbation at
-all; ``bench/smart_decomposition.py`` measures each on all-MiniLM-L6-v2 with
-cross-encoder heads (``bench/results/smart_decomposition.json``; numbers below are
-SST / Quora / STS, means over three batches of eight).
-
-**How big the perturbation is** (``SmartSettings.projection``). The paper's
-Algorithm 1 starts from :math:`x_i + \nu_i`, :math:`\nu_i \sim N(0, \sigma^2 I)`,
-steps by :math:`\eta` times the gradient over its infinity norm,
-and projects onto the infinity-norm ball of radius :math:`\epsilon` around
-:math:`x_i`; its Section 5 sets :math:`\epsilon = \sigma = 10^{-5}`,
-:math:`\eta = 10^{-3}`, one step. Taken literally (``projection="ball"``), the step
-is a hundred times the radius, so every coordinate lands on the ball's surface:
-:math:`\pm 10^{-5}` against embedding coordinates of order one (a token's largest
-is 2.2 at the median). The divergence it causes, with dropout out of the way, is
-1.2e-9 / 1.3e-9 / 6.9e-9: nothing for :math:`\lambda_s = 1` to train on. The
-authors' reference implementation (github.com/namisan/mt-dnn,
-``mt_dnn/perturbation.py``, ``SmartPerturbation.forward`` and
-``SmartPerturbation._norm_grad``, with ``train.py``'s defaults ``adv_p_norm=inf``,
-``adv_norm_level=0``, ``adv_epsilon=1e-6``) has no radius: after its step it divides
-each token's vector by that token's largest coordinate plus ``adv_epsilon``, which
-is only there to avoid dividing by zero. Every token's perturbation ends with
-infinity norm 1. (mt-dnn's README gives it as the paper's code, so this is
-presumably the size the paper's lambda_s in {1, 3, 5} went with.)
-``projection="token"`` keeps that geometry: the step is the paper's normalised
-gradient, normalised per token, and each token's perturbation is then scaled to
-infinity norm ``token_norm``. The reference code's 1 (an L2 norm 0.55 of the token's
-own; R_s 0.23 / 0.26 / 1.45) makes the term's gradient on the heads larger than the
-task loss's from the first steps, and the heads collapse to one answer in short runs;
-at 0.1 (R_s 0.023 / 0.025 / 0.12) they learn, but the validation score falls below the
-start; the default, 0.01, is chosen on the validation split (docs/smart.md).
-``epsilon`` keeps the paper's value and only the ``"ball"`` projection reads it.
-(The reference code feeds ``embed + noise`` back through the embedding layer as
-``inputs_embeds``, which adds the position and segment embeddings again and
-renormalises; here the perturbed embeddings go straight to the encoder.) With
-``"token"``, steps after the first move a perturbation of size ``token_norm`` by
-``step_size``: they matter only with a step comparable to ``token_norm``.
-
-**Dropout masks** (``SmartSettings.dropout_masks``). In training mode every pass
-draws its own dropout masks, and two passes of the *same* input through different
-masks already differ: without any perturbation, the divergence between them is
-8.4e-3 / 4.5e-3 / 2.9e-2, the size of the whole term the old code trained
-(1.1e-2 / 2.3e-3 / 2.9e-2, independent masks and the 1e-5 clamp): it regularised
-dropout noise. The reference code draws fresh masks too (and recomputes the
-embeddings for its perturbed passes). ``"shared"`` replays the clean pass's masks
-in every perturbed pass (:class:`minbert.train.smoothness.DropoutMasks`), so that what the divergence sees
-is the perturbation's doing alone; ``"independent"`` is the old behaviour, under
-which the ascent also chases the masks (R_s 0.14 / 0.15 / 0.84 against 0.23 /
-0.26 / 1.45 shared, with the token projection).
-
-**Precision.** Under bf16 autocast the perturbed embeddings are rounded to bf16 at
-the first matrix product, which keeps 8 bits of mantissa: 88% of the coordinates
-of a 1e-5 perturbation vanish there, and the rest come out as whole rounding steps,
-so R_s read rounding, not the perturbation. The perturbed passes therefore run with
-autocast off (float32; TF32 matrix products, which would round alike, are off in
-this project), the ascent's backward pass too (autograd runs it under the autocast
-state of the call, not of the forward pass). The clean pass is one of them (stacked
-with the perturbed copy), so every output a divergence compares is float32 (comparing
-a bf16 output with a float32 one would measure the rounding), and the training
-objective (``minbert.train.objective``) runs the teacher's pass in float32 too.
-
-**Which side is differentiated.** The ascent compares with the clean output
-detached (as the reference code's ``logits.detach()`` does); the final divergence
-keeps the graph through both outputs, as the paper's objective differentiates
-:math:`\ell_s(f(\tilde x; \theta), f(x; \theta))` in both arguments. (The
-reference code's ``SymKlCriterion`` detaches the probabilities weighting each KL
-term and differentiates both log-probabilities; the terms that drops vanish as
-the two outputs meet.)
-
-Every step also logs the *control*: the same divergence with no perturbation,
-under the same mask policy (:func:`minbert.train.smoothness.smoothness_terms`). With
-shared masks it is 0, and the trained term is the perturbation's; with independent
-masks it is what dropout alone contributes.
-
-A training step combines them (per task, in multitask training;
-``minbert.train.objective.task_objective``)::
-
-    embedded = model.embed(batch)
-    masks = DropoutMasks(embedded.device)      # before any pass draws its masks
-    forward_fn = lambda e: model(task, batch, e)   # e may stack several copies
-    logits, adversarial, control = smoothness_terms(forward_fn, embedded, kind, settings, masks=masks)
-    loss = (task_loss(logits, labels)
-            + settings.lambda_s * adversarial
-            + settings.mu * bregman_loss(logits, teacher_logits, kind))
-    loss.backward(); optimizer.step(); teacher.update(model)
-
-where ``teacher_logits`` come from the same batch run through ``teacher.module``
-under ``torch.no_grad()``. ``smoothness_terms`` runs the clean and the perturbed
-pass as one pass over the two copies stacked (``minbert.model.dropout`` gives them
-one set of dropout masks).
-"""
+"""SMART (Jiang et al., 2020): a smoothness-inducing adversarial term R_s and a Bregman term
+against a momentum teacher, added to each task's loss. :class:`Smart` holds what a run
+keeps between steps (teacher, random starts' generator, the step's dropout masks); the
+functions below it compute on any ``forward_fn`` from embeddings to predictions. Each
+choice the paper leaves open, and what it measures: docs/smart.md."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable, Iterator
 from typing import Literal
 
+import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
-from minbert.device import at_least_float32
-from minbert.tasks import HEAD_OUTPUTS
+from minbert.data.multitask import Batch, TaskData
+from minbert.device import at_least_float32, compute_context
+from minbert.model.dropout import tiled
+from minbert.settings import SmartSettings
+from minbert.tasks import HEAD_OUTPUTS, TASKS
 
 # What the compared outputs are: a task's head output kind (minbert.tasks.HEAD_OUTPUTS).
 Kind = Literal["multiclass", "binary", "regression"]
 KINDS: tuple[str, ...] = tuple(HEAD_OUTPUTS)
 
 
+class Smart:
+    """SMART for one multitask run. Per task and step the training step calls
+    :meth:`start` (the ascent's random start), :meth:`smoothness` (the clean output, R_s
+    and its control) and :meth:`bregman`; after the optimizer step, ``teacher.update``."""
+
+    def __init__(
+        self, settings: SmartSettings, model: nn.Module, device: torch.device, seed: int, multiple: int
+    ):
+        self.settings, self.device, self.multiple = settings, device, multiple
+        self.teacher = EmaTeacher(model, settings.beta)
+        # Random starts are drawn for whole global batches: alike on every rank.
+        self.generator = torch.Generator(device).manual_seed(seed)
+        self.hidden = model.encoder.config.hidden_size
+        self.masks: DropoutMasks | None = None  # this step's, taken after the embedding layer
+
+    def start(self, data: TaskData, rows: np.ndarray, positions: np.ndarray, batch: Batch) -> torch.Tensor:
+        """N(0, noise_std^2) noise for the whole global batch ``rows`` (its rows, its padded
+        width), of which this rank keeps its ``positions`` and its own width: an example
+        starts from the same noise however the batch is split across processes."""
+        width = -(-int(data.lengths[rows].max()) // self.multiple) * self.multiple
+        shape = (len(rows) * (2 if data.siamese else 1), width, self.hidden)
+        noise = torch.randn(shape, generator=self.generator, device=self.generator.device)
+        noise = noise * self.settings.noise_std
+        # Slices, not an index tensor (a blocking copy from the host every step).
+        mine = _as_slice(positions)
+        if data.siamese:
+            first, second = noise[: len(rows)], noise[len(rows) :]
+            return torch.cat([first[mine], second[mine]])[:, : batch.ids.shape[1]]
+        return noise[mine, : batch.ids.shape[1]]
+
+    def smoothness(
+        self, net: nn.Module, task: str, batch: Batch, embedded: torch.Tensor, start: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The clean output (float32), R_s and its control (:func:`smoothness_terms`), every
+        pass through ``net`` (the model or its DDP wrapper) with autocast off. Call it
+        right after the embedding layer: shared masks are taken here."""
+        shared = self.settings.dropout_masks == "shared"
+        self.masks = DropoutMasks(embedded.device) if shared else None
+        with compute_context(self.device), torch.autocast(self.device.type, enabled=False):
+            return smoothness_terms(
+                lambda e: net(task, batch, e), embedded, TASKS[task].head_output, self.settings,
+                start=start, masks=self.masks,
+            )  # fmt: skip
+
+    def bregman(self, task: str, batch: Batch, output: torch.Tensor) -> torch.Tensor:
+        """D_breg: the divergence of ``output`` from the teacher's (float32: early on the
+        teacher is the student, and bf16 rounding would be most of the term)."""
+        with compute_context(self.device), torch.autocast(self.device.type, enabled=False), torch.no_grad():
+            target = self.teacher.module(task, batch).float()
+        return bregman_loss(output, target, TASKS[task].head_output)
+
+
+def _as_slice(positions: np.ndarray) -> slice:
+    """``positions``, an increasing arithmetic progression, as the slice that selects it."""
+    step = int(positions[1] - positions[0]) if len(positions) > 1 else 1
+    as_slice = slice(int(positions[0]), int(positions[-1]) + 1, step)
+    if step < 1 or not np.array_equal(positions, np.arange(as_slice.start, as_slice.stop, step)):
+        raise ValueError(f"a rank's positions in its batch must be evenly spaced, got {positions.tolist()}")
+    return as_slice
+
+
 # --------------------------------------------------------------------- divergence
 
 
 def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
-    """Symmetric divergence between two batches of predictions, averaged over the batch.
-
-    ``kind`` says what the predictions are:
-
-    * ``"multiclass"``: logits, classes on the last dimension; the symmetric KL
-      ``KL(p||q) + KL(q||p)`` of their softmaxes.
-    * ``"binary"``: one logit per example (shape ``(batch,)`` or ``(batch, 1)``),
-      read as the two-class distribution ``(1 - sigmoid(z), sigmoid(z))``; the
-      same symmetric KL.
-    * ``"regression"``: scores; the squared error.
-
-    Each example's divergence is summed over its outputs, then the mean is taken
-    over the batch (every leading dimension for multiclass, the first for the
-    others). Computed in float32 whatever the input dtype: in bf16 the tiny
-    differences SMART's perturbations cause would round to zero.
-    """
+    """Symmetric divergence of two batches of predictions, float32, summed over an example's
+    outputs and averaged over the batch: symmetric KL of softmaxes (``multiclass``) or of
+    a logit's two classes (``binary``), squared error (``regression``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown divergence kind {kind!r}; expected one of {', '.join(KINDS)}")
     if a.shape != b.shape:
         raise ValueError(f"cannot compare predictions of shapes {tuple(a.shape)} and {tuple(b.shape)}")
     a, b = at_least_float32(a), at_least_float32(b)
     if kind == "multiclass":
+        # KL(p||q) + KL(q||p) = sum (p - q)(log p - log q); log_softmax keeps the logs finite.
         log_p, log_q = F.log_softmax(a, dim=-1), F.log_softmax(b, dim=-1)
-        # KL(p||q) + KL(q||p) = sum p (log p - log q) + sum q (log q - log p)
-        #                     = sum (p - q)(log p - log q),
-        # one expression, with log_softmax keeping the logs finite for extreme logits.
         per_example = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(dim=-1)
         return per_example.mean()
     if kind == "binary":
-        # The same identity over the two classes (sigmoid(z), 1 - sigmoid(z)):
-        # sum (p - q)(log p - log q) = (p - q)[(log p - log(1-p)) - (log q - log(1-q))]
-        # and log p - log(1-p) is the logit itself, so it is exactly
-        # (sigmoid(a) - sigmoid(b)) * (a - b), with no logarithm to overflow.
+        # The same over two classes: log p - log(1 - p) is the logit itself, so the
+        # divergence is (sigmoid(a) - sigmoid(b)) * (a - b), with no logarithm to overflow.
         per_element = (torch.sigmoid(a) - torch.sigmoid(b)) * (a - b)
     else:
         per_element = (a - b).square()
@@ -193,24 +119,11 @@ def divergence(a: torch.Tensor, b: torch.Tensor, kind: Kind) -> torch.Tensor:
 
 
 class EmaTeacher:
-    """The momentum teacher of SMART's Bregman proximal point term.
-
-    Holds a deep copy of the model whose parameters follow the student's as an
-    exponential moving average, ``theta~ <- beta * theta~ + (1 - beta) * theta``,
-    updated by the caller after every optimiser step with :meth:`update`.
-
-    The copy is frozen (``requires_grad`` False: the optimiser must never see it,
-    and the Bregman term differentiates only the student) and in eval mode, so
-    its predictions are deterministic targets rather than dropout-noised ones.
-    This class is deliberately not an ``nn.Module``: as a submodule of the
-    student it would land in the student's ``parameters()``, ``state_dict()`` and
-    ``train()`` calls. Build it after the model is on its device, and call
-    ``update`` with that same model.
-    """
+    """The momentum teacher: a frozen eval-mode copy of the model, ``theta~ <- beta theta~ +
+    (1 - beta) theta`` at each :meth:`update`. Not an ``nn.Module``, so that it stays out of
+    the student's ``parameters()``, ``state_dict()`` and ``train()``."""
 
     def __init__(self, model: nn.Module, beta: float) -> None:
-        if not 0 <= beta < 1:
-            raise ValueError(f"EmaTeacher beta must be in [0, 1), got {beta!r}")
         self.beta = beta
         self.module = copy.deepcopy(model)
         self.module.requires_grad_(False)
@@ -223,16 +136,11 @@ class EmaTeacher:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """Move the teacher towards ``model``: theta~ = beta*theta~ + (1-beta)*theta.
-
-        Buffers (running statistics and the like) are copied, not averaged.
-        """
+        """Move the teacher towards ``model``; buffers are copied, not averaged."""
         named = list(model.named_parameters())
         if [name for name, _ in named] != self._param_names:
             raise ValueError("EmaTeacher.update: the model's parameters are not the teacher's")
-        # lerp(t, s, w) = t + w (s - t) = (1 - w) t + w s, so w = 1 - beta; one
-        # fused call over all tensors rather than a Python loop of ~200 kernels (no
-        # gradient is recorded here, so the student's parameters need no detach).
+        # lerp(t, s, 1 - beta) = beta t + (1 - beta) s, one fused call over all tensors.
         torch._foreach_lerp_(self._params, [p for _, p in named], 1.0 - self.beta)
         theirs = list(model.buffers())
         if theirs:
@@ -240,9 +148,154 @@ class EmaTeacher:
 
 
 def bregman_loss(student_output: torch.Tensor, teacher_output: torch.Tensor, kind: Kind) -> torch.Tensor:
-    """D_breg for one batch: divergence of the student's predictions from the teacher's.
-
-    The teacher side is detached: it is a fixed target for this step (the
-    proximal point), moved only by :meth:`EmaTeacher.update`.
-    """
+    """D_breg for one batch; the teacher's side is a fixed target (detached)."""
     return divergence(student_output, teacher_output.detach(), kind)
+
+
+# -------------------------------------------------------- smoothness term R_s
+
+
+class DropoutMasks:
+    """The global random state (CPU, and the CUDA device's) at one moment: every pass run
+    from it by the same modules draws the same dropout masks."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cpu_state = torch.get_rng_state()
+        self.cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def replay(self, copies: int = 1) -> Iterator[None]:
+        """Run the block from the saved state, masks drawn for one of ``copies`` stacked
+        copies, then put the global state back: the block draws nothing from the stream."""
+        cuda = self.cuda_state is not None
+        with torch.random.fork_rng(devices=[self.device] if cuda else [], device_type="cuda"):
+            self.rewind()
+            with tiled(copies):
+                yield
+
+    @contextlib.contextmanager
+    def draw(self, copies: int = 1) -> Iterator[None]:
+        """Run the block from the saved state, masks drawn for one of ``copies``, and let
+        the training's stream go on from there."""
+        self.rewind()
+        with tiled(copies):
+            yield
+
+    def rewind(self) -> None:
+        torch.set_rng_state(self.cpu_state)
+        if self.cuda_state is not None:
+            torch.cuda.set_rng_state(self.cuda_state, self.device)
+
+
+def initial_noise(
+    embedded: torch.Tensor, std: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The ascent's random start: N(0, std^2) noise shaped like ``embedded`` (``generator``
+    on its device)."""
+    noise = torch.randn(embedded.shape, generator=generator, device=embedded.device, dtype=embedded.dtype)
+    return noise * std
+
+
+def _unit_inf_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """``x`` over its infinity norm along ``dim``; a zero slice stays zero."""
+    scale = x.abs().amax(dim=dim, keepdim=True)
+    return x / scale.clamp_min(torch.finfo(scale.dtype).tiny)
+
+
+def project(noise: torch.Tensor, settings: SmartSettings) -> torch.Tensor:
+    """Bound a (batch, tokens, hidden) perturbation: ``ball`` clamps every coordinate into
+    ``[-epsilon, epsilon]`` (the paper's Algorithm 1); ``token`` scales each token's vector
+    to infinity norm ``token_norm`` (the reference code's ``_norm_grad``)."""
+    if settings.projection == "ball":
+        return noise.clamp(-settings.epsilon, settings.epsilon)
+    return settings.token_norm * _unit_inf_norm(noise, dim=-1)
+
+
+def divergence_curvature(clean: torch.Tensor, change: torch.Tensor, kind: Kind) -> torch.Tensor:
+    """``H @ change``, ``H`` the Hessian of ``divergence(a, clean)`` in ``a`` at ``clean``:
+    the gradient of ``divergence(clean + change, clean)`` to first order, without forming
+    ``clean + change`` (float32 would round most of a small change away)."""
+    return torch.func.jvp(torch.func.grad(lambda a: divergence(a, clean, kind)), (clean,), (change,))[1]
+
+
+def ascent_gradient(
+    forward_fn: Callable[[torch.Tensor], torch.Tensor],
+    embedded: torch.Tensor,
+    noise: torch.Tensor,
+    kind: Kind,
+    masks: DropoutMasks | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient in ``noise`` of the divergence between ``f(embedded + noise)`` and
+    ``f(embedded)``, on its second-order model J' H J noise (forward-mode J noise, one
+    backward pass), and the clean output, detached."""
+    x = embedded.detach().requires_grad_(True)
+    # Explicit attention and dropout (tiled), which forward mode supports; float32.
+    replayed = masks.replay() if masks is not None else tiled(1)
+    with fwAD.dual_level(), torch.autocast(embedded.device.type, enabled=False), replayed:
+        dual = forward_fn(fwAD.make_dual(x, noise).float()).float()
+        clean, change = fwAD.unpack_dual(dual)
+    if change is None or not clean.requires_grad:  # a prediction that ignores its input
+        return torch.zeros_like(noise), clean.detach()
+    weights = divergence_curvature(clean.detach(), change.detach(), kind)
+    with torch.autocast(embedded.device.type, enabled=False):
+        (grad,) = torch.autograd.grad(clean, x, grad_outputs=weights, allow_unused=True)
+    return (torch.zeros_like(noise) if grad is None else grad), clean.detach()
+
+
+def adversarial_perturbation(
+    forward_fn: Callable[[torch.Tensor], torch.Tensor],
+    embedded: torch.Tensor,
+    kind: Kind,
+    settings: SmartSettings,
+    generator: torch.Generator | None = None,
+    start: torch.Tensor | None = None,
+    masks: DropoutMasks | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inner max of R_s by normalised ascent from ``start`` (or noise drawn with
+    ``generator``), then :func:`project`; the perturbation and the clean output it was
+    found against, detached. No parameter's ``.grad`` is touched."""
+    embedded = embedded.detach().float()
+    if start is None:
+        noise = initial_noise(embedded, settings.noise_std, generator)
+    elif start.shape != embedded.shape:
+        raise ValueError(
+            f"start has shape {tuple(start.shape)}, the embedding output {tuple(embedded.shape)}"
+        )
+    else:
+        noise = start.to(embedded.dtype)
+    norm_dims = tuple(range(1, embedded.dim())) if settings.projection == "ball" else -1
+    clean = None
+    for _ in range(settings.steps):
+        grad, clean = ascent_gradient(forward_fn, embedded, noise, kind, masks)
+        # Over its infinity norm, the largest coordinate moves by exactly step_size: the raw
+        # gradient near the divergence's minimum is tiny and scales with the batch.
+        with torch.no_grad():
+            noise = project(noise + settings.step_size * _unit_inf_norm(grad, norm_dims), settings)
+    return noise.detach(), clean
+
+
+def smoothness_terms(
+    forward_fn: Callable[[torch.Tensor], torch.Tensor],
+    embedded: torch.Tensor,
+    kind: Kind,
+    settings: SmartSettings,
+    masks: DropoutMasks | None = None,
+    start: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The clean output (in the graph), R_s and its control: the ascent, then one pass over
+    the clean and perturbed copies stacked; the control is the divergence between that
+    pass's clean half and the ascent's clean output (0 with shared ``masks``)."""
+    embedded32 = embedded.float()
+    noise, target = adversarial_perturbation(
+        forward_fn, embedded32, kind, settings, generator=generator, start=start, masks=masks
+    )
+    # The pass that draws this step's masks for the training's stream (the ascent replayed them).
+    drawn = masks.draw(2) if masks is not None else contextlib.nullcontext()
+    with torch.autocast(embedded.device.type, enabled=False), drawn:
+        both = forward_fn(torch.cat([embedded32, embedded32 + noise])).float()
+    clean, perturbed = both.chunk(2)
+    with torch.no_grad():
+        control = divergence(clean, target, kind)
+    return clean, divergence(perturbed, clean, kind), control
