@@ -5,6 +5,7 @@ then into batches.
 read and validate one file; `download` fetches the files at a pinned commit;
 `quora_split` carves Quora's train and held-out parts; `prepare` writes the Parquet
 tables and their manifest; `tokenize` adds WordPiece ids; `batches` and `multitask`
-turn tables into padded batches; `corpus` and `masking` serve MLM pretraining;
+turn tables into padded batches; `validation_split` sets training rows aside to choose
+on, each label its share (`strata`); `corpus` and `masking` serve MLM pretraining;
 `predictions` reads and writes the course's prediction files.
 """

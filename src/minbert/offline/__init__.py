@@ -4,6 +4,6 @@ On the DVC machine, ``plan`` resolves the stages with DVC's own API for a study'
 parameters and ``bundle`` packs the plan with what the node lacks (the course CSV
 files, the checkpoint as an fp16 copy). On the node, ``runner`` runs the plan's stages
 and packs each stage's results as it finishes (``parts``: a few files small enough to
-bring back). Back on the DVC machine, ``results`` adds each call's stages to one GPU
+bring back). Back on the DVC machine, ``gpu_results`` adds each call's stages to one GPU
 results folder and says which are current, stale or still missing.
 """

@@ -82,8 +82,8 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
 
     from minbert.data.download import sha256_file
     from minbert.pipeline import resolve
-    from minbert.pipeline.reach import scratch_repo
     from minbert.pipeline.schema import read
+    from minbert.tools.reach import scratch_repo
 
     repo = Path(repo)
     with scratch_repo(repo, overrides) as scratch:
