@@ -2,7 +2,7 @@
 
 Not a timing. The ``features`` stage's vectors (``data/features``: all-MiniLM-L6-v2,
 mean pooling, every training row) of the carved Quora training pairs; ``--heldout`` of them
-(whole question groups, ``minbert.data.validation.carve_validation``) are set aside, and a
+(whole question groups, ``minbert.data.validation_split.carve_validation``) are set aside, and a
 logistic regression (scikit-learn, L2, C=1) is fitted on ``n`` of the rest for each ``n``,
 for three inputs: ``concat(u, v)`` (the siamese concat head of ``baseline``: a sum of a
 function of each question, no product of the two), ``concat(u, v, |u - v|)`` (``siamese-diff``)
@@ -27,7 +27,7 @@ def main() -> None:
 
     from minbert.data.batches import TokenizedTable
     from minbert.data.multitask import TaskData
-    from minbert.data.validation import carve_validation
+    from minbert.data.validation_split import carve_validation
     from minbert.metrics import mcc
     from minbert.train.head_warmup import ProbeFeatures
 

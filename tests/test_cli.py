@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import REPO, saved_multitask_model
 from typer.testing import CliRunner
 
@@ -190,6 +191,13 @@ def test_bad_models_and_inputs_end_in_one_line(model_dir, tmp_path):
     _assert_one_line_error(
         runner.invoke(app, ["check-params", str(_write(tmp_path / "p.yaml", "a: [1"))]), "not valid YAML"
     )
+    # A number out of its range: the key, the value and the range.
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["scales"]["gpu"]["multitask"]["epochs"] = 0
+    _assert_one_line_error(
+        runner.invoke(app, ["check-params", str(_write(tmp_path / "params.yaml", yaml.safe_dump(params)))]),
+        "scales.gpu.multitask.epochs = 0 is out of range; allowed: an integer >= 1",
+    )
     _assert_one_line_error(
         runner.invoke(app, ["checkpoint", str(tmp_path / "no-checkpoint")]), "does not exist"
     )
@@ -242,6 +250,13 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     debug = resolve(MINBERT_DEBUG="1")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["smart"]["steps"] = 0
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    done = resolve()
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "error: params.yaml: smart.steps = 0 is out of range; allowed: an integer >= 1"
+    )
 
 
 def test_version_names_the_package_and_torch():

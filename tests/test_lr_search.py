@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_multitask import tiny_params, tokenized  # noqa: F401  (fixtures)
 
-from minbert.pipeline.lr_search import SCORE, chosen, lr_search
+from minbert.tools.lr_search import SCORE, chosen, lr_search
 
 
 def point(config, lr, score, optimizer="adamw"):

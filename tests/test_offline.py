@@ -290,7 +290,7 @@ def _call_index(out: Path, started: str, files: dict[str, bytes], overrides=("sc
 
 
 def test_unpacking_keeps_the_newest_call_of_each_stage(tmp_path):
-    from minbert.offline.results import unpack
+    from minbert.offline.gpu_results import unpack
 
     into = tmp_path / "gpu"
     old = _call_index(

@@ -37,7 +37,7 @@ def test_committed_params_are_valid(committed):
         (["scale"], "huge", r"scale = 'huge' is not one of \['cpu', 'gpu', 'paper'\]"),
         (["seed"], "11711", "seed must be int"),
         (["scales", "cpu", "sentiment", "batch_size", "sst"], True, "batch_size.sst must be int"),
-        (["data", "quora_holdout_fraction"], 1.5, "strictly between 0 and 1"),
+        (["data", "quora_holdout_fraction"], 1.5, r"quora_holdout_fraction = 1.5 is out of range"),
         (["scales", "cpu", "max_length", "imdb"], 10, "unknown key 'scales.cpu.max_length.imdb'"),
         (["mlm", "pretrain"], ["continue", "warm"], r"mlm.pretrain\[1\] = 'warm' is not one of"),
         (["mlm", "pretrain"], "continue", "mlm.pretrain must be a list"),
@@ -47,7 +47,7 @@ def test_committed_params_are_valid(committed):
         (["gradient"], "sum", r"gradient = 'sum' is not one of \['round-robin', 'summed', 'pcgrad'\]"),
         (["sts_output"], "tanh", r"sts_output = 'tanh' is not one of \['sigmoid', 'linear'\]"),
         (["mlm", "sources"], ["sst", "imdb"], r"mlm.sources\[1\] = 'imdb'"),
-        (["mlm", "mask_prob"], 1.0, "mlm.mask_prob must lie strictly between 0 and 1"),
+        (["mlm", "mask_prob"], 1.0, r"mlm.mask_prob = 1.0 is out of range; allowed: a number in \(0, 1\)"),
     ],
 )
 def test_mistakes_are_named(committed, path, value, message):
@@ -58,6 +58,58 @@ def test_mistakes_are_named(committed, path, value, message):
     node[path[-1]] = value
     with pytest.raises(ParamsError, match=message):
         validate(bad)
+
+
+@pytest.mark.parametrize(
+    "path, value, allowed",
+    [
+        (["scales", "cpu", "multitask", "epochs"], 0, "an integer >= 1"),
+        (["scales", "gpu", "multitask", "batch_size", "quora"], -8, "an integer >= 1"),
+        (["scales", "cpu", "sentiment", "train_examples", "cfimdb"], -1, "an integer >= 0"),
+        (["scales", "cpu", "max_length", "sts"], 1024, "an integer in [5, 512]"),
+        (["scales", "cpu", "multitask", "dropout"], 1.0, "a number in [0, 1)"),
+        (["scales", "cpu", "multitask", "optimizers", "adamw", "lr"], 0.0, "a number in (0, 1]"),
+        (["scales", "paper", "sentiment", "head_lr"], -1e-3, "a number in (0, 1], or empty (null)"),
+        (["smart", "beta"], 1.0, "a number in [0, 1)"),
+        (["smart", "noise_std"], 0.0, "a number > 0"),
+        (["smart", "lambda_s"], float("inf"), "a number >= 0"),
+        (["configs", "best-round-robin-equal", "batch_size_factor"], 0, "an integer >= 1"),
+        (["sentiment", "grad_clip"], -1.0, "a number >= 0"),
+        (["seed"], -1, "an integer in [0, 4294967295]"),
+        (["seed_study", "seeds"], [1, -2], "an integer in [0, 4294967295]"),
+    ],
+)
+def test_a_number_out_of_range_names_key_value_and_range(committed, path, value, allowed):
+    """One line: the key, the value, and the range the schema allows."""
+    node = committed
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    bad = value[-1] if isinstance(value, list) else value
+    key = ".".join(path) + ("[1]" if isinstance(value, list) else "")
+    with pytest.raises(ParamsError) as raised:
+        validate(committed)
+    assert str(raised.value) == f"params.yaml: {key} = {bad!r} is out of range; allowed: {allowed}"
+
+
+def _numbers(node, schema, path=()):
+    """(key, schema) of every number (or empty number) in ``node``, read against ``schema``."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _numbers(v, schema.get(k, schema.get("*")), (*path, str(k)))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _numbers(item, schema[0], (*path, str(i)))
+    elif node is None or (isinstance(node, (int, float)) and not isinstance(node, bool)):
+        yield ".".join(path), schema
+
+
+def test_every_number_of_params_yaml_has_its_range(committed):
+    from minbert.pipeline.schema import SCHEMA, Range
+
+    numbers = dict(_numbers(committed, SCHEMA))
+    assert len(numbers) > 100 and "scales.cpu.multitask.epochs" in numbers
+    assert not [key for key, schema in numbers.items() if not isinstance(schema, Range)]
 
 
 def test_missing_key_is_named(committed):

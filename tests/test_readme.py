@@ -12,7 +12,7 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
-from minbert.pipeline.readme import begin, end, strongest, update
+from minbert.tools.readme import begin, end, strongest, update
 
 README_LIMIT = 12 * 1024  # bytes; the rest lives under docs/
 

@@ -9,7 +9,7 @@ from conftest import REPO, TINY
 
 from minbert.data.batches import Sequences, TokenizedTable
 from minbert.data.multitask import epoch_steps
-from minbert.data.validation import carve_validation
+from minbert.data.validation_split import carve_validation
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.pipeline import params as params

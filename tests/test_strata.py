@@ -8,7 +8,7 @@ import pytest
 
 from minbert.data.batches import Sequences, TokenizedTable, subsample
 from minbert.data.strata import label_strata, quotas
-from minbert.data.validation import carve_validation
+from minbert.data.validation_split import carve_validation
 
 
 def _table(labels, groups=None) -> TokenizedTable:

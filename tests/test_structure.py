@@ -15,42 +15,37 @@ from conftest import REPO
 
 SRC = REPO / "src"
 PACKAGE = SRC / "minbert"
-# Lower layers never import higher ones: (module prefix, prefixes it must not import).
-LAYERS = [
-    ("minbert.pipeline", ("minbert.cli",)),
-    ("minbert.report", ("minbert.pipeline", "minbert.cli", "minbert.train")),
-    ("minbert.train", ("minbert.pipeline", "minbert.cli", "minbert.report")),
-    ("minbert.evaluate", ("minbert.pipeline", "minbert.cli", "minbert.report", "minbert.train")),
-    (
-        "minbert.model",
-        ("minbert.pipeline", "minbert.cli", "minbert.report", "minbert.train", "minbert.evaluate"),
-    ),
-    (
-        "minbert.data",
-        (
-            "minbert.pipeline",
-            "minbert.cli",
-            "minbert.report",
-            "minbert.train",
-            "minbert.evaluate",
-            "minbert.model",
-        ),
-    ),
-    (
-        "minbert.metrics",
-        (
-            "minbert.pipeline",
-            "minbert.cli",
-            "minbert.report",
-            "minbert.train",
-            "minbert.evaluate",
-            "minbert.model",
-            "minbert.data",
-        ),
-    ),
+# The layers from the top: a module never imports a layer above its own, nor the other
+# package of its own layer.
+LEVELS = [
+    ("minbert.cli",),
+    ("minbert.offline",),
+    ("minbert.tools",),  # the user's commands: nothing the stages run imports them
+    ("minbert.pipeline",),
+    ("minbert.report", "minbert.train"),
+    ("minbert.evaluate",),
+    ("minbert.model",),
+    ("minbert.data",),
+    ("minbert.metrics",),
+    ("minbert.tasks",),  # the task records: the lowest layer, read by every other
 ]
-# The task records: the lowest layer, read by every other.
-LAYERS.append(("minbert.tasks", (*LAYERS[-1][1], "minbert.metrics")))
+# (package, prefixes it must not import).
+LAYERS = [
+    (package, (*(p for above in LEVELS[:i] for p in above), *(p for p in level if p != package)))
+    for i, level in enumerate(LEVELS)
+    if i
+    for package in level
+]
+# The one kind of module name that repeats across folders: one task or stage at each
+# layer (src/minbert/__init__.py says which), the folders it may stand in.
+SAME_THING_AT_EACH_LAYER = {
+    "multitask": {"data", "model", "train", "evaluate", "pipeline"},
+    "sentiment": {"train", "evaluate", "pipeline"},
+    "mlm": {"model", "train", "pipeline"},
+    "zero_shot": {"evaluate", "pipeline"},
+    "prepare": {"data", "pipeline"},
+    "tokenize": {"data", "pipeline"},
+}
 MAX_LINES = 400
 
 
@@ -149,6 +144,28 @@ def test_stages_are_thin_and_call_the_pipeline_only():
         assert imported and all(i.startswith("minbert.pipeline") for i in imported), (path.name, imported)
         code = [line for line in path.read_text().splitlines() if line.strip()]
         assert len(code) <= 16, f"{path.name}: {len(code)} lines; a stage script only calls the pipeline"
+
+
+def test_a_module_name_repeats_only_as_one_task_at_several_layers():
+    folders: dict[str, set[str]] = {}
+    for path in all_modules():
+        if path.name != "__init__.py":
+            folders.setdefault(path.stem, set()).add(path.parent.relative_to(PACKAGE).as_posix())
+    repeated = {name: where for name, where in folders.items() if len(where) > 1}
+    stray = {
+        name: sorted(where)
+        for name, where in repeated.items()
+        if not where <= SAME_THING_AT_EACH_LAYER.get(name, set())
+    }
+    assert not stray, f"module names in several folders that are not one task at each layer: {stray}"
+
+
+def test_every_pipeline_module_runs_in_a_stage():
+    """``minbert.pipeline`` holds the stage adapters and what they share; a command no
+    stage runs belongs in ``minbert.tools``."""
+    run = set().union(*(closure(path) for path in (REPO / "stages").glob("*.py")))
+    idle = [p.name for p in sorted((PACKAGE / "pipeline").glob("*.py")) if p not in run]
+    assert not idle, f"pipeline modules no stage runs (user tools belong in minbert.tools): {idle}"
 
 
 def test_no_source_file_is_too_long():

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
-from minbert.pipeline.sweep import Run, aggregate, seed_study
+from minbert.tools.sweep import Run, aggregate, seed_study
 
 
 def _run_of(name, seed, optimizer, average, acc):
@@ -151,7 +151,7 @@ def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(
     # when it has results; queued, running and failed ones do not, and each is named.
     import dvc.api
 
-    from minbert.pipeline import sweep
+    from minbert.tools import sweep
 
     rows = [
         {"rev": "workspace", "typ": "workspace"},

@@ -151,7 +151,7 @@ def predict(
     Printed with Quora's probability of a paraphrase and SST's two most probable
     classes; with --out, a file's predictions are written in the course's submission
     format instead."""
-    from minbert.pipeline import predict as predicting
+    from minbert.tools import predict as predicting
 
     task = _task(task, MULTITASK_TASKS)
     if (file is None) == (not text and not pair):
@@ -191,7 +191,7 @@ def evaluate(
     the model's training rows (its directory records them) is refused unless
     --allow-training-rows."""
     from minbert.atomic import atomic_write_text
-    from minbert.pipeline import predict as predicting
+    from minbert.tools import predict as predicting
 
     task = _task(task, MULTITASK_TASKS)
     frame = predicting.read_input(file, task, predicting.known_bad_rows(file))
@@ -221,7 +221,7 @@ def sweep_report(
     per group.
     """
     from minbert.atomic import atomic_write_text
-    from minbert.pipeline.sweep import aggregate, collect_runs
+    from minbert.tools.sweep import aggregate, collect_runs
 
     text = aggregate(collect_runs(repo))
     typer.echo(text)
@@ -248,7 +248,7 @@ def compare(
     (a rebuild from the same inputs, changed code or data). As many experiments as fit
     the terminal's width are shown.
     """
-    from minbert.pipeline.compare import print_comparison
+    from minbert.tools.compare import print_comparison
 
     print_comparison(repo, metric or None)
 
@@ -267,7 +267,7 @@ def reach(
     from dvc.lock, with what changed, then those downstream of them, in DVC's order.
     Nothing in the repository changes; stages already stale for another reason (code,
     data) are `dvc status`'s."""
-    from minbert.pipeline.reach import describe
+    from minbert.tools.reach import describe
 
     typer.echo(describe(repo, set_))
 
@@ -287,7 +287,7 @@ def readme(
     configuration the report ranks highest on the chance-corrected dev score, beside the
     untrained checkpoint. Run this after `dvc repro` changes them (tests/test_readme.py
     fails until then)."""
-    from minbert.pipeline.readme import update
+    from minbert.tools.readme import update
 
     current = update(repo, check=check)
     readme_file = repo / "README.md"
@@ -321,8 +321,8 @@ def lr_search(
     the points to --out with the best per configuration; put those into
     `scales.<scale>.multitask` of params.yaml and run `dvc repro`.
     """
-    from minbert.pipeline.lr_search import SCORE
-    from minbert.pipeline.lr_search import lr_search as search
+    from minbert.tools.lr_search import SCORE
+    from minbert.tools.lr_search import lr_search as search
 
     study = search(config, lr, head_lr, out, device=device)
     for name, best in study["chosen"].items():
@@ -348,7 +348,7 @@ def seed_study(
 
     Run `dvc repro` afterwards: the report's seed-study section reads --out.
     """
-    from minbert.pipeline.sweep import run_seed_study
+    from minbert.tools.sweep import run_seed_study
 
     result = run_seed_study(repo, out, queue, tuple(baseline))
     # The command's result goes to stdout (progress and DVC's own output to stderr).

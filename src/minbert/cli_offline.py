@@ -67,7 +67,7 @@ def gpu_unpack(
 ) -> None:
     """Add a call's results to the GPU results folder (a stage brought back again: the
     newest call's wins)."""
-    from minbert.offline.results import unpack
+    from minbert.offline.gpu_results import unpack
 
     changed = unpack(index, into)
     console.print(f"{into}: added {', '.join(changed['added']) or 'no stage'}")
@@ -83,7 +83,7 @@ def gpu_status(
     """Every stage of the GPU results against the plan DVC resolves now: current, stale
     (what changed) or missing, as `dvc status` does for the CPU results; exit status 1
     unless every stage is current."""
-    from minbert.offline.results import status
+    from minbert.offline.gpu_results import status
 
     found = status(into)
     for s in found:

@@ -100,7 +100,7 @@ class MultitaskSettings:
     train_examples: dict[str, int]  # 0: the whole split
     history_examples: dict[str, int]  # per task of the dev / train slices scored each epoch; 0: all
     # Rows of each task's training split set aside to choose the epoch on
-    # (``minbert.data.validation``); the training rows are drawn from the rest.
+    # (``minbert.data.validation_split``); the training rows are drawn from the rest.
     validation_examples: dict[str, int]
     eval_batch_size: int
     dropout: float

@@ -67,8 +67,8 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
     from dvc.repo.reproduce import get_active_graph, plan_repro
 
     from minbert.data.download import sha256_file
-    from minbert.pipeline.reach import scratch_repo, write_settings
     from minbert.pipeline.schema import read
+    from minbert.tools.reach import scratch_repo, write_settings
 
     repo = Path(repo)
     with scratch_repo(repo, overrides) as scratch:

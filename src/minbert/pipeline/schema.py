@@ -1,11 +1,15 @@
-"""``params.yaml`` read as YAML 1.2 and checked, every key, before any work starts. A schema
-maps a key to a type, a tuple of allowed names, a nested schema or ``[item]`` for a list
-(``*``: any key; a ``Partial`` mapping's keys may be left out); an unknown key, a wrong
-type or a name outside its registry is an error naming the key and what is allowed."""
+"""``params.yaml`` read as YAML 1.2 and checked, every key, before any work starts (the
+``resolve`` stage; ``minbert check-params``). A schema maps a key to a type, a ``Range`` for
+a number, a tuple of allowed names, a nested schema or ``[item]`` for a list (``*``: any key;
+a ``Partial`` mapping's keys may be left out); an unknown key, a wrong type, a number out of
+its range or a name outside its registry is an error naming the key, the value and what is
+allowed. Needs no torch: the data stage checks its own section (``load_data``)."""
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,38 @@ class Partial(dict):
     """A schema mapping whose keys may be left out (configuration overrides)."""
 
 
+@dataclass(frozen=True)
+class Range:
+    """A finite number from ``low`` to ``high`` (None: no upper bound); an open end excludes
+    its bound. ``integer``: a whole number (an int, never a bool); ``null``: may be empty."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    null: bool = False
+
+    def types(self) -> tuple[type, ...]:
+        return (int,) if self.integer else (int, float)
+
+    def holds(self, value: float) -> bool:
+        return (
+            (isinstance(value, int) or math.isfinite(value))
+            and (value > self.low if self.low_open else value >= self.low)
+            and (self.high is None or (value < self.high if self.high_open else value <= self.high))
+        )
+
+    def __str__(self) -> str:
+        what = "an integer" if self.integer else "a number"
+        low, high = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.low, self.high))
+        if self.high is None:
+            text = f"{what} {'>' if self.low_open else '>='} {low}"
+        else:
+            text = f"{what} in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        return text + ", or empty (null)" * self.null
+
+
 def check(value: Any, schema: Any, key: str, source: str) -> None:
     if isinstance(schema, dict):
         if not isinstance(value, dict):
@@ -72,6 +108,15 @@ def check(value: Any, schema: Any, key: str, source: str) -> None:
             raise ParamsError(f"{source}: {key} lists an entry twice: {value!r}")
         for i, item in enumerate(value):
             check(item, schema[0], f"{key}[{i}]", source)
+    elif isinstance(schema, Range):
+        if value is None and schema.null:
+            return
+        types = schema.types()
+        if not isinstance(value, types) or isinstance(value, bool):
+            names = " or ".join(t.__name__ for t in types)
+            raise ParamsError(f"{source}: {key} must be {names}, got {value!r}")
+        if not schema.holds(value):
+            raise ParamsError(f"{source}: {key} = {value!r} is out of range; allowed: {schema}")
     elif isinstance(schema, tuple) and all(isinstance(s, str) for s in schema):
         if value not in schema:
             raise ParamsError(f"{source}: {key} = {value!r} is not one of {list(schema)}")
@@ -83,68 +128,87 @@ def check(value: Any, schema: Any, key: str, source: str) -> None:
             raise ParamsError(f"{source}: {key} must be {names}, got {value!r}")
 
 
+# The ranges of the numbers.
+_COUNT = Range(1, integer=True)  # epochs, batch sizes, layers: at least one
+_SIZE = Range(0, integer=True)  # examples, sequences, tokens: 0 is "all" (or "no limit", "none")
+_SEED = Range(0, 2**32 - 1, integer=True)
+_LR = Range(0, 1, low_open=True)  # a learning rate
+_GAMMA = Range(0, 1, low_open=True)  # the exponential schedule's factor per epoch
+_WEIGHT = Range(0)  # a weight decay, a clipping norm, a loss weight: 0 switches it off
+_POSITIVE = Range(0, low_open=True)
+_FRACTION = Range(0, 1, low_open=True, high_open=True)
+_DROPOUT = Range(0, 1, high_open=True)
+# Room for [CLS] a [SEP] b [SEP] with a token each, up to BERT's 512 positions.
+_MAX_LENGTH = Range(5, 512, integer=True)
+
 DATA_SCHEMA = {
     "source": str,
     "allow_unverified": bool,
     "verify_checksums": bool,
-    "quora_holdout_fraction": (int, float),
-    "split_seed": int,
+    "quora_holdout_fraction": _FRACTION,
+    "split_seed": _SEED,
     "skip_ids": {"*": {"*": str}},
 }
 
 
-_NUMBER = (int, float)
-_MAX_LENGTH = {task: int for task in TASKS}
-_PER_MULTITASK_TASK = {task: int for task in MULTITASK_TASKS}
-_PER_SENTIMENT_TASK = {task: int for task in SENTIMENT_TASKS}
+_PER_MULTITASK_TASK = {task: _COUNT for task in MULTITASK_TASKS}
+_SIZE_PER_MULTITASK_TASK = {task: _SIZE for task in MULTITASK_TASKS}
+_PER_SENTIMENT_TASK = {task: _COUNT for task in SENTIMENT_TASKS}
 # One optimizer's hyperparameters; lr_gamma is needed by the exponential schedule only.
 _OPTIMIZER = Partial(
     {
-        "lr": _NUMBER,
-        "head_lr": _NUMBER,
+        "lr": _LR,
+        "head_lr": _LR,
         "lr_schedule": tuple(SCHEDULERS),
-        "lr_gamma": _NUMBER,
-        "weight_decay": _NUMBER,
+        "lr_gamma": _GAMMA,
+        "weight_decay": _WEIGHT,
     }
 )
 _SCALE = {
-    "max_length": _MAX_LENGTH,
+    "max_length": {task: _MAX_LENGTH for task in TASKS},
     "pooling": tuple(POOLINGS),
     "sentiment": {
         "batch_size": _PER_SENTIMENT_TASK,
-        "dropout": _NUMBER,
-        "max_tokens": int,
-        "epochs": {mode: int for mode in SENTIMENT_MODES},
-        "train_examples": _PER_SENTIMENT_TASK,
+        "dropout": _DROPOUT,
+        "max_tokens": _SIZE,
+        "epochs": {mode: _COUNT for mode in SENTIMENT_MODES},
+        "train_examples": {task: _SIZE for task in SENTIMENT_TASKS},
         "validation_examples": _PER_SENTIMENT_TASK,
-        "head_lr": (int, float, type(None)),
+        "head_lr": Range(0, 1, low_open=True, null=True),  # null: the run's own lr
     },
     "multitask": {
-        "epochs": int,
-        "dropout": _NUMBER,
+        "epochs": _COUNT,
+        "dropout": _DROPOUT,
         "batch_size": _PER_MULTITASK_TASK,
-        "train_examples": _PER_MULTITASK_TASK,
+        "train_examples": _SIZE_PER_MULTITASK_TASK,
         "validation_examples": _PER_MULTITASK_TASK,
         "carved_quora_batch": CARVED_QUORA_BATCH,
-        "history_examples": {"dev": int, "train": int},
-        "head_warmup": {"epochs": int, "lr": _NUMBER, "batch_size": int, "tasks": [tuple(MULTITASK_TASKS)]},
+        "history_examples": {"dev": _SIZE, "train": _SIZE},
+        "head_warmup": {
+            "epochs": _SIZE,  # 0: no warm-up
+            "lr": _LR,
+            "batch_size": _COUNT,
+            "tasks": [tuple(MULTITASK_TASKS)],
+        },
         "test_predictions": bool,
         "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
-        "lr_by_config": {"*": _NUMBER},  # names from `configs`, checked in validate()
+        "lr_by_config": {"*": _LR},  # names from `configs`, checked in validate()
     },
-    "mlm": {"max_length": int, "epochs": int, "batch_size": int, "sequences": int},
+    "mlm": {"max_length": _MAX_LENGTH, "epochs": _COUNT, "batch_size": _COUNT, "sequences": _SIZE},
 }
 _SMART = {
     "enabled": bool,
-    "lambda_s": _NUMBER,
-    "epsilon": _NUMBER,
-    "noise_std": _NUMBER,
-    "step_size": _NUMBER,
-    "steps": int,
-    "mu": _NUMBER,
-    "beta": _NUMBER,
+    "lambda_s": _WEIGHT,
+    "epsilon": _POSITIVE,
+    # A zero start sits at the divergence's minimum, where its gradient is zero: the
+    # ascent would never move.
+    "noise_std": _POSITIVE,
+    "step_size": _POSITIVE,
+    "steps": _COUNT,
+    "mu": _WEIGHT,
+    "beta": Range(0, 1, high_open=True),  # 1 would freeze the teacher at its start
     "projection": PROJECTIONS,
-    "token_norm": _NUMBER,
+    "token_norm": _POSITIVE,
     "dropout_masks": DROPOUT_MASKS,
 }
 # The keys a configuration may override; their shared defaults sit at top level.
@@ -154,20 +218,20 @@ _CONFIG = {
     "sts_head": tuple(n for n, tasks in PAIR_HEADS.items() if "sts" in tasks),
     "sts_output": STS_OUTPUTS,
     "gradient": GRADIENT_MODES,
-    "batch_size_factor": int,
+    "batch_size_factor": _COUNT,
     "smart": _SMART,
 }
 SCHEMA: dict[str, Any] = {
     **_CONFIG,
     "configs": {"*": Partial({**_CONFIG, "smart": Partial(_SMART)})},
     "multitask": {
-        "eval_batch_size": int,
-        "grad_clip": _NUMBER,
+        "eval_batch_size": _COUNT,
+        "grad_clip": _WEIGHT,
         "compile": bool,
     },
-    "zero_shot": {"quora_train_pairs": int},
-    "seed_study": {"seeds": [int], "configs": [str], "jobs": int},
-    "seed": int,
+    "zero_shot": {"quora_train_pairs": _SIZE},
+    "seed_study": {"seeds": [_SEED], "configs": [str], "jobs": _COUNT},
+    "seed": _SEED,
     "device": DEVICES,
     "launcher": str,  # checked in validate()
     "checkpoint": str,
@@ -178,29 +242,29 @@ SCHEMA: dict[str, Any] = {
         "pretrain": [MLM_STARTS],
         "finetune": [str],  # names from `configs`, checked in validate()
         "sources": [MLM_SOURCES],
-        "mask_prob": _NUMBER,
-        "heldout_fraction": _NUMBER,
-        "weight_decay": _NUMBER,
-        "grad_clip": _NUMBER,
+        "mask_prob": _FRACTION,
+        "heldout_fraction": _FRACTION,
+        "weight_decay": _WEIGHT,
+        "grad_clip": _WEIGHT,
         "starts": {
-            "continue": {"lr": _NUMBER},
+            "continue": {"lr": _LR},
             "scratch": {
-                "lr": _NUMBER,
-                "hidden_size": int,
-                "num_hidden_layers": int,
-                "num_attention_heads": int,
-                "intermediate_size": int,
+                "lr": _LR,
+                "hidden_size": _COUNT,
+                "num_hidden_layers": _COUNT,
+                "num_attention_heads": _COUNT,
+                "intermediate_size": _COUNT,
             },
         },
     },
     "sentiment": {
-        "eval_batch_size": int,
-        "weight_decay": _NUMBER,
+        "eval_batch_size": _COUNT,
+        "weight_decay": _WEIGHT,
         "optimizer": tuple(OPTIMIZERS),
         "lr_schedule": tuple(SCHEDULERS),
-        "lr_gamma": _NUMBER,
-        "grad_clip": _NUMBER,
-        "runs": {"*": {"task": SENTIMENT_TASKS, "mode": SENTIMENT_MODES, "lr": _NUMBER}},
+        "lr_gamma": _GAMMA,
+        "grad_clip": _WEIGHT,
+        "runs": {"*": {"task": SENTIMENT_TASKS, "mode": SENTIMENT_MODES, "lr": _LR}},
     },
 }
 
@@ -226,10 +290,6 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
             f"{source}: launcher = {params['launcher']!r} must be 'python' or a "
             "'torchrun ...' command line (e.g. 'torchrun --standalone --nproc_per_node 4')"
         )
-    for key in ("data.quora_holdout_fraction", "mlm.heldout_fraction", "mlm.mask_prob"):
-        group, name = key.split(".")
-        if not 0 < params[group][name] < 1:
-            raise ParamsError(f"{source}: {key} must lie strictly between 0 and 1")
     for key in ("mlm.finetune", "seed_study.configs"):
         group, name = key.split(".")
         unknown = [c for c in params[group][name] if c not in params["configs"]]
@@ -251,11 +311,6 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
                 missing.append("lr_gamma (the exponential schedule's factor per epoch)")
             if missing:
                 raise ParamsError(f"{source}: {key} lacks {', '.join(missing)}")
-    for name in ("", *params["configs"]):
-        factor = config_values(params, name)["batch_size_factor"] if name else params["batch_size_factor"]
-        if factor < 1:
-            where = f"configs.{name}.batch_size_factor" if name else "batch_size_factor"
-            raise ParamsError(f"{source}: {where} must be at least 1, got {factor}")
     if not params["mlm"]["sources"]:
         raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(MLM_SOURCES)}")
     return params
@@ -295,7 +350,4 @@ def load_data(path: str | Path = "params.yaml") -> dict:
     if "data" not in params:
         raise ParamsError(f"{path}: top level lacks data")
     check(params["data"], DATA_SCHEMA, "data", str(path))
-    fraction = params["data"]["quora_holdout_fraction"]
-    if not 0 < fraction < 1:
-        raise ParamsError(f"{path}: data.quora_holdout_fraction must lie strictly between 0 and 1")
     return params["data"]

@@ -18,7 +18,7 @@ from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
 from minbert.report.notes import fill_facts
 from minbert.report.plots import write_plot_tables
-from minbert.report.setup import provenance_section, setup_section
+from minbert.report.provenance import provenance_section, setup_section
 from minbert.report.studies import mlm_section, seed_section, selection_section
 from minbert.report.tables import multitask_table, other_configurations, smart_collapse_section, table1
 from minbert.results import STEPS, read_result, read_results

@@ -12,7 +12,7 @@ import torch
 
 from minbert.data.batches import TokenizedTable, subsample
 from minbert.data.multitask import TaskData, epoch_steps
-from minbert.data.validation import carve_validation
+from minbert.data.validation_split import carve_validation
 from minbert.distributed import World
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.metrics import fixed

@@ -19,7 +19,7 @@ from minbert.data.batches import (
     split_by_tokens,
     subsample,
 )
-from minbert.data.validation import carve_validation
+from minbert.data.validation_split import carve_validation
 from minbert.device import compute_context, to_device
 from minbert.evaluate.sentiment import encode_pooled, predict_logits
 from minbert.metrics import accuracy, fixed, mcc

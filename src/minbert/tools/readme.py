@@ -26,7 +26,7 @@ from minbert.results import read_result, read_results
 from minbert.tasks import TASKS
 
 WIDTH = 86  # the README's line length
-SOURCE = "src/minbert/pipeline/readme.py"
+SOURCE = "src/minbert/tools/readme.py"
 PAPER = Path("reference") / "paper.yaml"
 SENTIMENT = ("sst", "cfimdb")  # Table 1's tasks, in its order
 # The model block's examples: what each task's `minbert predict` is given.

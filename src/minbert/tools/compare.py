@@ -18,9 +18,9 @@ import yaml
 
 from minbert.data.predictions import read_predictions
 from minbert.metrics import Interval, fixed, paired, paired_average, score
-from minbert.pipeline.sweep import DVC, flatten_params
 from minbert.results import ACCURACY, EPOCH, STEPS
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+from minbert.tools.sweep import DVC, flatten_params
 
 # The metrics a comparison shows by default, with their titles.
 TITLES = {

@@ -1,6 +1,6 @@
-"""What the report's numbers were made with, said once: the setup at a glance beside the
-paper's, the notes that colour every table (which Quora split, what the checkpoint was
-trained on), and one table of how each run was produced."""
+"""The report's provenance: what its numbers were made with, said once: the setup at a
+glance beside the paper's, the notes that colour every table (which Quora split, what
+the checkpoint was trained on), and one table of how each run was produced."""
 
 from __future__ import annotations
 
