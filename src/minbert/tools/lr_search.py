@@ -17,6 +17,7 @@ from minbert.model.bert import BertModel
 from minbert.model.checkpoint import resolve_checkpoint
 from minbert.pipeline.multitask import load_tables
 from minbert.pipeline.params import load, multitask_settings
+from minbert.pipeline.schema import config_values
 from minbert.progress import console
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
@@ -65,6 +66,8 @@ def lr_search(
     kept; a point measured again replaces the old one). Returns the whole file's content."""
     pin_cpu_kernels()
     params = load(params_file)
+    for config in configs:  # the names checked before anything is read
+        config_values(params, config)
     manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
     bases = {config: multitask_settings(params, config, manifest["quora_split"]) for config in configs}
     tables = {key: table for key, table in load_tables(Path(tokenized_dir)).items() if key[1] == "train"}
