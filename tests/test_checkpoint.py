@@ -145,6 +145,7 @@ def _resolve(name: str, revision: str, env: dict) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_hub_checkpoint_through_huggingface_hub(hub, tmp_path, tiny_checkpoint):
     endpoint, server = hub
     env = {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_test_token"}
@@ -171,6 +172,7 @@ def test_hub_checkpoint_through_huggingface_hub(hub, tmp_path, tiny_checkpoint):
     assert missing.returncode != 0 and "not in the Hugging Face cache" in missing.stderr
 
 
+@pytest.mark.slow
 def test_hub_revision_pins_and_falls_back_to_pytorch_weights(hub, tmp_path, tiny_checkpoint):
     endpoint, _ = hub
     env = {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}

@@ -259,6 +259,7 @@ def test_a_stage_with_bad_input_ends_in_one_line(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_version_names_the_package_and_torch():
     from importlib.metadata import version
 

@@ -75,6 +75,7 @@ def test_correlated_clusters_widen_the_interval():
     assert clusters.high - clusters.low == pytest.approx(pairs.high - pairs.low, rel=0.15)
 
 
+@pytest.mark.slow
 def test_singleton_clusters_reproduce_the_example_bootstrap():
     labels, predictions, _ = clustered(400, seed=2)
     plain = interval("quora", labels, predictions)
@@ -87,6 +88,7 @@ def test_singleton_clusters_reproduce_the_example_bootstrap():
     assert other.high == pytest.approx(plain.high, abs=0.006)
 
 
+@pytest.mark.slow
 def test_paired_differences_resample_clusters_for_both_models():
     labels, predictions, groups = clustered(300, seed=3)
     # A second model, right on whole clusters where the first is wrong (and vice versa).
@@ -139,6 +141,7 @@ def test_mistakes_are_named():
         average_interval([("quora", labels, predictions, groups, groups, groups)])
 
 
+@pytest.mark.slow
 def test_the_report_resamples_quora_by_its_group_column(tmp_path):
     """The evidence joins predictions to the prepared dev table by id (whatever the
     predictions' order) and hands the table's ``group`` column to every Quora interval."""

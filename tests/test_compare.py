@@ -19,6 +19,8 @@ from minbert.cli import app
 from minbert.data.predictions import read_predictions
 from minbert.metrics import paired
 
+pytestmark = pytest.mark.slow  # a DVC project of its own, reproduced and experimented on
+
 # A stage per configuration: dev predictions that are the labels, wrong for a share
 # `noise` of the examples, for the first N more (extra/<config>.txt), and for the first
 # $JITTER (another machine's arithmetic: the same inputs, other numbers).

@@ -294,6 +294,7 @@ _sentence = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(rows=st.lists(st.tuples(_sentence, _sentence, st.floats(0.0, 5.0)), min_size=1, max_size=8))
 def test_csv_writer_output_round_trips(rows):
@@ -324,6 +325,7 @@ _damage = st.lists(
 
 
 # Derandomised: CI must see the same examples on every run (and any failure again).
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, derandomize=True)
 @given(edits=_damage)
 def test_any_damage_is_read_or_reported_with_file_and_line(edits):

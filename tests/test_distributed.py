@@ -83,6 +83,7 @@ def two_ranks(tmp_path_factory, tokenized, tiny_checkpoint):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS)
 def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized, tiny_checkpoint, config):
     single = distributed_worker.run(tokenized / "tok", tiny_checkpoint, 2, config, World())
@@ -131,6 +132,7 @@ def test_two_ranks_match_one_process_with_the_doubled_batch(two_ranks, tokenized
         np.testing.assert_allclose(rank0["teacher_sums"], single["teacher_sums"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, tiny_checkpoint):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(checkpoint=str(tiny_checkpoint), device="cpu", launcher="torchrun --nproc_per_node 2")

@@ -96,6 +96,7 @@ def test_no_warm_up_changes_nothing(tokenized, tiny_checkpoint):
     assert all(torch.equal(v, heads[k]) for k, v in model.heads.state_dict().items())
 
 
+@pytest.mark.slow
 def test_a_stage_with_warm_up_records_it_and_starts_epoch_0_from_fitted_heads(
     tmp_path, tokenized, tiny_params
 ):

@@ -30,6 +30,7 @@ def test_each_configuration_gets_its_own_best_point_and_a_tie_keeps_the_gentler_
     assert best["cpu/baseline/adamw"]["lr"] == 1e-5 and best["cpu/best/adamaxw"]["lr"] == 1e-5
 
 
+@pytest.mark.slow
 def test_a_search_trains_every_configuration_on_the_grid_without_dev(tmp_path, tokenized, tiny_params):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params, sort_keys=False))
     tok = tmp_path / "tok"

@@ -277,6 +277,7 @@ def mlm_params(tiny_checkpoint):
     return validate(p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["continue", "scratch"])
 def test_stage_writes_a_checkpoint_that_fine_tuning_reads(tmp_path, tokenized, mlm_params, start):
     metrics = run_stage(mlm_params, start, tokenized, tmp_path / "models", tmp_path / "metrics")
@@ -298,6 +299,7 @@ def test_stage_writes_a_checkpoint_that_fine_tuning_reads(tmp_path, tokenized, m
     assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_pretraining_is_deterministic(tmp_path, tokenized, mlm_params):
     a = run_stage(mlm_params, "continue", tokenized, tmp_path / "a", tmp_path / "ma")
     b = run_stage(mlm_params, "continue", tokenized, tmp_path / "b", tmp_path / "mb")

@@ -157,6 +157,7 @@ def study(project, node_env, tmp_path_factory) -> dict:
     return {"work": work, "status": status, "bundle": " ".join((made.stdout + made.stderr).split())}
 
 
+@pytest.mark.slow
 def test_the_readme_calls_cover_the_plan_once(project):
     plan = resolve_plan(project, ["scale=gpu"])
     named = [re.findall(r"--stage (\S+)", c) for c in node_calls()]
@@ -165,6 +166,7 @@ def test_the_readme_calls_cover_the_plan_once(project):
     assert sorted(s for call in ran for s in call if s in results) == sorted(results)
 
 
+@pytest.mark.slow
 def test_the_bundle_holds_dvcs_plan_and_an_fp16_checkpoint(project, study, tiny_checkpoint):
     described = read_bundle(project / "offline-bundle")
     assert described["commit"] == _git(project, "rev-parse", "HEAD").strip()
@@ -184,6 +186,7 @@ def test_the_bundle_holds_dvcs_plan_and_an_fp16_checkpoint(project, study, tiny_
     assert "MiB" in study["bundle"] and "a call sends" in study["bundle"]
 
 
+@pytest.mark.slow
 def test_each_call_brings_back_what_it_finished(study):
     for out in ("out1", "out2"):
         files = sorted((study["work"] / out).iterdir())
@@ -197,6 +200,7 @@ def test_each_call_brings_back_what_it_finished(study):
     assert index["torch"] == torch.__version__
 
 
+@pytest.mark.slow
 def test_unpacked_calls_merge_and_name_no_node_path(project, study, tiny_checkpoint):
     gpu = project / "metrics" / "gpu"
     provenance = json.loads((gpu / "provenance.json").read_text())
@@ -213,12 +217,14 @@ def test_unpacked_calls_merge_and_name_no_node_path(project, study, tiny_checkpo
             assert not [leak for leak in leaks if leak in text], path
 
 
+@pytest.mark.slow
 def test_a_third_call_sends_what_the_node_takes(project, study):
     size = call_size(project, project / "offline-bundle")
     assert size["total"] <= SEND_LIMIT
     assert not [p for p in sent_files(project) if "metrics/gpu" in p.as_posix()], "results are not sent"
 
 
+@pytest.mark.slow
 def test_gpu_status_lists_both_calls_and_the_failed_stage(project, study):
     done = _here(project, study["status"])
     assert done.returncode == 1, done.stdout + done.stderr
@@ -250,6 +256,7 @@ def test_gpu_status_lists_both_calls_and_the_failed_stage(project, study):
         pcgrad.write_text(text)
 
 
+@pytest.mark.slow
 def test_the_node_refuses_other_code_and_stops_at_the_deadline(project, study, node_env, tmp_path):
     command = 'PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out "$OUT" --stage zero-shot'
     node = _node(project, tmp_path / "changed")

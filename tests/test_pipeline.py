@@ -28,6 +28,8 @@ from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from minbert.pipeline.params import resolve_all, validate
 from minbert.results import read_result
 
+pytestmark = pytest.mark.slow  # the real pipeline through `dvc repro`
+
 ROWS = 48
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
 import yaml
 from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
+
+pytestmark = pytest.mark.slow  # DVC reads the project's pipeline on a scratch copy
 
 
 def _reach(*settings: str):

@@ -458,6 +458,7 @@ def test_table3_shows_concatenation_and_the_papers_row_as_best(text):
     assert "repeats its best model's dev numbers" in table3
 
 
+@pytest.mark.slow
 def test_figures(outputs, tmp_path):
     text = report(outputs, tmp_path / "report")
     for name in FIGURES:
@@ -468,6 +469,7 @@ def test_figures(outputs, tmp_path):
     assert "Overall fraction of conflicting pairs: `best` 0." in text
 
 
+@pytest.mark.slow
 def test_figure_with_missing_config_is_skipped(tmp_path):
     write_labels(tmp_path)
     write_multitask(tmp_path, ["baseline", "best", "best-no-smart"])
@@ -506,6 +508,7 @@ def test_predictions_that_do_not_score_the_metrics_file_are_an_error(tmp_path):
         report(tmp_path, tmp_path / "report")
 
 
+@pytest.mark.slow
 def test_seed_study_section_reads_the_own_seed_from_the_metrics_files(outputs, tmp_path):
     """The study file holds the extra seeds; the tables' own seed (11711) comes from the
     current metrics files, even when an older study file holds a stale copy of it."""
@@ -562,6 +565,7 @@ def test_seed_study_section_reads_the_own_seed_from_the_metrics_files(outputs, t
     assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
 
 
+@pytest.mark.slow
 def test_tables_are_data(outputs, tmp_path):
     """Rows come from paper.yaml: a one-row table shows that row only, no figures."""
     paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
@@ -584,6 +588,7 @@ def test_tables_are_data(outputs, tmp_path):
     assert "Table 3" not in text and "## Figures" not in text
 
 
+@pytest.mark.slow
 def test_two_runs_are_identical(outputs, tmp_path):
     report(outputs, tmp_path / "a")
     report(outputs, tmp_path / "b")

@@ -11,9 +11,8 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
-from test_multitask import _prepared
+from test_multitask import tiny_tables
 
-from minbert.data.tokenize import tokenize_prepared
 from minbert.pipeline.schema import validate
 from minbert.train.resume import ResumePoint, fingerprint
 
@@ -42,11 +41,7 @@ else:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_checkpoint):
-    root = tmp_path_factory.mktemp("resume")
-    _prepared(root / "prepared")
-    tokenize_prepared(
-        root / "prepared", root / "tok", tiny_checkpoint / "vocab.txt", {"sst": 32, "quora": 32, "sts": 32}
-    )
+    root = tiny_tables(tmp_path_factory.mktemp("resume"), tiny_checkpoint)
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
     tiny_multitask_scale(p, epochs=6, batch_size={"sst": 4, "quora": 4, "sts": 4})
@@ -85,6 +80,7 @@ def _finish(proc) -> str:
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, name",
     [("multitask", "best"), ("sentiment", "sst-full"), ("sentiment", "sst-last-layer"), ("mlm", "continue")],

@@ -65,6 +65,7 @@ def tiny_params(tiny_checkpoint):
     return validate(p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])
 def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_params, run):
     metrics = run_stage(
@@ -102,6 +103,7 @@ def test_stage_writes_metrics_history_and_predictions(tmp_path, tokenized, tiny_
     assert first_line == "id \t Predicted_Sentiment "
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path, tokenized, tiny_params):
     a = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m1", tmp_path / "p1", tmp_path / "r1")
     b = run_stage(tiny_params, "sst-full", tokenized, tmp_path / "m2", tmp_path / "p2", tmp_path / "r2")
@@ -131,6 +133,7 @@ def test_non_finite_loss_names_step_and_examples(tokenized, tiny_params, tiny_ch
         train_sentiment(settings, encoder, tables["train"], tables["dev"], None, torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_token_budget_gives_the_same_training_in_pieces(tokenized, tiny_params, tiny_checkpoint):
     import dataclasses
 

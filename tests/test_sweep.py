@@ -77,6 +77,7 @@ def small_pipeline(tmp_path_factory, shared_data, tiny_checkpoint):
     return root
 
 
+@pytest.mark.slow
 def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     """`minbert seed-study` queues the study's configurations for each seed through DVC's
     experiment queue, waits for them and writes their metrics per seed; `minbert

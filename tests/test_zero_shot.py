@@ -25,6 +25,7 @@ def test_best_threshold_is_the_most_accurate_cut():
     assert best_threshold(np.array([0.5, 0.6]), np.array([True, True])) < 0.5  # all paraphrases
 
 
+@pytest.mark.slow
 def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
