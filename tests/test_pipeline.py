@@ -77,9 +77,10 @@ def make_project(root: Path, shared_data: Path, checkpoint: Path, rows: int, edi
     _run(["dvc", "init", "-q"], root)
     _run(["dvc", "config", "core.analytics", "false"], root)
     shutil.copytree(REPO / ".dvc" / "plots", root / ".dvc" / "plots")  # the plots' template
-    measured = Path("bench", "results", "smart_collapse.json")  # a dep of the report stage
-    (root / measured).parent.mkdir(parents=True)
-    shutil.copy(REPO / measured, root / measured)
+    (root / "bench" / "results").mkdir(parents=True)
+    for name in ("smart_collapse.json", "cross_cpu.json"):  # deps of the report stage
+        measured = Path("bench", "results", name)
+        shutil.copy(REPO / measured, root / measured)
     return root
 
 

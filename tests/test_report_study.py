@@ -392,3 +392,36 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
     assert "| token_norm 1 | 0.300 | 0.000 | 0.42 | 0.80 | 0.35 |" in text
     assert "seed 11711, 72 optimizer steps" in text
     assert "No measurement" in smart_collapse_section(None, "x.json")
+
+
+def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
+    from minbert.report.tables import cross_cpu_section
+
+    measurement = {
+        "machine": {"cpu": "AMD EPYC"},
+        "results": {
+            "branch": "COMPATIBLE",
+            "configs": {
+                "best": {"identical": True, "differences": {}},
+                "best-summed": {
+                    "identical": False,
+                    "differences": {"sts": [0.5581, 0.5612], "epoch": [3, 2]},
+                },
+            },
+        },
+    }
+    text = cross_cpu_section(measurement, "bench/results/cross_cpu.json")
+    assert "1 of 2 metrics files identical" in text
+    assert "largest difference is 0.0031 (`best-summed` sts)" in text
+    same = cross_cpu_section(
+        {
+            **measurement,
+            "results": {
+                "branch": "COMPATIBLE",
+                "configs": {"best": measurement["results"]["configs"]["best"]},
+            },
+        },
+        "x.json",
+    )
+    assert "1 of 1 metrics files identical" in same and "largest" not in same
+    assert "Not measured" in cross_cpu_section(None, "x.json")

@@ -13,9 +13,15 @@ from minbert.report import write_report
 def main(argv: list[str]) -> None:
     """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
     scales the runs were not made at, for "What chose what"; ``--smart-measurement``:
-    ``bench/smart_collapse.py``'s result)."""
+    ``bench/smart_collapse.py``'s result; ``--cross-cpu``: ``bench/cross_cpu.py``'s)."""
     given = paths(
-        argv, "metrics", "predictions", "prepared", "paper", "out", optional=("params", "smart-measurement")
+        argv,
+        "metrics",
+        "predictions",
+        "prepared",
+        "paper",
+        "out",
+        optional=("params", "smart-measurement", "cross-cpu"),
     )
     write_report(
         given["metrics"],
@@ -25,4 +31,5 @@ def main(argv: list[str]) -> None:
         given["out"],
         given["params"],
         given["smart_measurement"],
+        given["cross_cpu"],
     )

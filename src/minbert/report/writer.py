@@ -20,7 +20,13 @@ from minbert.report.notes import fill_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.provenance import provenance_section, setup_section
 from minbert.report.studies import mlm_section, seed_section, selection_section
-from minbert.report.tables import multitask_table, other_configurations, smart_collapse_section, table1
+from minbert.report.tables import (
+    cross_cpu_section,
+    multitask_table,
+    other_configurations,
+    smart_collapse_section,
+    table1,
+)
 from minbert.results import STEPS, read_result, read_results
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
@@ -103,9 +109,11 @@ def write_report(
     out_dir: Path,
     params_file: Path | None = None,
     smart_file: Path | None = None,
+    cross_cpu_file: Path | None = None,
 ) -> None:
     """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
-    the scales not run, ``smart_file`` ``bench/smart_collapse.py``'s result."""
+    the scales not run, ``smart_file`` ``bench/smart_collapse.py``'s result, ``cross_cpu_file``
+    ``bench/cross_cpu.py``'s."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)
@@ -233,5 +241,12 @@ def write_report(
             *provenance_section(named, sentiment),
             "",
         ]
+        if cross_cpu_file is not None:
+            sections += [
+                "### Across CPUs",
+                "",
+                cross_cpu_section(_optional_json(Path(cross_cpu_file)), Path(cross_cpu_file).as_posix()),
+                "",
+            ]
         write_plot_tables(metrics_dir, tmp / "plots")
         (tmp / "README.md").write_text("\n".join(sections), encoding="utf-8")
