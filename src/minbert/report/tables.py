@@ -4,6 +4,7 @@ only as ``cells`` allows; each row shows its training budget."""
 
 from __future__ import annotations
 
+from minbert.metrics import DECIMALS
 from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
@@ -290,7 +291,7 @@ def cross_cpu_section(measurement: dict | None, source: str) -> str:
         )
     found = measurement["results"]
     configs = found["configs"]
-    identical = [c for c, r in configs.items() if r["identical"]]
+    identical = sum(r["identical"] for r in configs.values())
     moved = {
         (config, key): abs(rerun - committed)
         for config, r in configs.items()
@@ -302,13 +303,13 @@ def cross_cpu_section(measurement: dict | None, source: str) -> str:
         f"code path per vendor). Checked on this {measurement['machine']['cpu']} machine by "
         f"retraining {len(configs)} configurations ({', '.join(f'`{c}`' for c in configs)}) with "
         f"their stages' commands under `MKL_CBWR={found['branch']}`, the branch that rounds "
-        f"otherwise here (`{source}`, `bench/cross_cpu.py`): {len(identical)} of {len(configs)} "
-        "metrics files identical to the committed ones at their written precision (4 decimals)"
+        f"otherwise here (`{source}`, `bench/cross_cpu.py`): {identical} of {len(configs)} "
+        f"metrics files identical to the committed ones at their written precision ({DECIMALS} decimals)"
     )
     if moved:
         (config, key), largest = max(moved.items(), key=lambda kv: kv[1])
         head += (
-            f"; the largest difference is {largest:.4f} (`{config}` {key}): read no difference "
+            f"; the largest difference is {largest:.{DECIMALS}f} (`{config}` {key}): read no difference "
             "below it as a finding."
         )
     else:
