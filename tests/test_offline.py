@@ -268,10 +268,16 @@ def test_the_node_refuses_other_code_and_stops_at_the_deadline(project, study, n
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     index, _ = parts.read(tmp_path / "out" / parts.INDEX_FILE)
     assert [(s["stage"], s["reason"]) for s in index["failed"]] == [("prepare", "stopped at the --deadline")]
+    # Every stage needs prepare (resolve reads its manifest for the Quora batch).
+    blocked = {name: "needs prepare, which did not finish" for name in ("resolve", "tokenize", "zero-shot")}
+    assert {s["stage"]: s["reason"] for s in index["not_run"]} == blocked
+    spent = _on_node(slow, tmp_path / "spent", command + " --deadline 0", node_env)
+    assert spent.returncode == 1, spent.stdout + spent.stderr
+    index, _ = parts.read(tmp_path / "spent" / parts.INDEX_FILE)
+    assert index["failed"] == [] and index["stages"] == []
     assert {s["stage"]: s["reason"] for s in index["not_run"]} == {
-        "resolve": "the --deadline was reached",
-        "tokenize": "needs prepare, which did not finish",
-        "zero-shot": "needs prepare, which did not finish",
+        "prepare": "the --deadline was reached",
+        **blocked,
     }
 
 

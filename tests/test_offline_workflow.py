@@ -25,8 +25,13 @@ def steps() -> list[dict]:
 
 
 def _tiny(params: dict) -> None:
+    """The tiny scale, with one stage of each kind: the workflow's commands are under test
+    here, every configuration's stage in test_pipeline and test_offline."""
     _tiny_scale(params)
     params["scales"]["gpu"] = tiny_gpu_scale(params["scales"]["cpu"])
+    params["configs"] = {name: params["configs"][name] for name in ("baseline", "best")}
+    params["seed_study"]["configs"] = ["baseline", "best"]
+    params["sentiment"]["runs"] = {"sst-full": params["sentiment"]["runs"]["sst-full"]}
 
 
 @pytest.mark.slow

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
-from minbert.tools.readme import begin, end, strongest, update
+from minbert.tools.readme import STAGE_TIMES, begin, end, strongest, update
+
+PERFORMANCE = Path("docs") / "performance.md"
 
 README_LIMIT = 12 * 1024  # bytes; the rest lives under docs/
 
@@ -23,7 +26,7 @@ def test_the_readme_fits_a_screen_or_two():
 
 
 def test_the_readme_blocks_are_what_the_committed_metrics_give():
-    assert update(REPO, check=True), "README.md's generated blocks differ from metrics/: run `minbert readme`"
+    assert update(REPO, check=True) == [], "generated blocks differ from the results: run `minbert readme`"
 
 
 def test_the_readme_examples_use_the_model_the_block_names():
@@ -34,8 +37,12 @@ def test_the_readme_examples_use_the_model_the_block_names():
 
 
 def _copy(tmp_path):
-    """The README and what its blocks are made from, in a directory of their own."""
+    """The README, docs/performance.md and what their blocks are made from, in a directory
+    of their own."""
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    for path in (PERFORMANCE, STAGE_TIMES):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, tmp_path / path)
     (tmp_path / "reference").mkdir()
     shutil.copy(REPO / "reference" / "paper.yaml", tmp_path / "reference" / "paper.yaml")
     for folder in ("multitask", "sentiment"):
@@ -51,8 +58,8 @@ def _readme(*args: str):
     return CliRunner().invoke(app, ["readme", *args], env={"COLUMNS": "200"})
 
 
-def _block(text: str, name: str) -> str:
-    return text[text.index(begin(name)) : text.index(end(name))]
+def _block(text: str, name: str, source: str = "metrics/") -> str:
+    return text[text.index(begin(name, source)) : text.index(end(name))]
 
 
 def test_readme_rewrites_the_model_block_when_another_configuration_ranks_first(tmp_path):
@@ -107,3 +114,28 @@ def test_a_readme_without_the_blocks_is_refused_in_one_line(tmp_path):
     result = _readme("--repo", str(repo))
     assert result.exit_code == 1 and "no generated block" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
+    repo = _copy(tmp_path)
+    measured = json.loads((repo / STAGE_TIMES).read_text())
+    before = (repo / PERFORMANCE).read_text(encoding="utf-8")
+    block = _block(before, "stage-times", STAGE_TIMES.as_posix())
+    total = measured["results"]["wall_s"] / 60
+    assert f"| **`dvc repro`, in all** | **{total:.1f}** |" in block
+    assert "| `multitask best` |" in block and "| `multitask baseline from models/mlm/continue` |" in block
+    # A rerun where `report` took 10 minutes under load: only that row, the total and the
+    # load change, and only docs/performance.md is rewritten.
+    (report,) = [s for s in measured["results"]["stages"] if s["stage"].startswith("report ")]
+    report["seconds"] = 600
+    measured["results"]["wall_s"] += 300
+    measured["load_average_at_start"][0] = 2.5
+    (repo / STAGE_TIMES).write_text(json.dumps(measured))
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    stale = _readme("--check", "--repo", str(repo))
+    assert stale.exit_code == 1 and "performance.md" in stale.output and "README" not in stale.output
+    assert _readme("--repo", str(repo)).exit_code == 0
+    block = _block((repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix())
+    assert "| `report` | 10.0 |" in block and f"**{total + 5:.1f}**" in block
+    assert "load average 2.50 at the start: other work" in block
+    assert (repo / "README.md").read_text(encoding="utf-8") == readme

@@ -275,29 +275,31 @@ def reach(
 @command()
 def readme(
     check: bool = typer.Option(
-        False, "--check", help="Only say whether it is current (exit status 1 if not)."
+        False, "--check", help="Only say whether they are current (exit status 1 if not)."
     ),
     repo: Path = typer.Option(
-        Path("."), "--repo", help="The repository: its README.md, metrics/, reference/."
+        Path("."), "--repo", help="The repository: its README.md, docs/, metrics/, reference/, bench/."
     ),
 ) -> None:
-    """Rewrite the README's generated blocks from the committed metrics.
+    """Rewrite the generated blocks of the README and the docs from the committed results.
 
-    One sets our results beside the paper's (reference/paper.yaml); one names the
+    The README's set our results beside the paper's (reference/paper.yaml) and name the
     configuration the report ranks highest on the chance-corrected dev score, beside the
-    untrained checkpoint. Run this after `dvc repro` changes them (tests/test_readme.py
-    fails until then)."""
+    untrained checkpoint; docs/performance.md's gives every stage's minutes and memory from
+    the last `python bench/stage_memory.py -- dvc repro`. Run this after either changes
+    them (tests/test_readme.py fails until then)."""
     from minbert.tools.readme import update
 
-    current = update(repo, check=check)
-    readme_file = repo / "README.md"
-    if current:
-        console.print(f"{readme_file}: the generated blocks are current")
+    stale = update(repo, check=check)
+    if not stale:
+        console.print(f"{repo}: the generated blocks are current")
     elif check:
-        console.print(f"{readme_file}: the generated blocks differ from metrics/: run `minbert readme`")
+        console.print(
+            f"{', '.join(map(str, stale))}: generated blocks differ from the results: run `minbert readme`"
+        )
         raise typer.Exit(1)
     else:
-        console.print(f"{readme_file}: generated blocks rewritten from metrics/")
+        console.print(f"{', '.join(map(str, stale))}: generated blocks rewritten from the results")
 
 
 @command("lr-search")
