@@ -177,6 +177,28 @@ def test_no_source_file_is_too_long():
     assert not long, f"over {MAX_LINES} lines: {long}"
 
 
+DOCSTRING_SHARE = 0.10  # of src/'s lines; explanations longer than a few lines go to docs/
+
+
+def _docstring_lines(tree: ast.Module) -> int:
+    return sum(
+        node.body[0].end_lineno - node.body[0].lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and ast.get_docstring(node, clean=False) is not None
+    )
+
+
+def test_docstrings_stay_short():
+    files = [path.read_text(encoding="utf-8") for path in PACKAGE.rglob("*.py")]
+    docstrings = sum(_docstring_lines(ast.parse(text)) for text in files)
+    lines = sum(len(text.splitlines()) for text in files)
+    assert docstrings <= DOCSTRING_SHARE * lines, (
+        f"docstrings are {docstrings / lines:.1%} of src/ ({docstrings} of {lines} lines), over "
+        f"{DOCSTRING_SHARE:.0%}: move the explanation to docs/"
+    )
+
+
 def test_the_data_stage_needs_no_torch():
     files = {module_name(p) for p in closure(REPO / "stages" / "prepare.py")}
     assert "minbert.device" not in files and not any(
