@@ -37,15 +37,10 @@ def settings_for(config: str, checkpoint: Path, batch_scale: int):
     params.update(checkpoint=str(checkpoint), device="cpu")
     tiny_multitask_scale(params, epochs=2, batch_size={t: b * batch_scale for t, b in BATCH.items()})
     params["multitask"]["eval_batch_size"] = 5
-    params["configs"]["summed"] = {"gradient": "summed"}
-    # SMART with a ball and a step large enough to matter in float32.
-    params["configs"]["best"]["smart"] = {
-        "enabled": True,
-        "projection": "ball",
-        "epsilon": 1e-2,
-        "step_size": 1.0,
-    }
     settings = params_module.multitask_settings(validate(params), config)
+    if settings.smart is not None:  # a ball and a step large enough to matter in float32
+        ball = dataclasses.replace(settings.smart, projection="ball", epsilon=1e-2, step_size=1.0)
+        settings = dataclasses.replace(settings, smart=ball)
     return dataclasses.replace(settings, dropout=0.0)
 
 

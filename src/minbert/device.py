@@ -37,12 +37,14 @@ def pin_cpu_kernels() -> None:
 
 
 def choose_device(name: str = "auto") -> torch.device:
-    if name not in DEVICES:
-        raise ValueError(f"device {name!r} is not one of {list(DEVICES)}")
+    """A name of ``DEVICES``, or one with an index (``cuda:1``: the second GPU)."""
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES or (index and (kind == "auto" or not index.isdigit())):
+        raise ValueError(f"device {name!r} is not one of {list(DEVICES)} (or cpu:N, cuda:N)")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but torch sees no CUDA device")
     return torch.device(name)
 
 

@@ -26,7 +26,7 @@ def run(resolved: dict, tokenized: Path, out: Path) -> dict:
     no task (no warm-up at this scale): the index alone."""
     files = {}
     with started(resolved, "features") as stage, atomic_directory(Path(out)) as directory:
-        encoder = BertModel.from_pretrained(stage.checkpoint_dir)
+        encoder = BertModel.from_pretrained(stage.checkpoint_dir).to(stage.device)
         for task in resolved["tasks"]:
             table = TokenizedTable.read(Path(tokenized) / f"{task}-train.parquet")
             for siamese in (False, True) if TASKS[task].is_pair else (False,):

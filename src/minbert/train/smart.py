@@ -37,6 +37,9 @@ class Smart:
         self, settings: SmartSettings, model: nn.Module, device: torch.device, seed: int, multiple: int
     ):
         self.settings, self.device, self.multiple = settings, device, multiple
+        # The ascent's passes run on the model itself, never through a DDP wrapper: DDP's
+        # output hook has no forward-mode derivative, and the ascent needs no gradient sync.
+        self.model = model
         self.teacher = EmaTeacher(model, settings.beta)
         # Random starts are drawn for whole global batches: alike on every rank.
         self.generator = torch.Generator(device).manual_seed(seed)
@@ -49,7 +52,7 @@ class Smart:
         starts from the same noise however the batch is split across processes."""
         width = -(-int(data.lengths[rows].max()) // self.multiple) * self.multiple
         shape = (len(rows) * (2 if data.siamese else 1), width, self.hidden)
-        noise = torch.randn(shape, generator=self.generator, device=self.generator.device)
+        noise = torch.randn(shape, generator=self.generator, device=self.device)
         noise = noise * self.settings.noise_std
         # Slices, not an index tensor (a blocking copy from the host every step).
         mine = _as_slice(positions)
@@ -61,15 +64,16 @@ class Smart:
     def smoothness(
         self, net: nn.Module, task: str, batch: Batch, embedded: torch.Tensor, start: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The clean output (float32), R_s and its control (:func:`smoothness_terms`), every
-        pass through ``net`` (the model or its DDP wrapper) with autocast off. Call it
-        right after the embedding layer: shared masks are taken here."""
+        """The clean output (float32), R_s and its control (:func:`smoothness_terms`) with
+        autocast off: the ascent on the model, the trained pass through ``net`` (the model
+        or its DDP wrapper). Call it right after the embedding layer: shared masks are
+        taken here."""
         shared = self.settings.dropout_masks == "shared"
         self.masks = DropoutMasks(embedded.device) if shared else None
         with compute_context(self.device), torch.autocast(self.device.type, enabled=False):
             return smoothness_terms(
                 lambda e: net(task, batch, e), embedded, TASKS[task].head_output, self.settings,
-                start=start, masks=self.masks,
+                start=start, masks=self.masks, ascent_fn=lambda e: self.model(task, batch, e),
             )  # fmt: skip
 
     def bregman(self, task: str, batch: Batch, output: torch.Tensor) -> torch.Tensor:
@@ -283,13 +287,15 @@ def smoothness_terms(
     masks: DropoutMasks | None = None,
     start: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    ascent_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The clean output (in the graph), R_s and its control: the ascent, then one pass over
-    the clean and perturbed copies stacked; the control is the divergence between that
-    pass's clean half and the ascent's clean output (0 with shared ``masks``)."""
+    """The clean output (in the graph), R_s and its control: the ascent (through
+    ``ascent_fn``, by default ``forward_fn``: the same function, unwrapped), then one pass
+    over the clean and perturbed copies stacked; the control is the divergence between
+    that pass's clean half and the ascent's clean output (0 with shared ``masks``)."""
     embedded32 = embedded.float()
     noise, target = adversarial_perturbation(
-        forward_fn, embedded32, kind, settings, generator=generator, start=start, masks=masks
+        ascent_fn or forward_fn, embedded32, kind, settings, generator=generator, start=start, masks=masks
     )
     # The pass that draws this step's masks for the training's stream (the ascent replayed them).
     drawn = masks.draw(2) if masks is not None else contextlib.nullcontext()
