@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minbert.model.checkpoint import read_state_dict
-from minbert.model.dropout import Dropout, attention
+from minbert.model.dropout import Dropout, attention, in_tiled
 
 
 @dataclass
@@ -225,8 +225,12 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        # Inside `tiled` (SMART's passes) a compiled layer runs its own forward: compiled
+        # code neither carries the ascent's forward-mode tangents nor draws dropout masks
+        # from the global generator that SMART replays.
+        eager = in_tiled()
         for layer in self.layer:
-            x = layer(x, attn_mask)
+            x = layer.forward(x, attn_mask) if eager else layer(x, attn_mask)
         return x
 
 

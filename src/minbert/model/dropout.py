@@ -29,6 +29,11 @@ def tiled(copies: int) -> Iterator[None]:
         _COPIES.reset(token)
 
 
+def in_tiled() -> bool:
+    """Whether the caller runs inside :func:`tiled`."""
+    return _COPIES.get() is not None
+
+
 def tiled_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """Training-mode dropout of ``x`` whose mask is drawn for one copy of the batch and
     repeated for every copy (``x``'s first dimension holds the copies, one after the other)."""
