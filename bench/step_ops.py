@@ -26,21 +26,22 @@ on the stage's own code: every multitask configuration's ``MultitaskStep`` and
 one and on three batches, the difference being two steps; their scoring batches and
 the zero-shot stage's counted as the multitask model's SST scoring batches), the
 minutes at ``--us-per-op`` (10 us: a step this small is bound by kernel launches on a
-GPU), and the study cut into node calls: stages in priority order, each call at most
-``--call-minutes`` at the worst estimate (the operators, ``STAGE_START_S`` for every
-stage and ``CALL_START_S`` for the stages every call reruns). Target: the study's
-operators within 15 minutes.
+GPU), and the study cut into node calls at that assumed rate
+(``minbert.offline.calls``, each call at most ``--call-minutes``; ``minbert gpu-plan``
+re-cuts them from the smoke call's measured rate). Target: the study's operators within
+15 minutes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 import common
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from minbert.offline.calls import DEADLINE_MINUTES, Rate, cut
+from minbert.offline.smoke import OperatorCount, counted
 
 # (mode, the mode it wraps or replaces, at most this many times its operators)
 TARGETS = [
@@ -50,18 +51,6 @@ TARGETS = [
 ]
 
 
-class OperatorCount(TorchDispatchMode):
-    """Counts every aten operator dispatched while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--config", default="best", help="a configuration of params.yaml (its heads)")
@@ -69,7 +58,9 @@ def main() -> None:
     p.add_argument("--pool", type=int, default=6, help="steps counted per mode")
     p.add_argument("--study", metavar="SCALE", help="count the whole study at SCALE instead")
     p.add_argument("--us-per-op", type=float, default=10.0, help="--study: microseconds per operator")
-    p.add_argument("--call-minutes", type=float, default=8.0, help="--study: a node call's worst minutes")
+    p.add_argument(
+        "--call-minutes", type=float, default=DEADLINE_MINUTES, help="--study: a call's worst minutes"
+    )
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=1)
     if args.study:
@@ -136,36 +127,6 @@ def main() -> None:
 
 
 # ----------------------------------------------------------------------------- the whole study
-
-# The stages of the study in the order a GPU period should bring them back: zero-shot,
-# Table 1, `baseline`, `best` and its ablations (Table 4), Table 3, then MLM (whose
-# models never leave the node, so `mlm@*` and `multitask-mlm@*` share a call).
-PRIORITY = [
-    "zero-shot",
-    "sentiment",
-    "multitask@baseline",
-    "multitask@best",
-    "multitask@best-round-robin",
-    "multitask@best-adamw",
-    "multitask@best-no-smart",
-    "multitask@best-summed",
-    "multitask@best-round-robin-equal",
-    "multitask@siamese-diff",
-    "multitask@siamese-diff-prod",
-    "multitask@cosine-sts",
-    "multitask@concatenation",
-    "mlm",
-]
-STAGE_START_S = 30  # worst start-up of a stage on the node: Python, torch, CUDA, the model, the tables
-CALL_START_S = 90  # worst time of the stages every call reruns: prepare, resolve, tokenize, features
-
-
-def counted(fn) -> int:
-    """Operators ``fn()`` dispatches."""
-    counter = OperatorCount()
-    with counter:
-        fn()
-    return sum(counter.ops.values())
 
 
 def batches(rows: int, batch_size: int) -> int:
@@ -323,37 +284,6 @@ def zero_shot_stage(params: dict, tables: dict, scoring_batch_ops: float) -> dic
     }
 
 
-def node_calls(stages: dict, us_per_op: float, call_minutes: float) -> list[dict]:
-    """The study cut into node calls in priority order, each at most ``call_minutes``
-    at the worst estimate; a stage group (``sentiment``, ``mlm``) stays whole where it
-    must (``mlm``: its models stay on the node) or fits."""
-    groups = []
-    for name in PRIORITY:
-        if name == "mlm":
-            groups.append([s for s in stages if s.startswith(("mlm@", "multitask-mlm@"))])
-        else:
-            groups.append([s for s in stages if s == name or s.startswith(f"{name}@")])
-
-    def minutes(names: list[str]) -> float:
-        ops = sum(stages[s]["ops"] for s in names)
-        return (ops * us_per_op / 1e6 + STAGE_START_S * len(names) + CALL_START_S) / 60
-
-    calls: list[list[str]] = []
-    for group in groups:
-        if calls and minutes(calls[-1] + group) <= call_minutes:
-            calls[-1] += group
-        else:
-            calls.append(list(group))
-    return [
-        {
-            "stages": names,
-            "operator_minutes": sum(stages[s]["ops"] for s in names) * us_per_op / 6e7,
-            "worst_minutes": minutes(names),
-        }
-        for names in calls
-    ]
-
-
 def study(args) -> None:
     from minbert.pipeline import params as params_module
     from minbert.pipeline.multitask import load_tables
@@ -378,7 +308,9 @@ def study(args) -> None:
         s["minutes"] = s["ops"] * args.us_per_op / 6e7
     total = sum(s["ops"] for s in stages.values())
     minutes = total * args.us_per_op / 6e7
-    calls = node_calls(stages, args.us_per_op, args.call_minutes)
+    rate = Rate.assumed(args.us_per_op)
+    plan = cut(stages, rate, deadline=args.call_minutes)
+    calls = [{"stages": c.stages, "worst_minutes": c.minutes} for period in plan.periods for c in period]
     common.table(
         f"the {args.study} study: aten operators per stage, minutes at {args.us_per_op:g} us per operator",
         ["stage", "steps", "ops per step", "scoring ops", "ops", "minutes"],
@@ -390,9 +322,8 @@ def study(args) -> None:
     )  # fmt: skip
     common.table(
         f"node calls of at most {args.call_minutes:g} minutes at the worst estimate",
-        ["call", "stages", "operator minutes", "worst minutes"],
-        [[i + 1, " ".join(c["stages"]), f"{c['operator_minutes']:.1f}", f"{c['worst_minutes']:.1f}"]
-         for i, c in enumerate(calls)],
+        ["call", "stages", "worst minutes"],
+        [[i + 1, " ".join(c["stages"]), f"{c['worst_minutes']:.1f}"] for i, c in enumerate(calls)],
     )  # fmt: skip
     common.finish(
         f"{args.study}_study_ops",
@@ -400,8 +331,8 @@ def study(args) -> None:
         {
             "scale": args.study,
             "us_per_op": args.us_per_op,
-            "stage_start_s": STAGE_START_S,
-            "call_start_s": CALL_START_S,
+            "stage_start_s": rate.stage_start_s,
+            "call_start_s": rate.call_start_s,
             "stages": stages,
             "total_ops": total,
             "total_minutes": minutes,

@@ -22,16 +22,21 @@ import pytest
 import torch
 import yaml
 from conftest import REPO
+from node_python import node_python
 from test_pipeline import _slice, _tiny_scale
 
 from minbert.model.bert import BertModel
 from minbert.offline import parts
 from minbert.offline.bundle import SEND_LIMIT, call_size, read_bundle, sent_files
+from minbert.offline.calls import SMOKE_COMMAND, Rate, cut
+from minbert.offline.node import NODE_PACKAGES
 from minbert.offline.plan import resolve_plan, returned, select
+from minbert.offline.smoke import CONTROL_TOLERANCE
 from minbert.results import read_result
 
 PAGE, SECTION = REPO / "docs" / "gpu-node.md", "## The commands"
 FAILING = "data/settings/multitask/best-round-robin.json"  # the stage of call 2 made to fail
+STUDY_OPS = Path("bench", "results", "gpu_study_ops.json")
 
 
 def readme_commands() -> list[str]:
@@ -44,7 +49,19 @@ def readme_commands() -> list[str]:
 
 
 def node_calls() -> list[str]:
-    return [c for c in readme_commands() if "offline-run" in c]
+    """The page's study calls (the smoke call apart)."""
+    return [c for c in readme_commands() if "offline-run" in c and "--smoke" not in c]
+
+
+def smoke_command() -> str:
+    (smoke,) = [c for c in readme_commands() if "offline-run" in c and "--smoke" in c]
+    return smoke
+
+
+def here_command(name: str) -> str:
+    """The page's command ``minbert <name> ...`` of the DVC machine."""
+    (command,) = [c for c in readme_commands() if c.split()[:2] == ["minbert", name]]
+    return command
 
 
 def tiny_gpu_scale(cpu: dict) -> dict:
@@ -88,29 +105,37 @@ def project(tmp_path_factory, shared_data, tiny_checkpoint) -> Path:
     _tiny_scale(params)
     params["scales"]["gpu"] = tiny_gpu_scale(params["scales"]["cpu"])
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "bench" / "results").mkdir(parents=True)  # the study's operators, for gpu-plan
+    shutil.copy(REPO / STUDY_OPS, root / STUDY_OPS)
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "project")
     return root
 
 
-@pytest.fixture(scope="module")
-def node_env(tmp_path_factory) -> dict:
-    """The imitation node's environment: `python3` only, `import dvc` failing, and a
-    stage that fails (exit 3) or hangs when its command names FAIL_ARG or HANG_ARG."""
-    base = tmp_path_factory.mktemp("node-env")
-    (base / "bin").mkdir()
+def imitation_node(base: Path, packages: list[str], without: tuple[str, ...] = ()) -> dict:
+    """The environment of an imitation node whose Python holds only ``packages`` (and what
+    they require, less ``without``; no DVC, nothing of the test tools): `python3` only on
+    PATH, and a stage that fails (exit 3) or hangs when its command names FAIL_ARG or
+    HANG_ARG."""
+    (base / "bin").mkdir(parents=True)
+    interpreter = node_python(base / "python", packages, without)
     python3 = base / "bin" / "python3"
-    python3.write_text(f'#!/bin/sh\nPYTHONPATH="{base / "shim"}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python3.write_text(f'#!/bin/sh\nPYTHONPATH="{base / "shim"}:$PYTHONPATH" exec "{interpreter}" "$@"\n')
     python3.chmod(python3.stat().st_mode | stat.S_IEXEC)
-    (base / "shim" / "dvc").mkdir(parents=True)
-    (base / "shim" / "dvc" / "__init__.py").write_text('raise ImportError("no dvc on the node")\n')
+    (base / "shim").mkdir()
     (base / "shim" / "sitecustomize.py").write_text(
         "import os, sys, time\n"
         "if os.environ.get('FAIL_ARG') in sys.argv: os._exit(3)\n"
         "if os.environ.get('HANG_ARG') in sys.argv: time.sleep(600)\n"
     )
     return {"PATH": str(base / "bin"), "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
+
+
+@pytest.fixture(scope="module")
+def node_env(tmp_path_factory) -> dict:
+    """The imitation node: exactly the packages docs/gpu-node.md lists."""
+    return imitation_node(tmp_path_factory.mktemp("node-env"), list(NODE_PACKAGES.values()))
 
 
 def _node(project: Path, node: Path) -> Path:
@@ -141,10 +166,13 @@ def study(project, node_env, tmp_path_factory) -> dict:
     """The page's bundle, its first two node calls (the second with a failing stage),
     both unpacked."""
     work = tmp_path_factory.mktemp("study")
-    bundle, unpack, status = (c for c in readme_commands() if c.startswith("minbert "))
-    made = _here(project, bundle)
+    made = _here(project, here_command("bundle"))
     assert made.returncode == 0, made.stdout + made.stderr
     assert not _git(project, "status", "--porcelain"), "the bundle is ignored by git"
+    smoke = _on_node(_node(project, work / "node0"), work / "gpu-out", smoke_command(), node_env)
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    planned = _here(project, here_command("gpu-plan").replace("gpu-out", str(work / "gpu-out")))
+    assert planned.returncode == 0, planned.stdout + planned.stderr
     first = _on_node(_node(project, work / "node1"), work / "out1", node_calls()[0], node_env)
     assert first.returncode == 0, first.stdout + first.stderr
     second = _on_node(
@@ -152,9 +180,14 @@ def study(project, node_env, tmp_path_factory) -> dict:
     )
     assert second.returncode == 1, second.stdout + second.stderr
     for out in ("out1", "out2"):
-        unpacked = _here(project, unpack.replace("gpu-out", str(work / out)))
+        unpacked = _here(project, here_command("gpu-unpack").replace("gpu-out", str(work / out)))
         assert unpacked.returncode == 0, unpacked.stdout + unpacked.stderr
-    return {"work": work, "status": status, "bundle": " ".join((made.stdout + made.stderr).split())}
+    return {
+        "work": work,
+        "status": here_command("gpu-status"),
+        "bundle": " ".join((made.stdout + made.stderr).split()),
+        "plan": planned.stdout,
+    }
 
 
 @pytest.mark.slow
@@ -164,6 +197,36 @@ def test_the_readme_calls_cover_the_plan_once(project):
     ran = [select(plan, names) for names in named]
     results = [s["name"] for s in plan["stages"] if returned(s)]
     assert sorted(s for call in ran for s in call if s in results) == sorted(results)
+
+
+def test_the_readme_calls_are_gpu_plans_at_the_assumed_rate():
+    stages = json.loads((REPO / STUDY_OPS).read_text())["results"]["stages"]
+    plan = cut(stages, Rate.assumed())
+    assert not plan.too_long
+    printed = [c.stages for period in plan.periods for c in period]
+    named = [re.findall(r"--stage (\S+)", c) for c in node_calls()]
+    expanded = [[s for n in names for s in stages if s == n or s.startswith(f"{n}@")] for names in named]
+    assert expanded == printed
+    assert smoke_command() == SMOKE_COMMAND
+
+
+@pytest.mark.slow
+def test_the_smoke_call_checks_the_gpu_path_and_measures_it(study):
+    smoke = json.loads((study["work"] / "gpu-out" / "smoke.json").read_text())
+    assert smoke["passed"] and not smoke["problems"]
+    assert sorted(p.name for p in (study["work"] / "gpu-out").iterdir()) == ["smoke.json"]  # no stage result
+    best, baseline = smoke["stages"]["multitask@best"], smoke["stages"]["multitask@baseline"]
+    assert best["smart_control"] == 0.0  # its history, at 4 decimals; in-process, up to rounding:
+    assert best["measured"]["smart_control"] <= CONTROL_TOLERANCE
+    assert baseline["smart_control"] is None and best["losses_finite"] and baseline["losses_finite"]
+    for stage in (best, baseline):
+        step = stage["measured"]["step"]
+        assert stage["seconds"] > 0 and stage["steps"] > 0 and step["seconds"] > 0
+        assert step["us_per_op"] == pytest.approx(1e6 * step["seconds"] / step["ops"])
+    # A PCGrad + SMART step dispatches several times a round-robin step's operators.
+    assert best["measured"]["step"]["ops"] > 3 * baseline["measured"]["step"]["ops"]
+    assert smoke["call_start_seconds"] > 0 and smoke["seconds"] < 6 * 60
+    assert "the smoke call on cpu" in study["plan"] and "period 1:" in study["plan"]
 
 
 @pytest.mark.slow
@@ -195,7 +258,9 @@ def test_each_call_brings_back_what_it_finished(study):
     assert [f["stage"] for f in index["failed"]] == ["multitask@best-round-robin"]
     assert index["failed"][0]["reason"] == "exit status 3"
     finished = [s["stage"] for s in index["stages"]]
-    assert finished == ["prepare", "resolve", "tokenize", "features", "multitask@best"]
+    assert finished == [
+        "prepare", "resolve", "tokenize", "features", "multitask@best-adamw", "multitask@best-no-smart"
+    ]  # fmt: skip
     assert not any(f.startswith(("data/", "models/")) for f in files)
     assert index["torch"] == torch.__version__
 
@@ -322,3 +387,21 @@ def test_unpacking_keeps_the_newest_call_of_each_stage(tmp_path):
     other = _call_index(tmp_path / "other", "2026-01-03T00:00:00.000+00:00", {}, overrides=["scale=paper"])
     with pytest.raises(ValueError, match="unpack it --into another folder"):
         unpack(other, into)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lacking", ["scipy", "typer"])  # a stage's package; the command line's
+def test_a_node_without_a_listed_package_stops_before_its_first_stage(project, study, tmp_path, lacking):
+    env = imitation_node(tmp_path / "env", list(NODE_PACKAGES.values()), without=(lacking,))
+    command = node_calls()[0]
+    done = _on_node(_node(project, tmp_path / "node"), tmp_path / "out", command, env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith("error: offline-run: this node cannot import " + lacking)
+    assert "docs/gpu-node.md" in said[0] and not list((tmp_path / "out").iterdir())  # no stage ran
+
+
+def test_the_page_lists_what_the_node_needs():
+    text = PAGE.read_text(encoding="utf-8")
+    listed = text[text.index("What the node must hold") :].split("(`minbert.offline.node")[0]
+    assert sorted(re.findall(r"`([\w-]+)`", listed)) == sorted(NODE_PACKAGES.values())

@@ -43,11 +43,37 @@ def offline_run(
     deadline: float | None = typer.Option(
         None, "--deadline", help="Minutes: stop the stage running then, start no other, keep what finished."
     ),
+    smoke: bool = typer.Option(
+        False, "--smoke", help="The smoke call instead: check the GPU path, measure, write smoke.json."
+    ),
 ) -> None:
     """Run a bundle's plan without DVC (an offline GPU node), packing each stage's results
     into --out as it finishes. Runs in the repository root, nothing installed:
     `PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out OUT --stage zero-shot`.
-    Exit status 1 when a stage failed or was not run."""
+    Exit status 1 when a stage failed or was not run.
+
+    With --smoke: a PCGrad + SMART stage and a round-robin stage on a slice, their losses
+    and SMART's control term checked, the seconds and operators of a step measured, into
+    --out/smoke.json (`minbert gpu-plan` cuts the study's calls from it); exit status 1
+    when a check fails."""
+    if smoke:
+        from minbert.offline.smoke import SMOKE_FILE, smoke_call
+
+        if stage:
+            raise typer.BadParameter("--smoke runs its own stages: name none", param_hint="--stage")
+        found = smoke_call(Path("."), bundle_dir, out, deadline, log=console.log)
+        for name, ran in found["stages"].items():
+            step = ran.get("measured", {}).get("step")
+            rate = f", a step {step['seconds'] * 1e3:.0f} ms ({step['us_per_op']:.1f} us per operator)"
+            console.print(f"  {name} ({ran['kind']}): {ran['seconds']} s{rate if step else ''}")
+        console.print(
+            f"{out / SMOKE_FILE}: {'passed' if found['passed'] else 'FAILED'} in {found['seconds']:.0f} s"
+        )
+        for problem in found["problems"]:
+            console.print(f"  {problem}")
+        if not found["passed"]:
+            raise typer.Exit(1)
+        return
     from minbert.offline.runner import run_call
 
     index = run_call(Path("."), bundle_dir, out, stage, deadline, log=console.log)
@@ -59,6 +85,40 @@ def offline_run(
         console.print(f"  {left['stage']}: {left['reason']}")
     if index["failed"] or index["not_run"]:
         raise typer.Exit(1)
+
+
+def gpu_plan(
+    smoke: Path | None = typer.Option(
+        None, "--smoke", help="smoke.json of a smoke call (default: the assumed rate, 10 us per operator)."
+    ),
+    ops: Path = typer.Option(
+        Path("bench/results/gpu_study_ops.json"),
+        "--ops",
+        help="The study's operators per stage (bench/step_ops.py).",
+    ),
+    into: Path = typer.Option(
+        Path("metrics/gpu"), "--into", help="The GPU results folder: its current stages are done."
+    ),
+) -> None:
+    """Cut the study's remaining stages into node calls from a measured rate.
+
+    Each stage's operators (counted on the CPU) at the smoke call's seconds per operator,
+    with its start-ups, times a margin: each call within its deadline, each period's calls
+    within 24 of its 30 device minutes; the stages already current in --into are left out."""
+    import json
+
+    from minbert.offline.calls import Rate, cut, describe
+
+    measured = json.loads(ops.read_text(encoding="utf-8"))["results"]["stages"]
+    rate = Rate.assumed() if smoke is None else Rate.measured(json.loads(smoke.read_text()), measured)
+    names = list(measured)
+    if (into / "provenance.json").is_file():
+        from minbert.offline.gpu_results import status
+
+        current = {s.stage for s in status(into) if s.state == "current"}
+        names = [n for n in names if n not in current]
+    for line in describe(cut(measured, rate, names)):
+        typer.echo(line)
 
 
 def gpu_unpack(
@@ -96,6 +156,7 @@ def gpu_status(
 COMMANDS = {
     "bundle": bundle,
     "offline-run": offline_run,
+    "gpu-plan": gpu_plan,
     "gpu-unpack": gpu_unpack,
     "gpu-status": gpu_status,
 }

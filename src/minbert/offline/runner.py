@@ -20,6 +20,7 @@ import yaml
 
 from minbert.offline import parts
 from minbert.offline.bundle import read_bundle
+from minbert.offline.node import require_node_packages
 from minbert.offline.plan import by_name, fingerprint, returned, select
 from minbert.results import is_record
 
@@ -128,11 +129,19 @@ def _pack(repo: Path, out: Path, plan: dict, call: dict, node_checkpoint: str) -
 
 
 def run_call(
-    repo: Path, bundle: Path, out: Path, names: list[str], deadline_minutes: float | None = None, log=print
+    repo: Path,
+    bundle: Path,
+    out: Path,
+    names: list[str],
+    deadline_minutes: float | None = None,
+    log=print,
+    params_edit=None,
 ) -> dict:
     """Run the stages ``names`` (and the stages they need; none named: all) of the plan
-    in ``bundle``, packing into ``out`` after each; returns the index written last."""
+    in ``bundle``, packing into ``out`` after each; returns the index written last.
+    ``params_edit(params)``: a change to the plan's params.yaml (the smoke call's slice)."""
     started = time.monotonic()
+    require_node_packages()  # before the first stage: a node without one stops here
     repo, bundle = Path(repo).resolve(), Path(bundle).resolve()
     described = read_bundle(bundle)
     plan = described["plan"]
@@ -144,6 +153,8 @@ def run_call(
     params = json.loads(json.dumps(plan["params"]))
     params["checkpoint"] = f"{where}/checkpoint"
     params["data"]["source"] = f"{where}/data"
+    if params_edit is not None:
+        params_edit(params)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")]))
     call = {
         "commit": described["commit"],
