@@ -273,7 +273,7 @@ def mlm_stage(params: dict, start: str, tokenized, device, scoring_batch_ops: fl
 def zero_shot_stage(params: dict, tables: dict, scoring_batch_ops: float) -> dict:
     """Each dev pair's two sentences and the Quora training pairs that set the threshold,
     encoded in scoring batches (no training)."""
-    size = params["multitask"]["eval_batch_size"]
+    size = params["scales"][params["scale"]]["multitask"]["eval_batch_size"]
     pairs = len(tables["sts", "dev"]) + len(tables["quora", "dev"]) + params["zero_shot"]["quora_train_pairs"]
     scored = 2 * (batches(pairs, size) + 2)
     return {

@@ -36,7 +36,7 @@ def settings_for(config: str, checkpoint: Path, batch_scale: int):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.update(checkpoint=str(checkpoint), device="cpu")
     tiny_multitask_scale(params, epochs=2, batch_size={t: b * batch_scale for t, b in BATCH.items()})
-    params["multitask"]["eval_batch_size"] = 5
+    params["scales"]["cpu"]["multitask"]["eval_batch_size"] = 5
     settings = params_module.multitask_settings(validate(params), config)
     if settings.smart is not None:  # a ball and a step large enough to matter in float32
         ball = dataclasses.replace(settings.smart, projection="ball", epsilon=1e-2, step_size=1.0)

@@ -107,7 +107,7 @@ def tiny_params(tiny_checkpoint):
     tiny_multitask_scale(
         p, epochs=2, batch_size={"sst": 8, "quora": 6, "sts": 4}, history={"dev": 10, "train": 6}
     )
-    p["multitask"]["eval_batch_size"] = 7
+    p["scales"]["cpu"]["multitask"]["eval_batch_size"] = 7
     return validate(p)
 
 
@@ -287,19 +287,21 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
     # The epoch is chosen on the validation split (6 training rows per task set aside).
     assert metrics["validation_examples"] == {"sst": 6, "quora": 6, "sts": 6}
     # Chosen by the chance-corrected selection score (a constant answer scores 0 on it),
-    # not by the plain average of the tables.
-    assert trained.loc[trained.val_selection.idxmax(), "epoch"] == metrics["epoch"]
+    # not by the plain average of the tables; the start (epoch 0) is a candidate.
+    assert history.loc[history.val_selection.idxmax(), "epoch"] == metrics["epoch"]
     assert "mean of SST MCC, Quora MCC, STS Pearson" in metrics["selection"]
     assert set(metrics["dev_selection"]) == {"sst_mcc", "quora_mcc", "sts_pearson", "selection"}
     for column in ("val_average", "val_selection", "val_quora_mcc", "dev_average", "train_average"):
         assert history[column].notna().all(), column
-    # Where fine-tuning started (heads fitted on the frozen checkpoint), scored on SST dev:
-    # the run's own SST control.
+    # Where fine-tuning started (heads fitted on the frozen checkpoint), scored on dev: what
+    # every result of the run is compared with.
     assert set(metrics["head_warmup"]) == set(MULTITASK_TASKS) - (
         {"sts"} if metrics["settings"]["sts_head"] == "siamese-cosine" else set()
     )
-    assert set(metrics["start_dev"]) == {"sst_accuracy"}
-    assert (tmp_path / "pred" / config / "sst-dev-start-out.csv").is_file()
+    metric_keys = {"sst_accuracy", "quora_accuracy", "sts_pearson", "average"}
+    assert set(metrics["start_dev"]) == metric_keys | set(metrics["dev_selection"])
+    for task in MULTITASK_TASKS:
+        assert (tmp_path / "pred" / config / f"{task}-dev-start-out.csv").is_file()
     smart = metrics["settings"]["smart"] is not None
     assert smart == (config.startswith("best") and config != "best-no-smart")
     # SMART's terms are logged apart from the task losses.
@@ -465,3 +467,28 @@ def test_saved_model_reproduces_the_stage_predictions(tmp_path, tokenized, tiny_
     ids = torch.tensor([[2, 2023, 2003, 1037, 3231, 3]])
     ours = model.encoder(ids).last_hidden_state
     torch.testing.assert_close(hf(ids).last_hidden_state, ours, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["siamese-concat", "siamese-cosine"])
+def test_siamese_scoring_encodes_each_distinct_sentence_once_and_answers_as_the_pairs_do(
+    tokenized, tiny_checkpoint, head
+):
+    from minbert.data.multitask import TaskData
+    from minbert.evaluate.multitask import distinct_sentences, task_output
+    from minbert.model.multitask import MultitaskBert
+
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel.from_pretrained(tiny_checkpoint), "siamese-concat", head, 0.0).eval()
+    table = _train_and_dev(tokenized)["sts", "dev"]
+    d = TaskData("sts", table, siamese=True)
+    sentences, first, second = distinct_sentences(d)
+    seqs = table.sequences
+    for i in range(len(d)):  # each pair's sentences, found among the distinct ones
+        assert np.array_equal(sentences[first[i]], seqs["input_ids_1"][i])
+        assert np.array_equal(sentences[second[i]], seqs["input_ids_2"][i])
+    keys = {np.asarray(sentences[k]).tobytes() for k in range(len(sentences))}
+    assert len(keys) == len(sentences) <= 2 * len(d)  # none twice
+    with torch.inference_mode():
+        pairs = model("sts", d.batch(np.arange(len(d))))  # both sentences of every pair at once
+        one_by_one = task_output(model, "sts", d, 5, torch.device("cpu"))
+    torch.testing.assert_close(one_by_one, pairs, rtol=1e-5, atol=1e-5)

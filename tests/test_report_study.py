@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,7 @@ from test_report import (
 
 from minbert import metrics
 from minbert.report import write_report
+from minbert.report.cells import seed_detectable
 from minbert.results import read_result
 from minbert.tasks import MULTITASK_TASKS
 
@@ -96,9 +98,16 @@ def test_a_sign_that_holds_with_every_seed_is_not_bold_when_the_interval_over_se
     assert "interval excludes zero, but the interval over 3 seeds does not: " in table4
     assert "- `best-adamw` vs `best`: distinguishable" not in table4
     verdict = (
-        "- `best-adamw` vs `best`: the interval over 3 seeds contains zero: the seeds do not separate them."
+        "- `best-adamw` vs `best`: the interval over 3 seeds contains zero: the seeds do not separate them"
     )
-    assert verdict in _sections(text)["Seed study"]
+    said = _sections(text)["Seed study"]
+    assert verdict in said
+    # So scattered that no difference this size could be told from zero by 3 seeds.
+    diffs = [0.51 - 0.5, 1.1 - 0.5, own]
+    detectable = seed_detectable(diffs)
+    assert detectable > abs(statistics.mean(diffs))
+    assert f"below the {detectable:.3f} they could detect: not measurable at this budget)." in said
+    assert _row(table4, "| `best-adamw` |")[-1] == f"{detectable:.3f}"
 
     # The same dev interval, with per-seed differences close to the own seed's, is distinguishable.
     _write_seed_study(
@@ -425,3 +434,37 @@ def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
     )
     assert "1 of 1 metrics files identical" in same and "largest" not in same
     assert "Not measured" in cross_cpu_section(None, "x.json")
+
+
+def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
+    """The budget section: each Table 2-4 comparison with the smallest difference its seeds
+    could detect; PCGrad (best-summed vs best) with its cosines and projection share, SMART
+    (best-no-smart vs best) with its sign over the seeds."""
+    configs = ["baseline", "best", "best-summed", "best-no-smart"]
+    root = _outputs(tmp_path, configs)
+    # best-summed: differences scattered around zero; best-no-smart: higher with every seed.
+    _write_seed_study(
+        root,
+        {
+            "baseline": {1: 0.40, 2: 0.41, 3: 0.39},
+            "best": {1: 0.50, 2: 0.50, 3: 0.50},
+            "best-summed": {1: 0.53, 2: 0.47, 3: 0.51},
+            "best-no-smart": {1: 0.51, 2: 0.52, 3: 0.515},
+        },
+    )
+    section = _sections(report(root, tmp_path / "r"))["What this budget can and cannot detect"]
+    summed = _row(section, "`best-summed` vs `best`")
+    own = _own_gap(root, "best-summed", "best")
+    diffs = [0.03, -0.03, 0.01, own]
+    assert summed[2] == f"{statistics.mean(diffs):+.3f} (4 seeds)"
+    assert summed[3] == f"{seed_detectable(diffs):.3f}"
+    measurable = abs(statistics.mean(diffs)) >= seed_detectable(diffs)
+    assert summed[4] == ("measurable" if measurable else "not measurable at this budget")
+    assert (
+        "- PCGrad (`best-summed` vs `best`" in section
+        and "task-gradient cosines over 60 steps: mean" in section
+    )
+    assert "it projected " in section
+    assert "- SMART (`best-no-smart` vs `best`" in section
+    assert "without SMART the average is higher with " in section and " of 4 seeds (" in section
+    assert _row(section, "`best` vs `baseline`")[1].startswith("+")  # Table 3's comparison too

@@ -152,3 +152,45 @@ def test_paper_scale_quora_batch_keeps_the_papers_batches_per_epoch(committed):
     committed["scale"] = "cpu"
     cpu = params.multitask_settings(committed, "baseline", carved)
     assert cpu.batch_size["quora"] == committed["scales"]["cpu"]["multitask"]["batch_size"]["quora"]
+
+
+class _Scripted:
+    """An epoch loop whose validation scores are given: epoch 0 first."""
+
+    steps_per_epoch = 1
+
+    def __init__(self, scores):
+        self.scores, self.model, self.ran = list(scores), torch.nn.Linear(1, 1), []
+
+    def before(self):
+        return {"epoch": 0}, self.scores[0]
+
+    def epoch(self, epoch, step, log):
+        self.ran.append(epoch)
+        with torch.no_grad():
+            self.model.weight.fill_(epoch)  # the weights say which epoch they are
+        return {"epoch": epoch}, self.scores[epoch]
+
+    def state(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+
+def test_the_start_is_a_candidate_and_patience_stops_a_run_that_stopped_improving():
+    from minbert.train.loop import Epochs
+
+    # Epoch 0 beats every fine-tuned epoch: kept, with its own weights back in the model.
+    loop = _Scripted([0.5, 0.4, 0.3])
+    history, kept = Epochs().run(loop, 2, "t")
+    assert kept == 0 and len(history) == 3 and float(loop.model.weight) != 2.0
+    # A tie keeps the earlier epoch.
+    assert Epochs().run(_Scripted([0.5, 0.5]), 1, "t")[1] == 0
+    # Patience 1: after epoch 2 (no better than epoch 1) no other epoch runs.
+    loop = _Scripted([0.1, 0.3, 0.2, 0.9, 0.9])
+    history, kept = Epochs().run(loop, 4, "t", patience=1)
+    assert loop.ran == [1, 2] and kept == 1 and float(loop.model.weight) == 1.0 and len(history) == 3
+    # Patience 0: every epoch runs.
+    loop = _Scripted([0.1, 0.3, 0.2, 0.9, 0.9])
+    assert Epochs().run(loop, 4, "t")[1] == 3 and loop.ran == [1, 2, 3, 4]

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO
-from test_multitask import tokenized  # noqa: F401  (the tiny tokenised tables)
+from conftest import REPO, tiny_multitask_scale
+from test_multitask import run_in, tokenized  # noqa: F401  (the tiny tokenised tables)
 
 from minbert.data.predictions import read_predictions
 from minbert.evaluate.zero_shot import best_threshold
@@ -29,20 +29,28 @@ def test_best_threshold_is_the_most_accurate_cut():
 def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    manifest = tokenized / "prepared" / "manifest.json"
+    tiny_multitask_scale(p, epochs=1, batch_size={"sst": 4, "quora": 4, "sts": 4})
+    resolved = resolve_zero_shot(validate(p), json.loads(manifest.read_text())["quora_split"])
     metrics = zero_shot.run(
-        resolve_zero_shot(validate(p)),
-        tokenized / "tok",
-        tokenized / "prepared" / "manifest.json",
-        tmp_path / "zero-shot.json",
-        tmp_path / "pred",
+        resolved, tokenized / "tok", manifest, tmp_path / "zero-shot.json", tmp_path / "pred"
     )
     assert read_result(tmp_path / "zero-shot.json") == metrics
     assert set(json.loads((tmp_path / "zero-shot.json").read_text())) == {"sst", "quora", "sts", "average"}
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
     assert -1 <= metrics["sts"] <= 1 and 0 <= metrics["quora"] <= 1
-    assert "majority class" in metrics["method"]["sst"]
-    # SST: the majority class everywhere; STS: scores on the 0-5 scale, as written.
+    # SST: the frozen checkpoint's probe, the SST head every configuration starts from (its
+    # start on dev, to the prediction); STS: scores on the 0-5 scale, as written.
+    assert metrics["method"]["sst"].startswith("a linear probe on the frozen checkpoint's pooled vectors")
     sst = read_predictions(tmp_path / "pred" / "sst-dev-out.csv")
-    assert len(set(sst.values())) == 1
+    start = run_in(tmp_path / "baseline", validate(p), "baseline", tokenized)
+    assert start["start_dev"]["sst_accuracy"] == metrics["sst"]
+    assert read_predictions(tmp_path / "baseline" / "pred" / "baseline" / "sst-dev-start-out.csv") == sst
     sts = [float(v) for v in read_predictions(tmp_path / "pred" / "sts-dev-out.csv").values()]
     assert len(sts) == 24 and all(0 <= v <= 5 for v in sts)
+    # At a scale without the head warm-up: the training labels' majority class.
+    p["scales"]["cpu"]["multitask"]["head_warmup"]["epochs"] = 0
+    resolved = resolve_zero_shot(validate(p), json.loads(manifest.read_text())["quora_split"])
+    plain = zero_shot.run(resolved, tokenized / "tok", manifest, tmp_path / "z.json", tmp_path / "p2")
+    assert "majority class" in plain["method"]["sst"]
+    assert len(set(read_predictions(tmp_path / "p2" / "sst-dev-out.csv").values())) == 1

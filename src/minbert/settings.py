@@ -145,6 +145,8 @@ class SentimentSettings:
     validation_examples: int  # training rows set aside to choose the epoch on
     seed: int
     max_tokens: int = 0  # padded tokens per forward pass (0: no limit); bounds memory
+    # Stop after this many epochs in a row no better on validation (0: every epoch runs).
+    patience: int = 0
     pooling: str = "pooler"  # a name of POOLINGS
     head_lr: float | None = None  # full fine-tuning: the head's learning rate (None: ``lr``)
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from minbert.atomic import atomic_directory
 from minbert.data.batches import TokenizedTable
-from minbert.metrics import fixed, score
+from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.multitask import save_multitask
 from minbert.pipeline import outputs
@@ -106,7 +106,6 @@ def _results(
     resolved, settings, result: MultitaskResult, stage, manifest, mlm_dir, tables
 ) -> tuple[dict, dict]:
     """The metrics file's numbers (the best epoch on the full dev sets) and the record."""
-    start_labels = {t: tables[t, "dev"].labels for t in result.start_predictions}
     numbers = {
         **{t: fixed(result.dev[TASKS[t].metric_key]) for t in MULTITASK_TASKS},
         AVERAGE: fixed(result.dev[AVERAGE]),
@@ -117,21 +116,20 @@ def _results(
         "config": resolved["config"],
         "epochs": settings.epochs,
         "selection": (
-            "the epoch (1 or later) with the best mean of "
+            "the epoch (0, the start, or later) with the best mean of "
             + ", ".join(TASKS[t].selection_title for t in MULTITASK_TASKS)
             + " (chance-corrected: a constant answer scores 0) on the validation split, set aside "
-            "from the training rows (never trained on); dev is scored once, with that epoch"
+            "from the training rows (never trained on); dev is scored with the start and with "
+            "that epoch; a run that keeps epoch 0 was not helped by fine-tuning"
         ),
         # The chance-corrected scores of the chosen epoch on the full dev sets.
         "dev_selection": {
             **{TASKS[t].selection_key: fixed(result.dev[TASKS[t].selection_key]) for t in MULTITASK_TASKS},
             SELECTION: fixed(result.dev[SELECTION]),
         },
-        # The model fine-tuning started from (fitted heads, untouched encoder) on dev.
-        "start_dev": {
-            TASKS[t].metric_key: fixed(score(t, labels, result.start_predictions[t]))
-            for t, labels in start_labels.items()
-        },
+        # The model fine-tuning started from (epoch 0: fitted heads, untouched encoder) on
+        # dev, each task's metric and chance-corrected score, and their means.
+        "start_dev": {k: fixed(v) for k, v in result.start_dev.items() if not k.startswith("loss_")},
         "examples_seen": result.examples_seen,
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,

@@ -65,6 +65,7 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         mode=mode,
         lr=spec["lr"],
         epochs=sized["epochs"][mode],
+        patience=sized["patience"][mode],
         **{k: sized[k][task] for k in ("batch_size", "train_examples", "validation_examples")},
         **{k: sized[k] for k in ("dropout", "max_tokens")},
         **{k: common[k] for k in ("eval_batch_size", "weight_decay", "optimizer", "lr_schedule")},
@@ -98,9 +99,12 @@ def quora_batch_size(batch: int, sized: dict, quora_split: dict | None) -> int:
     return max(1, round(batch * pairs / QUORA_OFFICIAL_TRAIN_PAIRS))
 
 
-def multitask_settings(params: dict, config: str, quora_split: dict | None = None) -> MultitaskSettings:
-    """A configuration's settings; ``quora_split``: the data stage's manifest's, which the
-    Quora batch depends on under ``carved_quora_batch: paper-proportions``."""
+def multitask_settings(
+    params: dict, config: str | None, quora_split: dict | None = None
+) -> MultitaskSettings:
+    """A configuration's settings (``None``: the shared defaults'); ``quora_split``: the data
+    stage's manifest's, which the Quora batch depends on under ``carved_quora_batch:
+    paper-proportions``."""
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart, warmup = values["smart"], sized["head_warmup"]
@@ -119,7 +123,8 @@ def multitask_settings(params: dict, config: str, quora_split: dict | None = Non
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
         **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
         head_warmup=_settings(HeadWarmup, **{**warmup, "tasks": tuple(warmup["tasks"])}),
-        **{k: common[k] for k in ("eval_batch_size", "grad_clip", "compile")},
+        **{k: common[k] for k in ("grad_clip", "compile")},
+        eval_batch_size=sized["eval_batch_size"],
         seed=params["seed"],
         pooling=scale(params)["pooling"],
         smart=_settings(SmartSettings, **{k: v for k, v in smart.items() if k != "enabled"})
@@ -171,13 +176,16 @@ def resolve_mlm(params: dict, start: str) -> dict:
     return {"start": start, **_run_context(params), "settings": asdict(mlm_settings(params, start))}
 
 
-def resolve_zero_shot(params: dict) -> dict:
+def resolve_zero_shot(params: dict, quora_split: dict) -> dict:
+    # SST's probe: the head every configuration fits on the frozen checkpoint, on the same
+    # rows with the same settings (the shared defaults'), before it fine-tunes.
     return {
         **_run_context(params),
         "seed": params["seed"],
         "pooling": scale(params)["pooling"],
         "quora_train_pairs": params["zero_shot"]["quora_train_pairs"],
-        "eval_batch_size": params["multitask"]["eval_batch_size"],
+        "eval_batch_size": scale(params)["multitask"]["eval_batch_size"],
+        "sst_probe": asdict(multitask_settings(params, None, quora_split)),
     }
 
 
@@ -187,7 +195,7 @@ def resolve_features(params: dict) -> dict:
     return {
         **_run_context(params),
         "pooling": scale(params)["pooling"],
-        "eval_batch_size": params["multitask"]["eval_batch_size"],
+        "eval_batch_size": scale(params)["multitask"]["eval_batch_size"],
         "tasks": list(warmup["tasks"]) if warmup["epochs"] else [],
     }
 
@@ -200,15 +208,15 @@ def resolve_all(params: dict, manifest: dict) -> dict[str, dict]:
     """Every stage's settings file (name -> content), from ``params`` and the data stage's
     ``manifest``. A stage depends on its own file, so a change reruns exactly the stages
     whose settings it changes."""
+    quora_split = manifest["quora_split"]
     out = {
         "tokenize.json": resolve_tokenize(params),
-        "zero-shot.json": resolve_zero_shot(params),
+        "zero-shot.json": resolve_zero_shot(params, quora_split),
         "features.json": resolve_features(params),
     }
     out.update(
         {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}
     )
-    quora_split = manifest["quora_split"]
     out.update({f"multitask/{c}.json": resolve_multitask(params, c, quora_split) for c in params["configs"]})
     out.update({f"mlm/{start}.json": resolve_mlm(params, start) for start in params["mlm"]["starts"]})
     return out

@@ -172,11 +172,14 @@ _SCALE = {
         "dropout": _DROPOUT,
         "max_tokens": _SIZE,
         "epochs": {mode: _COUNT for mode in SENTIMENT_MODES},
+        # Stop after this many epochs in a row no better on validation (0: run every epoch).
+        "patience": {mode: _SIZE for mode in SENTIMENT_MODES},
         "train_examples": {task: _SIZE for task in SENTIMENT_TASKS},
         "validation_examples": _PER_SENTIMENT_TASK,
         "head_lr": Range(0, 1, low_open=True, null=True),  # null: the run's own lr
     },
     "multitask": {
+        "eval_batch_size": _COUNT,
         "epochs": _COUNT,
         "dropout": _DROPOUT,
         "batch_size": _PER_MULTITASK_TASK,
@@ -225,7 +228,6 @@ SCHEMA: dict[str, Any] = {
     **_CONFIG,
     "configs": {"*": Partial({**_CONFIG, "smart": Partial(_SMART)})},
     "multitask": {
-        "eval_batch_size": _COUNT,
         "grad_clip": _WEIGHT,
         "compile": bool,
     },
@@ -316,12 +318,13 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
     return params
 
 
-def config_values(params: dict, config: str) -> dict:
-    """A configuration's effective choices: the top-level defaults, then its overrides."""
+def config_values(params: dict, config: str | None) -> dict:
+    """A configuration's effective choices: the top-level defaults, then its overrides
+    (``None``: the defaults alone)."""
     configs = params["configs"]
-    if config not in configs:
+    if config is not None and config not in configs:
         raise ParamsError(f"configuration {config!r} is not one of {sorted(configs)}")
-    overrides = configs[config] or {}
+    overrides = (configs[config] if config is not None else None) or {}
     values = {key: params[key] for key in _CONFIG}
     values.update({k: v for k, v in overrides.items() if k != "smart"})
     values["smart"] = {**params["smart"], **overrides.get("smart", {})}

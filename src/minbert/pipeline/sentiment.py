@@ -52,9 +52,13 @@ def run(
         "task": settings.task,
         "mode": settings.mode,
         "epochs": settings.epochs,
-        "selection": "the epoch (1 or later) with the best MCC (chance-corrected: a constant answer "
-        "scores 0) on the validation split, set aside from the training rows (never trained on); "
-        "dev is scored with that epoch",
+        # Epochs run (fewer when validation stopped improving) and the kept epoch's
+        # accuracy on its own training rows (as trained, dropout on): what it learned.
+        "epochs_run": len(result.history) - 1,
+        "train_accuracy": result.history[result.best_epoch]["train_accuracy"],
+        "selection": "the epoch (0, the start, or later) with the best MCC (chance-corrected: a "
+        "constant answer scores 0) on the validation split, set aside from the training rows "
+        "(never trained on); dev is scored with that epoch",
         # The chosen epoch's chance-corrected score on dev, and its training budget.
         "dev_mcc": fixed(mcc(tables["dev"].labels, result.dev_predictions)),
         "examples_seen": result.examples_seen,

@@ -1,5 +1,8 @@
 """Stage ``zero-shot``: the untrained checkpoint on the full multitask dev sets, the row
-fine-tuning starts from (how it is scored: ``minbert.evaluate.zero_shot``)."""
+fine-tuning starts from (how it is scored: ``minbert.evaluate.zero_shot``). SST, which no
+vector answers without a head, is the frozen checkpoint's probe: the SST head every
+configuration fits on the frozen encoder before it fine-tunes (``minbert.train.multitask.start``);
+at a scale without that warm-up, the training labels' majority class."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 from pathlib import Path
 
 from minbert.data.batches import TokenizedTable
+from minbert.evaluate.multitask import evaluate_multitask
 from minbert.evaluate.zero_shot import zero_shot
 from minbert.metrics import fixed
 from minbert.model.bert import BertModel
@@ -14,14 +18,26 @@ from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.results import write_result
+from minbert.settings import MultitaskSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+from minbert.train.head_warmup import ProbeFeatures
+from minbert.train.multitask import start
 
 
-def run(resolved: dict, tokenized: Path, manifest: Path, metrics: Path, predictions: Path) -> dict:
+def run(
+    resolved: dict,
+    tokenized: Path,
+    manifest: Path,
+    metrics: Path,
+    predictions: Path,
+    features: Path | None = None,
+) -> dict:
     """Score the untrained checkpoint on the tokenised dev tables; write its metrics file
     (``metrics``: the file), its record beside it (``minbert.results``) and its dev
-    predictions (under ``predictions``). ``manifest``: the data stage's."""
+    predictions (under ``predictions``). ``manifest``: the data stage's; ``features``: the
+    head warm-up's vectors, which SST's probe is fitted on."""
     tokenized_dir, predictions_dir, metrics_file = map(Path, (tokenized, predictions, metrics))
+    probe_settings = MultitaskSettings.from_dict(resolved["sst_probe"])
     with started(resolved, "zero-shot") as stage:
         tables = {
             (t, s): TokenizedTable.read(tokenized_dir / f"{t}-{s}.parquet")
@@ -37,6 +53,18 @@ def run(resolved: dict, tokenized: Path, manifest: Path, metrics: Path, predicti
             device=stage.device,
             seed=resolved["seed"],
         )
+        warmup = probe_settings.head_warmup
+        if warmup.epochs and "sst" in warmup.tasks:
+            model, data, fitted = start(
+                probe_settings,
+                BertModel.from_pretrained(stage.checkpoint_dir),
+                tables,
+                stage.device,
+                features=None if features is None else ProbeFeatures(features),
+            )
+            sst = {"sst": data.dev["sst"]}
+            _, probe = evaluate_multitask(model, sst, probe_settings.eval_batch_size, stage.device)
+            result.use_sst_probe(probe["sst"], tables["sst", "dev"].labels, fitted["sst"])
     for task in MULTITASK_TASKS:
         outputs.write_predictions(
             predictions_dir / f"{task}-dev-out.csv", task, tables[task, "dev"].ids, result.predictions[task]
@@ -49,11 +77,12 @@ def run(resolved: dict, tokenized: Path, manifest: Path, metrics: Path, predicti
         "config": "zero-shot",
         "dev_examples": {t: len(tables[t, "dev"]) for t in MULTITASK_TASKS},
         "method": {
-            "sst": f"majority class of the training labels (class {result.sst_majority_class})",
+            "sst": result.sst_method,
             "quora": f"cosine of the pooled sentence vectors above {result.quora_threshold:.4f}, the "
             f"most accurate threshold on {result.quora_threshold_pairs} training pairs",
             "sts": "cosine of the pooled sentence vectors, mapped onto 0-5",
         },
+        "sst_majority_class": result.sst_majority_class,
         "pooling": resolved["pooling"],
         "data_split": outputs.data_split(json.loads(Path(manifest).read_text(encoding="utf-8"))),
         "checkpoint": stage.checkpoint,
@@ -65,4 +94,4 @@ def run(resolved: dict, tokenized: Path, manifest: Path, metrics: Path, predicti
     return {**record, **numbers}
 
 
-main = stage_main(run, "tokenized", "manifest", "metrics", "predictions")
+main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", optional=("features",))

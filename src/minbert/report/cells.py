@@ -27,6 +27,8 @@ SELECTION_COLUMNS = {TASKS[t].selection_key: TASKS[t].selection_title for t in M
 SELECTION_MEAN = f"the mean of {', '.join(SELECTION_COLUMNS.values())}"
 # The fewest seeds a paired interval over seeds is computed from (seed_interval).
 MIN_SEEDS = 3
+# The power at which the seed study's detectable difference is stated (seed_detectable).
+POWER = 0.8
 # Filled in by interval_note() (with MARKS_NOTE): the resampling settings are minbert.metrics' own.
 INTERVAL_NOTE = (
     "Ours: the number on the full dev set, with its {level} interval from a bootstrap over the "
@@ -121,6 +123,17 @@ def seed_interval(differences: list[float]) -> Interval | None:
     return Interval(mean, mean - half, mean + half)
 
 
+def seed_detectable(differences: list[float]) -> float | None:
+    """The smallest mean difference the seeds could detect: (t at the intervals' level + t
+    at ``POWER``) · sd / √n of the per-seed differences (a two-sided paired t-test over
+    n seeds, n − 1 degrees of freedom); None from fewer than ``MIN_SEEDS`` seeds."""
+    n = len(differences)
+    if n < MIN_SEEDS:
+        return None
+    t = stats.t.ppf(0.5 + scoring.CONFIDENCE / 2, n - 1) + stats.t.ppf(POWER, n - 1)
+    return float(t * statistics.stdev(differences) / math.sqrt(n))
+
+
 def examples(run: dict) -> int:
     """The training examples a run consumed over all epochs (all tasks together)."""
     seen = run["examples_seen"]
@@ -169,6 +182,17 @@ class Comparison:
     @property
     def seed_count(self) -> int:
         return len(self.seeds[AVERAGE]) if self.seeds else 0
+
+    def detectable(self, column: str) -> float | None:
+        """The smallest difference the seed study could detect in the column; None
+        without one."""
+        return None if self.seeds is None else seed_detectable(self.seeds[column])
+
+    def measurable(self, value: float, column: str) -> bool | None:
+        """Whether a difference of ``value`` is at least what the seeds could detect;
+        None without a seed study."""
+        detectable = self.detectable(column)
+        return None if detectable is None else abs(value) >= detectable
 
     def verdict(self, iv: Interval, column: str) -> str:
         if not iv.excludes_zero:
@@ -227,6 +251,13 @@ def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) 
     )
 
 
+DETECTABLE_NOTE = (
+    "Detectable: the smallest difference of the average the seed study could tell from zero "
+    f"at {POWER:.0%} power (two-sided, at the intervals' level), from the per-seed differences' "
+    "spread and the seed count: (t + t_power) · sd / √n; a difference below it is not "
+    "measurable at this budget, whichever way it points. —: the pair is not in the seed study."
+)
+
 CONCLUSIONS_LEAD = (
     "What these dev sets can and cannot tell apart (distinguishable: the interval excludes "
     "zero, so does the paired interval over seeds, and the budgets are equal):"
@@ -249,8 +280,18 @@ def conclusion(
     head = f"- `{name}` vs `{parent}`"
     if comparison.budget:
         head += f" (budgets differ: {comparison.budget})"
+    below = [
+        f"{COLUMN_TITLES[c]} {ivs[c].value:+.3f} (detectable {comparison.detectable(c):.3f})"
+        for c in COLUMNS
+        if comparison.measurable(ivs[c].value, c) is False
+    ]
+    unmeasured = (
+        f" Not measurable at this budget, below what the seeds could detect: {', '.join(below)}."
+        if below
+        else ""
+    )
     if not any(said[v] for v in (HOLDS, WITHIN_SEEDS, UNCHECKED)):
-        return f"{head}: no difference is distinguishable from zero."
+        return f"{head}: no difference is distinguishable from zero.{unmeasured}"
     seeds = f"the interval over {comparison.seed_count} seeds"
     lead = {
         HOLDS: f"distinguishable ({seeds} excludes zero)"
@@ -261,5 +302,7 @@ def conclusion(
         CONTAINS_ZERO: "not distinguishable",
     }
     return (
-        f"{head}: " + "; ".join(f"{lead[v]}: {', '.join(items)}" for v, items in said.items() if items) + "."
+        f"{head}: "
+        + "; ".join(f"{lead[v]}: {', '.join(items)}" for v, items in said.items() if items)
+        + f".{unmeasured}"
     )

@@ -18,6 +18,7 @@ from minbert.report.cells import (
     multitask_scored,
     per_task,
 )
+from minbert.report.controls import Starts, describe_counts
 from minbert.report.evidence import Evidence
 from minbert.report.notes import usual
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION
@@ -48,6 +49,7 @@ def findings_section(
     compared: list[Compared],
     missed_controls: list[str],
     controls_checked: int,
+    starts: Starts,
     paper_best: tuple[str, float] | None,
     paper_setting: str,
 ) -> list[str]:
@@ -118,13 +120,24 @@ def findings_section(
             + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in unequal)
             + "."
         )
+    if starts.own:
+        said.append(
+            "Every configuration and column against where it started (paired intervals; section "
+            '"Against where each run started"): against its own start (epoch 0), '
+            + describe_counts(starts.own)
+            + (
+                f"; against the untrained checkpoint, {describe_counts(starts.untrained)}"
+                if starts.untrained
+                else ""
+            )
+            + "."
+        )
     if controls_checked:
         verb = "is" if len(missed_controls) == 1 else "are"
         said.append(
             f"{len(missed_controls)} of {controls_checked} control checks {verb} not met"
             + (f" ({'; '.join(missed_controls)})" if missed_controls else "")
-            + ": those cells measure a head no better than its control (a constant answer, the "
-            "untrained checkpoint, or the model fine-tuning started from)."
+            + ": those cells measure a head no better than a constant answer."
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best

@@ -12,6 +12,7 @@ from minbert.report.cells import (
     COLUMNS,
     MIN_SEEDS,
     NO_NUMBER,
+    POWER,
     SELECTION_COLUMNS,
     SELECTION_MEAN,
     Comparison,
@@ -27,6 +28,7 @@ from minbert.report.cells import (
     md_row,
     multitask_scored,
     per_task,
+    seed_detectable,
     seed_differences,
     seed_interval,
 )
@@ -316,6 +318,7 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
             "seeds",
             "Average − parent, per seed",
             f"{level()} interval over seeds",
+            f"detectable ({POWER:.0%} power)",
         ]
     )
     verdicts = []
@@ -332,13 +335,14 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
         parent = parents.get(config)
         diffs = seed_differences(study, config, parent)[AVERAGE] if parent in configs else []
         if diffs:
-            iv = seed_interval(diffs)
+            iv, detectable = seed_interval(diffs), seed_detectable(diffs)
             per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
             cells += [f"vs `{parent}`: {per_seed}", fmt_signed(iv) if iv else NO_NUMBER]
+            cells.append(NO_NUMBER if detectable is None else f"{detectable:.3f}")
             gap = budget_gap(runs[config], runs[parent]) if config in runs and parent in runs else None
-            verdicts.append(_seed_verdict(config, parent, len(diffs), iv, gap))
+            verdicts.append(_seed_verdict(config, parent, len(diffs), iv, gap, detectable))
         else:
-            cells += [NO_NUMBER, NO_NUMBER]
+            cells += [NO_NUMBER, NO_NUMBER, NO_NUMBER]
         lines.append(md_row(cells))
     lines += [
         "",
@@ -348,20 +352,31 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
         f"(Student's t, n − 1 degrees of freedom), from at least {MIN_SEEDS} seeds. It measures "
         "what another training run would change, on the same dev examples, where the tables' "
         "bootstrap measures what other dev examples would change, for one training run: the "
-        "tables call a difference distinguishable only when both exclude zero, column by column.",
+        "tables call a difference distinguishable only when both exclude zero, column by column. "
+        f"Detectable: the smallest mean difference these seeds could tell from zero at {POWER:.0%} "
+        "power, (t + t_power) · sd / √n; a difference below it is not measurable at this budget.",
     ]
     if verdicts:
         lines += ["", *verdicts]
     return "\n".join(lines)
 
 
-def _seed_verdict(config: str, parent: str, seeds: int, iv: Interval | None, gap: str | None) -> str:
-    """The plain verdict on the average over seeds, naming an unequal budget."""
+def _seed_verdict(
+    config: str, parent: str, seeds: int, iv: Interval | None, gap: str | None, detectable: float | None
+) -> str:
+    """The plain verdict on the average over seeds, naming an unequal budget and a
+    difference below what the seeds could detect."""
     head = f"- `{config}` vs `{parent}`"
     if iv is None:
         return f"{head}: {seeds} shared seed(s), fewer than {MIN_SEEDS}: not checked."
     if not iv.excludes_zero:
-        return f"{head}: the interval over {seeds} seeds contains zero: the seeds do not separate them."
+        measured = (
+            f" ({iv.value:+.3f}, below the {detectable:.3f} they could detect: not measurable at this budget)"
+            if detectable is not None and abs(iv.value) < detectable
+            else ""
+        )
+        verdict = "contains zero: the seeds do not separate them"
+        return f"{head}: the interval over {seeds} seeds {verdict}{measured}."
     direction = "higher" if iv.value > 0 else "lower"
     budget = f", but the budgets differ ({gap}): it may be the budget's" if gap else ""
     return (

@@ -9,6 +9,7 @@ from minbert.report.cells import (
     COLUMN_TITLES,
     COLUMNS,
     CONCLUSIONS_LEAD,
+    DETECTABLE_NOTE,
     MODE_NAMES,
     NO_NUMBER,
     UNEQUAL,
@@ -172,11 +173,21 @@ def multitask_table(
             f"dev examples, {level()} interval; bold, {UNSETTLED} and {UNEQUAL} as above):",
             "",
         ]
-        notes += md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)])
+        notes += md_header(
+            ["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS), "detectable Δ Average"]
+        )
         for d in differences:
+            detectable = d.comparison.detectable(AVERAGE)
             notes.append(
-                md_row([f"`{d.name}`", *(fmt_difference(d.ivs[c], d.comparison, c) for c in COLUMNS)])
+                md_row(
+                    [
+                        f"`{d.name}`",
+                        *(fmt_difference(d.ivs[c], d.comparison, c) for c in COLUMNS),
+                        NO_NUMBER if detectable is None else f"{detectable:.3f}",
+                    ]
+                )
             )
+        notes += ["", DETECTABLE_NOTE]
         notes += ["", CONCLUSIONS_LEAD, ""]
         notes += [conclusion(d.name, d.parent, d.ivs, d.comparison) for d in differences]
     present = [runs[c] for c in dict.fromkeys(r["config"] for r in spec["rows"]) if c in runs]

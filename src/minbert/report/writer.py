@@ -12,7 +12,8 @@ import yaml
 
 from minbert.atomic import atomic_directory
 from minbert.report.cells import interval_note, seed_runs
-from minbert.report.controls import controls_section
+from minbert.report.controls import controls_section, starts_section
+from minbert.report.detectable import detectable_section
 from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
@@ -151,6 +152,7 @@ def write_report(
             "",
         ]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
+    starts = starts_section(multitask, zero_shot, evidence)
 
     sections = [
         "# minbert results",
@@ -172,6 +174,7 @@ def write_report(
             compared,
             controls.missed,
             controls.checked,
+            starts,
             _paper_best(paper),
             paper["setup"]["summary"],
         ),
@@ -190,6 +193,14 @@ def write_report(
         "## Controls: what each number is measured against",
         "",
         controls.text,
+        "",
+        "## Against where each run started",
+        "",
+        starts.text,
+        "",
+        "## What this budget can and cannot detect",
+        "",
+        *detectable_section(compared, multitask, multitask_dir),
         "",
     ]
     if smart_file is not None:

@@ -1,7 +1,7 @@
 """The task heads fitted on the frozen checkpoint before fine-tuning (why: docs/method.md).
 
-Each head trains on the pooled vectors of every training row outside the validation
-split (the ``features`` stage's, or computed here in eval mode): up to ``epochs``
+Each head trains on the pooled vectors of the rows the run fine-tunes on, never others
+(the ``features`` stage's, or computed here in eval mode): up to ``epochs``
 passes of AdamW (weight decay on weight matrices only), heads in training mode, keeping
 the pass with the lowest validation loss (taken in eval mode). The cosine head has
 nothing to fit. Every draw is seeded and the global random state restored, so every

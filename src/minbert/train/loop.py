@@ -1,7 +1,7 @@
 """The epoch driver of every training run, and what their steps share.
 
-``Epochs`` scores the model before any update (epoch 0, never kept), then trains and
-scores every epoch, keeps the best one by the run's selection score (or the last),
+``Epochs`` scores the model before any update (epoch 0), then trains and scores every
+epoch, keeps the best one by the run's selection score, epoch 0 included (or the last),
 saves the whole training state after every epoch (``minbert.train.resume``) and shows
 a progress bar. A non-finite loss stops training at once, naming where it happened."""
 
@@ -103,8 +103,9 @@ class EpochLoop(Protocol):
     steps_per_epoch: int
     model: torch.nn.Module
 
-    def before(self) -> dict:
-        """Epoch 0's history row: the scores before any update."""
+    def before(self) -> tuple[dict, float | None]:
+        """Epoch 0's history row, the scores before any update, and its selection score
+        (None: not a candidate)."""
 
     def epoch(
         self, epoch: int, step: Callable[[str], None], log: Callable[[str], None]
@@ -133,9 +134,12 @@ class Epochs:
     def resumed(self) -> bool:
         return self.saved is not None
 
-    def run(self, loop: EpochLoop, epochs: int, description: str) -> tuple[list[dict], int]:
-        """Run ``loop`` up to ``epochs``; its history (epoch 0 first) and the epoch kept,
-        whose weights the loop then holds."""
+    def run(
+        self, loop: EpochLoop, epochs: int, description: str, patience: int = 0
+    ) -> tuple[list[dict], int]:
+        """Run ``loop`` up to ``epochs``, or (``patience``) until that many epochs in a row
+        have not beaten the best; its history (epoch 0 first) and the epoch kept, whose
+        weights the loop then holds."""
         best, first = BestEpoch(), 1
         if self.saved is not None:
             loop.load_state(self.saved["loop"])
@@ -143,7 +147,10 @@ class Epochs:
             best.load_state_dict(self.saved["best"])
             first = self.saved["epoch"] + 1
         else:
-            history = [loop.before()]
+            row, score = loop.before()
+            history = [row]
+            if score is not None:  # the start is a candidate: fine-tuning must beat it
+                best.offer(0, score, lambda: cpu_copy(loop.model))
         bar, job = epoch_progress(
             description, epochs, loop.steps_per_epoch, first, quiet=not self.world.is_main
         )
@@ -151,6 +158,8 @@ class Epochs:
             if self.saved is not None:
                 bar.console.log(f"resumed from {self.resume.path} after epoch {first - 1}")
             for epoch in range(first, epochs + 1):
+                if patience and best.weights is not None and epoch - 1 - best.epoch >= patience:
+                    break  # ``patience`` epochs in a row no better than the best
                 row, score = loop.epoch(
                     epoch, lambda status: bar.update(job, advance=1, status=status), bar.console.log
                 )

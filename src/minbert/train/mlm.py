@@ -208,9 +208,9 @@ class _MlmEpochs:
         scores = evaluate_mlm(self.model, self.heldout_batches, self.device)
         return {"epoch": epoch, "train_loss": train_loss, **{f"heldout_{k}": v for k, v in scores.items()}}
 
-    def before(self) -> dict:
-        # Epoch 0: the held-out scores before any update.
-        return self._heldout_row(0, None)
+    def before(self):
+        # Epoch 0: the held-out scores before any update (MLM keeps its last epoch).
+        return self._heldout_row(0, None), None
 
     def epoch(self, epoch, step, log):
         settings, model = self.settings, self.model

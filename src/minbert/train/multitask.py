@@ -36,8 +36,9 @@ class MultitaskResult:
     best_epoch: int = 0
     dev: dict = field(default_factory=dict)  # the best epoch's scores on the full dev sets
     dev_predictions: dict[str, np.ndarray] = field(default_factory=dict)
-    # The model fine-tuning starts from (fitted heads, untouched encoder) on the full SST
-    # dev set: the run's own SST control (fine-tuning should not end below it).
+    # The model fine-tuning starts from (fitted heads, untouched encoder, epoch 0) on the
+    # full dev sets: what every result of the run is compared with.
+    start_dev: dict = field(default_factory=dict)
     start_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     test_predictions: dict[str, np.ndarray] = field(default_factory=dict)
     train_examples: dict[str, int] = field(default_factory=dict)
@@ -137,6 +138,26 @@ def run_data(
     return RunData(train, pool, validation, dev, test, slices)
 
 
+def start(
+    settings: MultitaskSettings,
+    encoder: BertModel,
+    tables: dict[tuple[str, str], TokenizedTable],
+    device: torch.device,
+    world: World = World(),
+    compile_options: dict | None = None,
+    features: ProbeFeatures | None = None,
+    fit_heads: bool = True,
+) -> tuple[MultitaskBert, RunData, dict[str, dict]]:
+    """What a run starts from (its epoch 0): the model around ``encoder``, the run's data,
+    and (``fit_heads``) its heads fitted on the frozen encoder's vectors of the rows it
+    trains on, with the warm-up's report."""
+    model = build_model(settings, encoder, device, world, compile_options)
+    data = run_data(settings, model, tables)
+    if not fit_heads:
+        return model, data, {}
+    return model, data, warm_up_heads(model, data.train, data.validation, settings, device, features)
+
+
 def train_multitask(
     settings: MultitaskSettings,
     encoder: BertModel,
@@ -149,27 +170,26 @@ def train_multitask(
     features: ProbeFeatures | None = None,
 ) -> MultitaskResult:
     """Train on the training rows outside each task's validation split, scoring the
-    validation split and the history's slices before training and after every epoch;
-    keep the best epoch (1 or later) by the validation selection score, score it on the
-    full dev tables and predict the test tables. Without ``score_dev`` (a learning-rate
-    search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors.
+    validation split and the history's slices before training and after every epoch, and
+    the full dev tables before training (the start every result is compared with); keep
+    the best epoch (0, the start, or later) by the validation selection score, score it
+    on the full dev tables and predict the test tables. Without ``score_dev`` (a
+    learning-rate search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors.
     Under several ranks a task's global batch is ``world.size * batch_size`` rows."""
-    model = build_model(settings, encoder, device, world, compile_options)
-    data = run_data(settings, model, tables)
     epochs = Epochs(resume, world)
-    # Before the optimizer and SMART's teacher copy the heads.
-    warmup = (
-        {} if epochs.resumed else warm_up_heads(model, data.pool, data.validation, settings, device, features)
+    # Heads fitted before the optimizer and SMART's teacher copy them (not when resuming).
+    model, data, warmup = start(
+        settings, encoder, tables, device, world, compile_options, features, fit_heads=not epochs.resumed
     )
     loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup)
     if score_dev and not epochs.resumed:
-        loop.start_predictions = {"sst": loop.score({"sst": data.dev["sst"]})[1]["sst"]}
+        loop.start_dev, loop.start_predictions = loop.score(data.dev)
     history, best_epoch = epochs.run(loop, settings.epochs, "multitask")
-    learned = data.pool if loop.head_warmup else data.train
     result = MultitaskResult(
         history=history,
         conflicts=loop.conflicts,
         best_epoch=best_epoch,
+        start_dev=loop.start_dev,
         start_predictions=loop.start_predictions,
         train_examples={t: len(d) for t, d in data.train.items()},
         history_examples={s: {t: len(d) for t, d in sliced.items()} for s, sliced in data.slices.items()},
@@ -178,16 +198,19 @@ def train_multitask(
         optimizer_steps=loop.global_step,
         examples_seen={t: int(n) for t, n in loop.seen.items()},
         training_ids={
-            t: {"trained": learned[t].table.ids, "validation": data.validation[t].table.ids}
+            t: {"trained": data.train[t].table.ids, "validation": data.validation[t].table.ids}
             for t in MULTITASK_TASKS
         },
         model=model,  # with the best epoch's weights
     )
     if not score_dev:
         return result
-    if world.is_main:
-        console.log(f"scoring epoch {result.best_epoch} on the full dev sets")
-    result.dev, result.dev_predictions = loop.score(data.dev, show_progress=True)
+    if result.best_epoch == 0:  # the start is kept: dev was scored with it
+        result.dev, result.dev_predictions = loop.start_dev, loop.start_predictions
+    else:
+        if world.is_main:
+            console.log(f"scoring epoch {result.best_epoch} on the full dev sets")
+        result.dev, result.dev_predictions = loop.score(data.dev, show_progress=True)
     if data.test:
         _, result.test_predictions = loop.score(data.test, show_progress=True)
     result.dev_ids = {t: d.table.ids for t, d in data.dev.items()}
@@ -213,6 +236,7 @@ class _MultitaskEpochs:
         self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
         self.score_dev, self.head_warmup = score_dev, head_warmup
         self.conflicts: list[dict] = []
+        self.start_dev: dict = {}
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
         self.train_step = MultitaskStep(settings, model, data.train, device, world)
@@ -236,9 +260,10 @@ class _MultitaskEpochs:
         dev = self.score(self.data.slices["dev"])[0] if self.score_dev else {}
         return self.score(self.data.validation)[0], dev, self.score(self.data.slices["train"])[0]
 
-    def before(self) -> dict:
+    def before(self):
         # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
-        return history_row(0, None, {}, *self._slices())
+        val_scores, dev_scores, train_scores = self._slices()
+        return history_row(0, None, {}, val_scores, dev_scores, train_scores), val_scores[SELECTION]
 
     def epoch(self, epoch, step, log):
         self.model.train()
@@ -290,6 +315,7 @@ class _MultitaskEpochs:
             "conflicts": self.conflicts,
             "head_warmup": self.head_warmup,
             # As lists: the saved state loads with torch.load(weights_only=True), no numpy.
+            "start_dev": self.start_dev,
             "start_predictions": {t: p.tolist() for t, p in self.start_predictions.items()},
         }
 
@@ -301,6 +327,7 @@ class _MultitaskEpochs:
             self.train_step.smart.teacher.module.load_state_dict(state["teacher"])
         restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)
         self.conflicts, self.head_warmup = state["conflicts"], state["head_warmup"]
+        self.start_dev = state["start_dev"]
         self.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
         self.global_step, self.seen = state["global_step"], state["examples_seen"]
 

@@ -1,7 +1,7 @@
 """Single-task sentiment classification (SST 5-class, CFIMDB binary), the paper's Table 1:
 ``last-layer`` trains the head alone on the frozen encoder's pooled vectors (computed
-once, in eval mode), ``full`` fine-tunes everything. The epoch (1 or later) with the best
-validation MCC is kept; dev chooses nothing."""
+once, in eval mode), ``full`` fine-tunes everything. The epoch (0, the start, or later)
+with the best validation MCC is kept; dev chooses nothing."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def train_sentiment(
     result = train_mode(settings, encoder, train, validation, dev, test, device, rng, resume)
     result.dev_accuracy = accuracy(dev.labels, result.dev_predictions)
     result.train_examples, result.validation_examples = len(train), len(validation)
-    result.examples_seen = len(train) * settings.epochs
+    result.examples_seen = len(train) * (len(result.history) - 1)
     return result
 
 
@@ -110,8 +110,9 @@ class _Epochs:
             dev_mcc=fixed(dev_mcc),
         )
 
-    def before(self) -> dict:
-        return self._row(0, None, (None, None), self.evaluate())
+    def before(self):
+        scores = self.evaluate()
+        return self._row(0, None, (None, None), scores), scores[0][2]
 
     def epoch(self, epoch, step, log):
         lr = self.optimizer.param_groups[0]["lr"]
@@ -146,9 +147,10 @@ class _Epochs:
 def _run_epochs(settings, loop: _Epochs, resume: ResumePoint | None) -> SentimentResult:
     """Every epoch through the driver; the result holds the history and the epoch kept,
     whose weights ``loop.model`` now has."""
-    history, best_epoch = Epochs(resume).run(loop, settings.epochs, f"{settings.task} {settings.mode}")
-    # One optimizer step per batch, every epoch.
-    return SentimentResult(history, best_epoch, optimizer_steps=loop.steps_per_epoch * settings.epochs)
+    description = f"{settings.task} {settings.mode}"
+    history, best_epoch = Epochs(resume).run(loop, settings.epochs, description, settings.patience)
+    # One optimizer step per batch, every epoch run.
+    return SentimentResult(history, best_epoch, optimizer_steps=loop.steps_per_epoch * (len(history) - 1))
 
 
 def _epoch_sums(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
