@@ -10,7 +10,8 @@ cumulative time of the function that does it (``warm_up_heads``; ``MultitaskStep
 the dev sets at the start, the kept epoch's dev sets, the test sets; ``_write``); the rest
 of the stage is start-up (imports, loading the checkpoint and the tables, the resolved
 settings). Target: the training steps at least 60% of the stage. Writes
-``bench/results/stage_breakdown.json`` (each configuration's breakdown under its name).
+``bench/results/stage_breakdown.json`` (each configuration's breakdown under its name);
+``--name stage_breakdown_before`` for the same script run on the code before a change.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def _cumulative(stats: pstats.Stats, file_part: str, name: str) -> tuple[float, 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=["baseline", "best"])
+    p.add_argument(
+        "--name", default="stage_breakdown",
+        help="the results file's name (stage_breakdown_before: the same script on the code before a change)",
+    )
     args = p.parse_args()
     args.threads = 1
     common.setup(args, repeats=1, warmup=0)
@@ -94,7 +99,7 @@ def main() -> None:
             [[k, f"{v:.1f}", f"{v / total:.0%}"] for k, v in phases.items()],
         )
     common.finish(
-        "stage_breakdown",
+        args.name,
         args,
         {
             "configs": results,

@@ -145,7 +145,8 @@ def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenize
         "tasks": list(MULTITASK_TASKS),
     }
     written = features_stage(resolved, tokenized / "tok", tmp_path / "features")
-    assert set(written) == {"sst-sentence", "quora-cross", "quora-siamese", "sts-cross", "sts-siamese"}
+    layouts = ("sst-{}-sentence", "quora-{}-cross", "quora-{}-siamese", "sts-{}-cross", "sts-{}-siamese")
+    assert set(written) == {name.format(split) for name in layouts for split in ("train", "dev")}
     features = ProbeFeatures(tmp_path / "features")
     fitted = []
     for given in (None, features):
@@ -166,3 +167,41 @@ def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenize
         torch.testing.assert_close(v, fitted[1][k], atol=1e-5, rtol=1e-4)
     with pytest.raises(KeyError, match="no vector for ids"):
         features.vectors(part["sst"], ["not-an-id"], torch.device("cpu"))
+
+
+def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(tokenized, tiny_checkpoint, tmp_path):
+    """A run's start (fitted heads on the untouched checkpoint) is scored on dev from the
+    features stage's vectors: the same scores and predictions as encoding every dev row
+    again, for cross-encoder and siamese heads alike."""
+    from minbert.evaluate.multitask import evaluate_multitask
+    from minbert.pipeline.features import run as features_stage
+    from minbert.train.head_warmup import ProbeFeatures
+
+    resolved = {
+        "checkpoint": str(tiny_checkpoint),
+        "device": "cpu",
+        "scale": "cpu",
+        "pooling": "mean",
+        "eval_batch_size": 7,
+        "tasks": list(MULTITASK_TASKS),
+    }
+    features_stage(resolved, tokenized / "tok", tmp_path / "features")
+    features = ProbeFeatures(tmp_path / "features")
+    cpu = torch.device("cpu")
+    for heads in (("cross-encoder", "cross-encoder"), ("siamese-concat-diff", "siamese-cosine")):
+        model, _ = _model_and_data(tokenized, tiny_checkpoint, *heads)
+        dev = {
+            t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-dev.parquet"), model.is_siamese(t))
+            for t in MULTITASK_TASKS
+        }
+        assert all(features.covers(d, "dev") for d in dev.values())
+        assert not features.covers(dev["sst"], "train")  # dev rows are not training rows
+        vectors = {t: features.vectors(d, d.table.ids, cpu, "dev") for t, d in dev.items()}
+        encoded, encoded_predictions = evaluate_multitask(model, dev, 5, cpu)
+        read, read_predictions = evaluate_multitask(model, dev, 5, cpu, vectors=vectors)
+        assert read.keys() == encoded.keys()
+        for key, value in encoded.items():
+            assert read[key] == pytest.approx(value, abs=1e-5), (heads, key)
+        for task in ("sst", "quora"):
+            np.testing.assert_array_equal(read_predictions[task], encoded_predictions[task])
+        np.testing.assert_allclose(read_predictions["sts"], encoded_predictions["sts"], atol=1e-4)

@@ -280,6 +280,8 @@ def write_sentiment(root: Path, tasks: tuple[str, ...] = ("sst",), last_layer_ep
                 "epoch": epochs,
                 "steps": 270 * epochs,
                 "epochs": epochs,
+                "epochs_run": epochs,
+                "train_accuracy": {"full": 0.912, "last-layer": 0.455}[mode],
                 "selection": "the epoch (1 or later) with the best MCC on the validation split",
                 "dev_mcc": fixed(mcc(labels, predictions)),
                 "examples_seen": 8544 * epochs,
@@ -428,13 +430,13 @@ def test_table1_has_paper_handout_budget_and_paired_columns(text):
     table1 = _sections(text)["Table 1"]
     header = next(line for line in table1.splitlines() if line.startswith("|"))
     assert "last layer only (paper)" in header and "full fine-tuning (course handout)" in header
-    assert "| last layer only steps / examples |" in header
+    assert "| last layer only steps / examples | last layer only training accuracy / epochs run |" in header
     row = _row(table1, "SST (5 classes)")
-    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:5] == ["0.380", "0.391", "540 / 17,088"]
-    assert NUMBER_WITH_INTERVAL.match(row[5]) and row[6:9] == ["0.505", "0.515", "540 / 17,088"]
+    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:6] == ["0.380", "0.391", "540 / 17,088", "0.455 / 2 of 2"]
+    assert NUMBER_WITH_INTERVAL.match(row[6]) and row[7:11] == ["0.505", "0.515", "540 / 17,088", "0.912 / 2 of 2"]
     # Full fine-tuning's predictions are far better here, with the same budget; no seed
     # study covers Table 1 (†).
-    assert row[9].startswith("+") and row[9].endswith(" †")
+    assert row[11].startswith("+") and row[11].endswith(" †")
     assert "budgets differ" not in table1
     assert _row(table1, "CFIMDB")[1] == "not run"
 
@@ -445,8 +447,9 @@ def test_table1_marks_arms_with_other_budgets(tmp_path):
     write_sentiment(tmp_path, last_layer_epochs=10)
     table1 = _sections(report(tmp_path, tmp_path / "report"))["Table 1"]
     row = _row(table1, "SST (5 classes)")
-    assert (row[4], row[8]) == ("2,700 / 85,440", "540 / 17,088")
-    assert row[9].startswith("+") and row[9].endswith(" ‡"), row[9]  # not †: the budget's
+    assert (row[4], row[9]) == ("2,700 / 85,440", "540 / 17,088")
+    assert (row[5], row[10]) == ("0.455 / 10 of 10", "0.912 / 2 of 2")  # what each arm fitted
+    assert row[11].startswith("+") and row[11].endswith(" ‡"), row[11]  # not †: the budget's
     assert (
         "a Δ whose interval excludes zero is marked ‡ (it may be the budget's); full fine-tuning "
         "against last layer only: SST: 540 optimizer steps against 2,700; 17,088 training examples "

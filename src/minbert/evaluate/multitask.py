@@ -26,15 +26,22 @@ def evaluate_multitask(
     device: torch.device,
     world: World = World(),
     show_progress: bool = False,
+    vectors: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Each task's loss, metric and selection metric, their averages, and the predictions in
     row order (test tables: predictions only). Under torchrun each rank scores every
-    ``world.size``-th batch and the outputs are gathered: every rank returns the same."""
+    ``world.size``-th batch and the outputs are gathered: every rank returns the same.
+    ``vectors``: per task, what its head reads for every row (the frozen checkpoint's, from
+    the features stage), given for a model whose encoder is that checkpoint: its head reads
+    them instead of encoding the rows again."""
     was_training = model.training
     model.eval()
     metrics, preds = {}, {}
     for task, d in data.items():
-        output = task_output(model, task, d, batch_size, device, world, show_progress)
+        if vectors is not None and task in vectors:
+            output = head_output(model, task, vectors[task], device)
+        else:
+            output = task_output(model, task, d, batch_size, device, world, show_progress)
         preds[task] = predictions(task, output)
         if d.table.labels is not None:
             labels = d.labels(np.arange(len(d)))
@@ -70,8 +77,16 @@ def task_output(
         sentences.lengths(), batch_size, device, world, show_progress, f"{task}: {len(d)} pairs",
         lambda rows: model.pooled(_sentence_batch(sentences, rows, device)),
     )  # fmt: skip
+    return head_output(model, task, torch.stack([vectors[first], vectors[second]], dim=1), device)
+
+
+def head_output(model: MultitaskBert, task: str, vectors: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The head's output for pooled ``vectors`` in row order: ``(rows, hidden)``, or
+    ``(rows, 2, hidden)`` for a siamese head (float32, on the host)."""
+    if vectors.dim() == 3:  # the stacked layout of MultitaskBert.pooled: first sentences, then second
+        vectors = torch.cat([vectors[:, 0], vectors[:, 1]])
     with compute_context(device):
-        return model.head_output(task, torch.cat([vectors[first], vectors[second]]).to(device)).float().cpu()
+        return model.head_output(task, vectors.to(device)).float().cpu()
 
 
 def distinct_sentences(d: TaskData) -> tuple[Sequences, np.ndarray, np.ndarray]:

@@ -1,6 +1,7 @@
-"""Stage ``features``: the frozen checkpoint's pooled vectors of every training row, per
-task and layout, for the head warm-up; computed once for every configuration that starts
-from the checkpoint."""
+"""Stage ``features``: the frozen checkpoint's pooled vectors of every training and dev
+row, per task and layout, computed once for every configuration that starts from the
+checkpoint. The head warm-up fits on the training rows' vectors; a run's start (epoch 0:
+fitted heads on the untouched checkpoint) is scored from them without encoding again."""
 
 from __future__ import annotations
 
@@ -17,21 +18,21 @@ from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.progress import console
 from minbert.tasks import TASKS
-from minbert.train.head_warmup import ProbeFeatures, frozen_vectors, layout
+from minbert.train.head_warmup import FEATURE_SPLITS, ProbeFeatures, feature_file, frozen_vectors
 
 
 def run(resolved: dict, tokenized: Path, out: Path) -> dict:
-    """Write ``<task>-<layout>.npy`` (float32, one row per training row) for every task the
-    warm-up fits and ``index.json`` (checkpoint, pooling, each file's row ids) under ``out``;
-    no task (no warm-up at this scale): the index alone."""
+    """Write ``<task>-<split>-<layout>.npy`` (float32, one row per row of the split) for
+    every task the warm-up fits and ``index.json`` (checkpoint, pooling, each file's row
+    ids) under ``out``; no task (no warm-up at this scale): the index alone."""
     files = {}
     with started(resolved, "features") as stage, atomic_directory(Path(out)) as directory:
         encoder = BertModel.from_pretrained(stage.checkpoint_dir).to(stage.device)
-        for task in resolved["tasks"]:
-            table = TokenizedTable.read(Path(tokenized) / f"{task}-train.parquet")
+        for task, split in ((t, s) for t in resolved["tasks"] for s in FEATURE_SPLITS):
+            table = TokenizedTable.read(Path(tokenized) / f"{task}-{split}.parquet")
             for siamese in (False, True) if TASKS[task].is_pair else (False,):
                 data = TaskData(task, table, siamese)
-                name = f"{task}-{layout(task, siamese)}"
+                name = feature_file(task, split, siamese)
                 console.log(f"features: {name}, {len(data)} rows")
                 vectors = frozen_vectors(
                     encoder, resolved["pooling"], data, resolved["eval_batch_size"], stage.device

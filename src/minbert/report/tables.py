@@ -50,6 +50,7 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
     for mode_name in MODE_NAMES.values():
         header += [f"{mode_name} (ours)"] + [f"{mode_name} ({r['name']})" for r in refs]
         header.append(f"{mode_name} steps / examples")
+        header.append(f"{mode_name} training accuracy / epochs run")
     header.append("Δ full − last layer (ours, paired)")
     lines, gaps = md_header(header), []
     for task in SENTIMENT_TASKS:
@@ -60,6 +61,7 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
             row.append(fmt_interval(evidence.cell(ours, task)) if ours else "not run")
             row += [fmt(r["rows"].get(task, {}).get(mode)) for r in refs]
             row.append(fmt_budget(by_cell[task, mode]) if ours else NO_NUMBER)
+            row.append(fmt_trained(by_cell[task, mode]) if ours else NO_NUMBER)
         full, last = scored.get((task, "full")), scored.get((task, "last-layer"))
         if full and last:
             gap = budget_gap(by_cell[task, "full"], by_cell[task, "last-layer"])
@@ -71,7 +73,10 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
     notes = [
         "",
         "Δ: full fine-tuning minus last layer only, on the same dev examples. Steps / examples: "
-        "each arm's optimizer steps and the training examples it consumed (training rows × epochs).",
+        "each arm's optimizer steps and the training examples it consumed (training rows × epochs). "
+        "Training accuracy: the kept epoch's on the rows it trained on (as trained, dropout on): "
+        "how far the arm fitted its data; epochs run: fewer than its budget where validation "
+        "stopped improving (the run's patience).",
     ]
     if gaps:
         notes.append(
@@ -82,6 +87,11 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
         notes.append("No sentiment run has been made (stage `sentiment`).")
     notes += [""] + [f'Reference column "{r["name"]}": {r["source"].strip()}' for r in refs]
     return "\n".join(lines + notes)
+
+
+def fmt_trained(run: dict) -> str:
+    """Table 1's "training accuracy / epochs run" cell."""
+    return f"{fmt(run['train_accuracy'])} / {run['epochs_run']} of {run['epochs']}"
 
 
 def _paper_cells(paper: dict | None) -> list[str]:

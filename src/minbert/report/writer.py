@@ -38,7 +38,7 @@ LR_SEARCH_FILE = "lr-search.json"
 # what chose its epoch, its chance-corrected dev scores, and its start's (the controls).
 RUN_KEYS = (STEPS, "examples_seen", "validation_examples", "selection", "dev_selection", "start_dev")
 # The same of every sentiment run (Table 1).
-SENTIMENT_KEYS = (STEPS, "examples_seen", "selection")
+SENTIMENT_KEYS = (STEPS, "examples_seen", "selection", "epochs", "epochs_run", "train_accuracy")
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task in the last section)."

@@ -26,10 +26,19 @@ from minbert.settings import MultitaskSettings
 from minbert.tasks import TASKS
 
 
+# The splits the features stage encodes: the warm-up's rows, and dev for the start's scores.
+FEATURE_SPLITS = ("train", "dev")
+
+
 def layout(task: str, siamese: bool) -> str:
     """How a task's rows are encoded for its head: one sentence, each sentence of a pair
     on its own (siamese heads), or the pair packed into one sequence (cross-encoder)."""
     return "siamese" if siamese else ("cross" if TASKS[task].is_pair else "sentence")
+
+
+def feature_file(task: str, split: str, siamese: bool) -> str:
+    """The features stage's name for a task's split in a layout (``<name>.npy``)."""
+    return f"{task}-{split}-{layout(task, siamese)}"
 
 
 @torch.no_grad()  # not inference_mode: the heads' backward pass saves these
@@ -65,8 +74,8 @@ def pooled_vectors(
 
 
 class ProbeFeatures:
-    """The ``features`` stage's output: per task and :func:`layout`, the frozen checkpoint's
-    pooled vectors of every row of the training split (``<task>-<layout>.npy``), with
+    """The ``features`` stage's output: per task, split and :func:`layout`, the frozen
+    checkpoint's pooled vectors of every row (``<task>-<split>-<layout>.npy``), with
     ``index.json`` naming the checkpoint, the pooling and each file's rows."""
 
     INDEX = "index.json"
@@ -79,9 +88,14 @@ class ProbeFeatures:
         self.index = json.loads(index.read_text(encoding="utf-8"))
         self._ids: dict[str, dict[str, int]] = {}
 
-    def vectors(self, data: TaskData, ids: list[str], device: torch.device) -> torch.Tensor:
-        """The vectors of the rows named ``ids`` of ``data``'s task, in its layout."""
-        name = f"{data.task}-{layout(data.task, data.siamese)}"
+    def covers(self, data: TaskData, split: str) -> bool:
+        """Whether every row of ``data`` (rows of ``split``) has a vector here."""
+        entry = self.index["files"].get(feature_file(data.task, split, data.siamese))
+        return entry is not None and set(data.table.ids) <= set(entry["ids"])
+
+    def vectors(self, data: TaskData, ids: list[str], device: torch.device, split: str = "train") -> torch.Tensor:
+        """The vectors of the rows named ``ids`` of ``data``'s task and ``split``, in its layout."""
+        name = feature_file(data.task, split, data.siamese)
         if name not in self.index["files"]:
             raise KeyError(f"{self.directory}: no probe features for {name}")
         entry = self.index["files"][name]

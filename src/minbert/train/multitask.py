@@ -151,6 +151,11 @@ def start(
     """What a run starts from (its epoch 0): the model around ``encoder``, the run's data,
     and (``fit_heads``) its heads fitted on the frozen encoder's vectors of the rows it
     trains on, with the warm-up's report."""
+    if features is not None and features.index["pooling"] != settings.pooling:
+        raise ValueError(
+            f"{features.directory / features.INDEX}: vectors pooled by {features.index['pooling']!r}, "
+            f"the run pools by {settings.pooling!r}: run `dvc repro features`"
+        )
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
     if not fit_heads:
@@ -181,9 +186,9 @@ def train_multitask(
     model, data, warmup = start(
         settings, encoder, tables, device, world, compile_options, features, fit_heads=not epochs.resumed
     )
-    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup)
+    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup, features)
     if score_dev and not epochs.resumed:
-        loop.start_dev, loop.start_predictions = loop.score(data.dev)
+        loop.start_dev, loop.start_predictions = loop.score(data.dev, vectors=loop.frozen(data.dev, "dev"))
     history, best_epoch = epochs.run(loop, settings.epochs, "multitask")
     result = MultitaskResult(
         history=history,
@@ -232,9 +237,10 @@ class _MultitaskEpochs:
         world: World,
         score_dev: bool,
         head_warmup: dict[str, dict],
+        features: ProbeFeatures | None = None,
     ):
         self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
-        self.score_dev, self.head_warmup = score_dev, head_warmup
+        self.score_dev, self.head_warmup, self.features = score_dev, head_warmup, features
         self.conflicts: list[dict] = []
         self.start_dev: dict = {}
         self.start_predictions: dict[str, np.ndarray] = {}
@@ -249,20 +255,39 @@ class _MultitaskEpochs:
         self.steps_per_epoch = batches * (len(MULTITASK_TASKS) if self.one_task_per_step else 1)
         self.global_step, self.seen = 0, dict.fromkeys(MULTITASK_TASKS, 0)
 
-    def score(self, tasks: dict[str, TaskData], show_progress: bool = False) -> tuple[dict, dict]:
+    def score(self, tasks: dict[str, TaskData], show_progress: bool = False, vectors=None) -> tuple[dict, dict]:
         return evaluate_multitask(
             self.model, tasks, self.settings.eval_batch_size, self.device, self.world,
-            show_progress and self.world.is_main,
+            show_progress and self.world.is_main, vectors,
         )  # fmt: skip
 
-    def _slices(self) -> tuple[dict, dict, dict]:
-        """The validation split's scores, the dev slice's (none without dev) and the training slice's."""
-        dev = self.score(self.data.slices["dev"])[0] if self.score_dev else {}
-        return self.score(self.data.validation)[0], dev, self.score(self.data.slices["train"])[0]
+    def frozen(self, tasks: dict[str, TaskData], split: str) -> dict[str, torch.Tensor] | None:
+        """The features stage's vectors of ``tasks`` (rows of ``split``) where it has them
+        all: what the untouched checkpoint gives, so only before the first step."""
+        if self.features is None or self.global_step > 0:
+            return None
+        cpu = torch.device("cpu")
+        return {
+            t: self.features.vectors(d, d.table.ids, cpu, split)
+            for t, d in tasks.items()
+            if self.features.covers(d, split)
+        }
+
+    def _slices(self, at_start: bool = False) -> tuple[dict, dict, dict]:
+        """The validation split's scores, the dev slice's (none without dev) and the
+        training slice's; at the start from the features stage's vectors where it has them."""
+        validation, dev_slice, train_slice = self.data.validation, self.data.slices["dev"], self.data.slices["train"]
+        frozen = self.frozen if at_start else lambda tasks, split: None
+        dev = self.score(dev_slice, vectors=frozen(dev_slice, "dev"))[0] if self.score_dev else {}
+        return (
+            self.score(validation, vectors=frozen(validation, "train"))[0],
+            dev,
+            self.score(train_slice, vectors=frozen(train_slice, "train"))[0],
+        )
 
     def before(self):
         # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
-        val_scores, dev_scores, train_scores = self._slices()
+        val_scores, dev_scores, train_scores = self._slices(at_start=True)
         return history_row(0, None, {}, val_scores, dev_scores, train_scores), val_scores[SELECTION]
 
     def epoch(self, epoch, step, log):
