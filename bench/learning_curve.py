@@ -11,7 +11,9 @@ never scored (``score_dev=False``): each run's validation selection score (the m
 SST MCC, Quora MCC and STS Pearson on the validation split) at the epoch the stage would
 keep, epoch 0 (the start: fitted heads, untouched encoder) included, and the seconds of
 its training (PCGrad + SMART about three times round-robin's). Writes
-``bench/results/learning_curve.json``; params.yaml and docs/method.md quote it.
+``bench/results/<--name>.json`` (learning_curve_baseline.json, learning_curve_best.json:
+one process each, ``--threads 1`` side by side on two cores); params.yaml and
+docs/method.md quote them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=["baseline", "best"])
     p.add_argument("--budgets", type=int, nargs="+", default=[1024, 2048])
     p.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument(
+        "--name", default="learning_curve",
+        help="the results file's name (one per configuration when they run side by side)",
+    )
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
@@ -87,7 +93,7 @@ def main() -> None:
         ],
     )  # fmt: skip
     common.finish(
-        "learning_curve",
+        args.name,
         args,
         {
             "configs": args.configs,

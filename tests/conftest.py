@@ -76,7 +76,6 @@ def tiny_multitask_scale(
     )
     for optimizer in scale["optimizers"].values():
         optimizer["lr"] = optimizer["head_lr"] = lr
-    scale["lr_by_config"] = {}  # the committed search's rates are for the real model
     return params
 
 

@@ -198,15 +198,18 @@ def test_mlm_settings_per_start(committed):
         params.mlm_settings(committed, "warm")
 
 
-def test_a_configuration_takes_the_rate_its_search_chose(committed):
-    """The cpu scale's encoder rate per configuration (minbert lr-search: one grid, each
-    configuration its own best point); one not listed takes its optimizer's."""
+def test_a_configuration_runs_at_its_optimizers_rates(committed):
+    """Each optimizer has its own rates (searched on `best`: metrics/lr-search.json), and
+    every configuration runs at its optimizer's: `best` and `best-adamw` at their own."""
     scale = committed["scales"]["cpu"]["multitask"]
-    scale["lr_by_config"] = {"baseline": 3e-5}
-    assert params.multitask_settings(validate(committed), "baseline").lr == 3e-5
-    assert params.multitask_settings(committed, "concatenation").lr == scale["optimizers"]["adamw"]["lr"]
-    scale["lr_by_config"] = {"baselin": 3e-5}
-    with pytest.raises(ParamsError, match="lr_by_config names \\['baselin'\\]"):
+    scale["optimizers"]["adamw"].update(lr=2e-5, head_lr=2e-3)
+    scale["optimizers"]["adamaxw"].update(lr=7e-5, head_lr=3e-3)
+    validate(committed)
+    for config, lr, head_lr in (("best", 7e-5, 3e-3), ("best-adamw", 2e-5, 2e-3), ("baseline", 2e-5, 2e-3)):
+        settings = params.multitask_settings(committed, config)
+        assert (settings.lr, settings.head_lr) == (lr, head_lr), config
+    scale["lr_by_config"] = {"best": 3e-5}  # the per-configuration rates this replaced
+    with pytest.raises(ParamsError, match="lr_by_config"):
         validate(committed)
 
 

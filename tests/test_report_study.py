@@ -320,6 +320,43 @@ def test_what_chose_what(tmp_path):
     assert "`gpu`" not in section  # without params.yaml: the scale that ran only
 
 
+def test_each_optimizer_runs_at_the_rates_searched_for_it(tmp_path):
+    """Each optimizer's rates searched on Table 4's parent (AdamaxW on `best`, AdamW on
+    `best-adamw`): the section names each choice and every row not at its optimizer's."""
+    root = _outputs(tmp_path, ["baseline", "best"])
+    _edit(
+        root / "metrics" / "multitask",
+        "baseline",
+        settings=read_result(root / "metrics" / "multitask" / "baseline.json")["settings"]
+        | {"lr": 5e-5, "head_lr": 1e-3},
+    )
+    points = [("best", "adamaxw", 1e-4, 0.4), ("best-adamw", "adamw", 5e-5, 0.38)]
+    search = {
+        "command": "minbert lr-search",
+        "runs": [_search_point(c, o, lr, score) for c, o, lr, score in points],
+        "chosen": {
+            f"cpu/{c}/{o}": {"scale": "cpu", "config": c, "optimizer": o, "lr": lr, "head_lr": 1e-3,
+                             "validation_selection": score}
+            for c, o, lr, score in points
+        },
+    }  # fmt: skip
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    section = _sections(report(root, tmp_path / "r"))["What chose what"]
+    assert (
+        "Each optimizer's chosen rates: adamaxw at `cpu`: lr 0.0001, heads 0.001 (searched on `best`); "
+        "adamw at `cpu`: lr 5e-05, heads 0.001 (searched on `best-adamw`). "
+        "Not at its optimizer's: `best` (adamaxw lr 5e-05, × 0.9 per epoch)."
+    ) in section
+    _edit(
+        root / "metrics" / "multitask",
+        "best",
+        settings=read_result(root / "metrics" / "multitask" / "best.json")["settings"]
+        | {"lr": 1e-4, "head_lr": 1e-3},
+    )
+    section = _sections(report(root, tmp_path / "r2"))["What chose what"]
+    assert "(searched on `best-adamw`). Every row runs at its optimizer's." in section
+
+
 def test_the_papers_silences_quote_the_metrics_not_prose(tmp_path):
     root = _outputs(tmp_path, ["best", "best-round-robin", "cosine-sts"])
     history = root / "metrics" / "multitask" / "cosine-sts-history.csv"

@@ -108,16 +108,15 @@ def multitask_settings(
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart, warmup = values["smart"], sized["head_warmup"]
-    # The learning rates, their schedule and the weight decay belong to the optimizer; the
-    # encoder's rate, to the configuration where the scale's search chose one for it.
+    # The learning rates (each optimizer's own, searched on `best`: metrics/lr-search.json),
+    # their schedule and the weight decay belong to the optimizer.
     optimizer = sized["optimizers"][values["optimizer"]]
     batch_size = {t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()}
     batch_size["quora"] = quora_batch_size(batch_size["quora"], sized, quora_split)
     return _settings(
         MultitaskSettings,
         **{k: values[k] for k in ("paraphrase_head", "sts_head", "sts_output", "gradient", "optimizer")},
-        lr=sized["lr_by_config"].get(config, optimizer["lr"]),
-        **{k: optimizer[k] for k in ("head_lr", "weight_decay", "lr_schedule")},
+        **{k: optimizer[k] for k in ("lr", "head_lr", "weight_decay", "lr_schedule")},
         lr_gamma=optimizer.get("lr_gamma", 1.0),
         batch_size=batch_size,
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},

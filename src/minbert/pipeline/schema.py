@@ -195,7 +195,6 @@ _SCALE = {
         },
         "test_predictions": bool,
         "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
-        "lr_by_config": {"*": _LR},  # names from `configs`, checked in validate()
     },
     "mlm": {"max_length": _MAX_LENGTH, "epochs": _COUNT, "batch_size": _COUNT, "sequences": _SIZE},
 }
@@ -300,12 +299,6 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
                 f"{source}: {key} names {unknown}, which are not in configs: {sorted(params['configs'])}"
             )
     for name, scale_params in params["scales"].items():
-        unknown = [c for c in scale_params["multitask"]["lr_by_config"] if c not in params["configs"]]
-        if unknown:
-            raise ParamsError(
-                f"{source}: scales.{name}.multitask.lr_by_config names {unknown}, which are not in "
-                f"configs: {sorted(params['configs'])}"
-            )
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
             key = f"scales.{name}.multitask.optimizers.{optimizer}"
             missing = [k for k in ("lr", "head_lr", "lr_schedule", "weight_decay") if k not in spec]

@@ -137,8 +137,8 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
         f"Learning-rate search (`metrics/lr-search.json`, `{study['command']}`): each searched "
         "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
         "lr) without scoring dev; a point scores the validation selection score of its best "
-        f"epoch ({SELECTION_MEAN}, as the epochs are chosen), and each configuration gets its "
-        "own best point (**bold**; a tie keeps the smaller rates).",
+        f"epoch ({SELECTION_MEAN}, as the epochs are chosen); each searched configuration's best "
+        "point is **bold** (a tie keeps the smaller rates).",
         "",
         *md_header(
             [
@@ -163,7 +163,7 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     unsearched = [
         f"`{n}`" for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched
     ]
-    shared = _shared_parent(runs, study)
+    shared = _optimizer_rates(runs, study)
     if shared:
         lines += ["", shared]
     if unsearched:
@@ -171,25 +171,30 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-# The configuration every table descends from: its choice may be every row's.
-ROOT = "baseline"
-
-
-def _shared_parent(runs: dict[str, dict], study: dict) -> str:
-    """A line when every run uses the root configuration's chosen rates (one choice made on
-    the parent alone, so the rows compare components at equal rates), else ''."""
-    root = runs.get(ROOT)
-    chosen = root and study["chosen"].get(f"{root['scale']}/{ROOT}/{root['settings']['optimizer']}")
-    if not chosen or any(
-        m["scale"] != root["scale"]
-        or (m["settings"]["lr"], m["settings"].get("head_lr")) != (chosen["lr"], chosen["head_lr"])
-        for m in runs.values()
-    ):
+def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
+    """A line naming each optimizer's chosen rates (each searched on one configuration) and
+    whether every run uses its optimizer's; '' when an optimizer's choice is not unique."""
+    chosen: dict[tuple[str, str], dict] = {}
+    for point in study["chosen"].values():
+        key = (point["scale"], point["optimizer"])
+        if key in chosen:
+            return ""
+        chosen[key] = point
+    used = {n: chosen.get((m["scale"], m["settings"]["optimizer"])) for n, m in runs.items()}
+    if not any(used.values()):
         return ""
-    return (
-        f"Every row runs at `{ROOT}`'s chosen rates (lr {chosen['lr']:g}, heads {chosen['head_lr']:g}): "
-        "one choice made on the parent of every table, so the rows compare their components at equal "
-        "rates; a configuration's own best point is in bold where it was searched."
+    choices = "; ".join(
+        f"{optimizer} at `{scale}`: lr {c['lr']:g}, heads {c['head_lr']:g} (searched on `{c['config']}`)"
+        for (scale, optimizer), c in sorted(chosen.items())
+    )
+    others = [
+        f"`{n}` ({rates(runs[n]['settings'])})"
+        for n, c in used.items()
+        if c is None
+        or (runs[n]["settings"]["lr"], runs[n]["settings"].get("head_lr")) != (c["lr"], c["head_lr"])
+    ]
+    return f"Each optimizer's chosen rates: {choices}. " + (
+        "Every row runs at its optimizer's." if not others else f"Not at its optimizer's: {', '.join(others)}."
     )
 
 
