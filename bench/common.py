@@ -264,7 +264,7 @@ def training_tables() -> dict:
 
 class MultitaskRunner:
     """The model and the training subsets of a configuration, built by the functions
-    the multitask stage uses (``minbert.train.multitask.build_model`` and
+    the multitask stage uses (``minbert.train.start.build_model`` and
     ``run_data``), and the pipeline's own training step over them
     (``MultitaskStep``: batch padding, each task's objective with SMART's terms when
     on, the backward pass (summed or PCGrad's), clipping, the optimizer step, the
@@ -276,7 +276,7 @@ class MultitaskRunner:
     def __init__(self, settings, checkpoint: str, device: torch.device = CPU):
         from minbert.model.bert import BertModel
         from minbert.model.checkpoint import resolve_checkpoint
-        from minbert.train.multitask import build_model, run_data
+        from minbert.train.start import build_model, run_data
 
         encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
         self.device = device

@@ -30,7 +30,8 @@ def main() -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[1024, 2048])
     p.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument(
-        "--name", default="learning_curve",
+        "--name",
+        default="learning_curve",
         help="the results file's name (one per configuration when they run side by side)",
     )
     args = p.parse_args()

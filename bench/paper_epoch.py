@@ -114,8 +114,8 @@ def main() -> None:
     from minbert.data.multitask import TaskData, epoch_steps
     from minbert.model.bert import BertConfig, BertModel
     from minbert.tasks import MULTITASK_TASKS
-    from minbert.train.multitask import build_model
     from minbert.train.multitask_step import MultitaskStep
+    from minbert.train.start import build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     _, settings = common.multitask_settings("concatenation", "paper")

@@ -41,7 +41,8 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=["baseline", "best"])
     p.add_argument(
-        "--name", default="stage_breakdown",
+        "--name",
+        default="stage_breakdown",
         help="the results file's name (stage_breakdown_before: the same script on the code before a change)",
     )
     args = p.parse_args()

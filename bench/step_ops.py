@@ -140,7 +140,7 @@ def multitask_stage(params: dict, config: str, tables: dict, device: torch.devic
     from minbert.data.multitask import TaskData, epoch_steps
     from minbert.evaluate.multitask import evaluate_multitask
     from minbert.pipeline import params as params_module
-    from minbert.train.multitask import run_data
+    from minbert.train.start import run_data
 
     settings = params_module.multitask_settings(params, config)
     if settings.head_warmup.epochs:

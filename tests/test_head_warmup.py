@@ -169,7 +169,9 @@ def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenize
         features.vectors(part["sst"], ["not-an-id"], torch.device("cpu"))
 
 
-def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(tokenized, tiny_checkpoint, tmp_path):
+def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(
+    tokenized, tiny_checkpoint, tmp_path
+):
     """A run's start (fitted heads on the untouched checkpoint) is scored on dev from the
     features stage's vectors: the same scores and predictions as encoding every dev row
     again, for cross-encoder and siamese heads alike."""

@@ -432,8 +432,18 @@ def test_table1_has_paper_handout_budget_and_paired_columns(text):
     assert "last layer only (paper)" in header and "full fine-tuning (course handout)" in header
     assert "| last layer only steps / examples | last layer only training accuracy / epochs run |" in header
     row = _row(table1, "SST (5 classes)")
-    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:6] == ["0.380", "0.391", "540 / 17,088", "0.455 / 2 of 2"]
-    assert NUMBER_WITH_INTERVAL.match(row[6]) and row[7:11] == ["0.505", "0.515", "540 / 17,088", "0.912 / 2 of 2"]
+    assert NUMBER_WITH_INTERVAL.match(row[1]) and row[2:6] == [
+        "0.380",
+        "0.391",
+        "540 / 17,088",
+        "0.455 / 2 of 2",
+    ]
+    assert NUMBER_WITH_INTERVAL.match(row[6]) and row[7:11] == [
+        "0.505",
+        "0.515",
+        "540 / 17,088",
+        "0.912 / 2 of 2",
+    ]
     # Full fine-tuning's predictions are far better here, with the same budget; no seed
     # study covers Table 1 (†).
     assert row[11].startswith("+") and row[11].endswith(" †")

@@ -1,7 +1,7 @@
 """Stage ``zero-shot``: the untrained checkpoint on the full multitask dev sets, the row
 fine-tuning starts from (how it is scored: ``minbert.evaluate.zero_shot``). SST, which no
 vector answers without a head, is the frozen checkpoint's probe: the SST head every
-configuration fits on the frozen encoder before it fine-tunes (``minbert.train.multitask.start``);
+configuration fits on the frozen encoder before it fine-tunes (``minbert.train.start``);
 at a scale without that warm-up, the training labels' majority class."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from minbert.results import write_result
 from minbert.settings import MultitaskSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.head_warmup import ProbeFeatures
-from minbert.train.multitask import start
+from minbert.train.start import start
 
 
 def run(

@@ -194,7 +194,9 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
         or (runs[n]["settings"]["lr"], runs[n]["settings"].get("head_lr")) != (c["lr"], c["head_lr"])
     ]
     return f"Each optimizer's chosen rates: {choices}. " + (
-        "Every row runs at its optimizer's." if not others else f"Not at its optimizer's: {', '.join(others)}."
+        "Every row runs at its optimizer's."
+        if not others
+        else f"Not at its optimizer's: {', '.join(others)}."
     )
 
 

@@ -25,7 +25,6 @@ from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.settings import MultitaskSettings
 from minbert.tasks import TASKS
 
-
 # The splits the features stage encodes: the warm-up's rows, and dev for the start's scores.
 FEATURE_SPLITS = ("train", "dev")
 
@@ -93,7 +92,9 @@ class ProbeFeatures:
         entry = self.index["files"].get(feature_file(data.task, split, data.siamese))
         return entry is not None and set(data.table.ids) <= set(entry["ids"])
 
-    def vectors(self, data: TaskData, ids: list[str], device: torch.device, split: str = "train") -> torch.Tensor:
+    def vectors(
+        self, data: TaskData, ids: list[str], device: torch.device, split: str = "train"
+    ) -> torch.Tensor:
         """The vectors of the rows named ``ids`` of ``data``'s task and ``split``, in its layout."""
         name = feature_file(data.task, split, data.siamese)
         if name not in self.index["files"]:

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minbert.data.batches import TokenizedTable, subsample
+from minbert.data.batches import TokenizedTable
 from minbert.data.multitask import TaskData, epoch_steps
-from minbert.data.validation_split import carve_validation
 from minbert.distributed import World
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.metrics import fixed
@@ -21,12 +20,13 @@ from minbert.model.multitask import MultitaskBert
 from minbert.progress import console
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
-from minbert.train.head_warmup import ProbeFeatures, warm_up_heads
+from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.loop import Epochs
 from minbert.train.multitask_step import LOSS_PARTS, MultitaskStep
 from minbert.train.optim import build_scheduler
 from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
+from minbert.train.start import RunData, start
 
 
 @dataclass
@@ -66,101 +66,6 @@ def history_row(
     row.update({f"dev_{k}": fixed(v) for k, v in dev.items()})
     row.update({f"train_{k}": fixed(v) for k, v in train.items() if not k.startswith("loss_")})
     return row
-
-
-def build_model(
-    settings: MultitaskSettings,
-    encoder: BertModel,
-    device: torch.device,
-    world: World = World(),
-    compile_options: dict | None = None,
-) -> MultitaskBert:
-    """The multitask model of ``settings`` around ``encoder``, its heads drawn from the
-    seed alike on every rank; afterwards each rank draws its own dropout masks. On a
-    GPU the attention projections are fused (``BertModel.fuse_qkv``)."""
-    torch.manual_seed(settings.seed)
-    model = MultitaskBert(
-        encoder,
-        settings.paraphrase_head,
-        settings.sts_head,
-        settings.dropout,
-        settings.pooling,
-        settings.sts_output,
-    ).to(device)
-    torch.manual_seed(settings.seed + world.rank)
-    if device.type == "cuda":  # one attention projection kernel instead of three
-        model.encoder.fuse_qkv()
-    if settings.compile:
-        model.encoder.compile_layers(**(compile_options or {}))
-    return model
-
-
-@dataclass
-class RunData:
-    """The tables one run reads, as batches for its model's heads."""
-
-    train: dict[str, TaskData]
-    pool: dict[str, TaskData]  # every training row outside validation (train is drawn from it)
-    validation: dict[str, TaskData]  # set aside from the training split: chooses the epoch
-    dev: dict[str, TaskData]
-    test: dict[str, TaskData]
-    slices: dict[str, dict[str, TaskData]]  # "dev" / "train": the history's fixed slices
-
-
-def run_data(
-    settings: MultitaskSettings, model: MultitaskBert, tables: dict[tuple[str, str], TokenizedTable]
-) -> RunData:
-    """The validation splits, the training subsets drawn from the rest of the training
-    splits, the full dev sets, the test sets (when predicted) and the history's fixed
-    slices of the dev sets and of the training examples in use."""
-
-    def data(task: str, table: TokenizedTable, limit: int = 0, seed: int = settings.seed) -> TaskData:
-        return TaskData(task, subsample(table, limit, seed), model.is_siamese(task))
-
-    carved = {
-        t: carve_validation(tables[t, "train"], settings.validation_examples[t], settings.seed)
-        for t in MULTITASK_TASKS
-    }
-    validation = {t: data(t, carved[t][1]) for t in MULTITASK_TASKS}
-    pool = {t: data(t, carved[t][0]) for t in MULTITASK_TASKS}
-    train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in MULTITASK_TASKS}
-    dev = {t: data(t, tables[t, "dev"]) for t in MULTITASK_TASKS if (t, "dev") in tables}  # none: a search
-    test = {
-        t: data(t, tables[t, "test"])
-        for t in MULTITASK_TASKS
-        if settings.test_predictions and (t, "test") in tables
-    }
-    sizes = settings.history_examples
-    slices = {
-        "dev": {t: data(t, d.table, sizes["dev"]) for t, d in dev.items()},
-        "train": {t: data(t, train[t].table, sizes["train"], settings.seed + 1) for t in MULTITASK_TASKS},
-    }
-    return RunData(train, pool, validation, dev, test, slices)
-
-
-def start(
-    settings: MultitaskSettings,
-    encoder: BertModel,
-    tables: dict[tuple[str, str], TokenizedTable],
-    device: torch.device,
-    world: World = World(),
-    compile_options: dict | None = None,
-    features: ProbeFeatures | None = None,
-    fit_heads: bool = True,
-) -> tuple[MultitaskBert, RunData, dict[str, dict]]:
-    """What a run starts from (its epoch 0): the model around ``encoder``, the run's data,
-    and (``fit_heads``) its heads fitted on the frozen encoder's vectors of the rows it
-    trains on, with the warm-up's report."""
-    if features is not None and features.index["pooling"] != settings.pooling:
-        raise ValueError(
-            f"{features.directory / features.INDEX}: vectors pooled by {features.index['pooling']!r}, "
-            f"the run pools by {settings.pooling!r}: run `dvc repro features`"
-        )
-    model = build_model(settings, encoder, device, world, compile_options)
-    data = run_data(settings, model, tables)
-    if not fit_heads:
-        return model, data, {}
-    return model, data, warm_up_heads(model, data.train, data.validation, settings, device, features)
 
 
 def train_multitask(
@@ -255,7 +160,9 @@ class _MultitaskEpochs:
         self.steps_per_epoch = batches * (len(MULTITASK_TASKS) if self.one_task_per_step else 1)
         self.global_step, self.seen = 0, dict.fromkeys(MULTITASK_TASKS, 0)
 
-    def score(self, tasks: dict[str, TaskData], show_progress: bool = False, vectors=None) -> tuple[dict, dict]:
+    def score(
+        self, tasks: dict[str, TaskData], show_progress: bool = False, vectors=None
+    ) -> tuple[dict, dict]:
         return evaluate_multitask(
             self.model, tasks, self.settings.eval_batch_size, self.device, self.world,
             show_progress and self.world.is_main, vectors,
@@ -276,7 +183,11 @@ class _MultitaskEpochs:
     def _slices(self, at_start: bool = False) -> tuple[dict, dict, dict]:
         """The validation split's scores, the dev slice's (none without dev) and the
         training slice's; at the start from the features stage's vectors where it has them."""
-        validation, dev_slice, train_slice = self.data.validation, self.data.slices["dev"], self.data.slices["train"]
+        validation, dev_slice, train_slice = (
+            self.data.validation,
+            self.data.slices["dev"],
+            self.data.slices["train"],
+        )
         frozen = self.frozen if at_start else lambda tasks, split: None
         dev = self.score(dev_slice, vectors=frozen(dev_slice, "dev"))[0] if self.score_dev else {}
         return (
