@@ -59,11 +59,11 @@ def findings_section(
         return ["No multitask configuration has been run (stage `multitask`): nothing to report yet."]
     said = []
     sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
-    epochs = usual({n: str(m["epochs"]) for n, m in runs.items()})
+    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in runs.items()})
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
     scale = usual({n: f"`{m['scale']}`" for n, m in runs.items()})
     said.append(
-        f"These runs fine-tune {checkpoint} on {sizes}, {epochs} epochs (scale {scale}; the "
+        f"These runs fine-tune {checkpoint} on {sizes}, {epochs} (scale {scale}; the "
         f"paper: {paper_setting}), so they show how the methods behave at this budget, not "
         "the paper's effect sizes."
     )

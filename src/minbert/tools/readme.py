@@ -106,7 +106,7 @@ def results_block(metrics: Path, paper_file: Path) -> str:
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
     scale = usual({n: f"`{m['scale']}`" for n, m in used.items()})
     sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
-    epochs = usual({n: str(m["epochs"]) for n, m in used.items()})
+    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in used.items()})
     seeds = usual({n: str(m["seed"]) for n, m in used.items()})
     full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT if (t, "full") in ours]
     reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
@@ -114,7 +114,7 @@ def results_block(metrics: Path, paper_file: Path) -> str:
     quora = _carved_quora(used)
     prose = (
         f"Rows of the paper's Table 2 ({labels}). Ours: {checkpoint} fine-tuned at the {scale} "
-        f"scale ({sizes} training examples per task, {epochs} epochs, seed {seeds}"
+        f"scale ({sizes} training examples per task, {epochs}, seed {seeds}"
         + (f"; single task: {reviews} training examples" if reviews else "")
         + f"), scored on the full dev sets; the paper: {paper['setup']['summary']}."
         + (
