@@ -37,10 +37,7 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
-    import minbert.train.multitask as multitask
     from minbert.device import pin_cpu_kernels
-    from minbert.model.bert import BertModel
-    from minbert.model.checkpoint import resolve_checkpoint
     from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
@@ -60,14 +57,7 @@ def main() -> None:
                 )
                 common.console.print(f"[bold]{config}: {rows} rows x {epochs} epochs[/]")
                 began = time.perf_counter()
-                result = multitask.train_multitask(
-                    settings,
-                    BertModel.from_pretrained(resolve_checkpoint(params["checkpoint"])),
-                    tables,
-                    common.CPU,
-                    score_dev=False,
-                    features=features,
-                )
+                result = common.validation_run(settings, params["checkpoint"], tables, features)
                 history = [{k: row[k] for k in ("epoch", *keys)} for row in result.history]
                 runs.append(
                     {

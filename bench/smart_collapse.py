@@ -39,8 +39,6 @@ def main() -> None:
     import minbert.train.multitask as multitask
     import minbert.train.multitask_step as multitask_step
     from minbert.device import pin_cpu_kernels
-    from minbert.model.bert import BertModel
-    from minbert.model.checkpoint import resolve_checkpoint
     from minbert.tasks import TASKS as SPECS
     from minbert.train.head_warmup import ProbeFeatures
     from minbert.train.smart import Smart
@@ -151,14 +149,7 @@ def main() -> None:
                 settings, head_warmup=dataclasses.replace(settings.head_warmup, epochs=0)
             )
         log.clear()
-        result = multitask.train_multitask(
-            settings,
-            BertModel.from_pretrained(resolve_checkpoint(params["checkpoint"])),
-            tables,
-            common.CPU,
-            score_dev=False,
-            features=features,
-        )
+        result = common.validation_run(settings, params["checkpoint"], tables, features)
         results[name] = {
             "smart": dataclasses.asdict(settings.smart),
             "best_epoch": result.best_epoch,

@@ -27,10 +27,7 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
-    import minbert.train.multitask as multitask
     from minbert.device import pin_cpu_kernels
-    from minbert.model.bert import BertModel
-    from minbert.model.checkpoint import resolve_checkpoint
     from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
@@ -48,14 +45,7 @@ def main() -> None:
     for norm in args.norms:
         common.console.print(f"[bold]token_norm {norm:g}[/]")
         settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
-        result = multitask.train_multitask(
-            settings,
-            BertModel.from_pretrained(resolve_checkpoint(params["checkpoint"])),
-            tables,
-            common.CPU,
-            score_dev=False,
-            features=features,
-        )
+        result = common.validation_run(settings, params["checkpoint"], tables, features)
         history = [{k: row[k] for k in ("epoch", *keys)} for row in result.history]
         start, best = history[0]["val_selection"], history[result.best_epoch]["val_selection"]
         results[f"{norm:g}"] = {
