@@ -42,6 +42,21 @@ def _model_and_data(tokenized, checkpoint, paraphrase_head="siamese-concat-diff"
     return model, data
 
 
+def _features_stage(checkpoint, tokenized, out) -> dict:
+    """The `features` stage on the tiny tables and checkpoint (scoring batches of 7)."""
+    from minbert.pipeline.features import run
+
+    resolved = {
+        "checkpoint": str(checkpoint),
+        "device": "cpu",
+        "scale": "cpu",
+        "pooling": "mean",
+        "eval_batch_size": 7,
+        "tasks": list(MULTITASK_TASKS),
+    }
+    return run(resolved, tokenized / "tok", out)
+
+
 def test_pooled_vectors_match_the_model_in_row_order(tokenized, tiny_checkpoint):
     model, data = _model_and_data(tokenized, tiny_checkpoint)
     model.eval()
@@ -133,18 +148,9 @@ def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
 def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenized, tiny_checkpoint, tmp_path):
     """The `features` stage computes the frozen checkpoint's vectors once; a warm-up that
     reads them fits the same heads as one that computes them, from any subset of rows."""
-    from minbert.pipeline.features import run as features_stage
     from minbert.train.head_warmup import ProbeFeatures
 
-    resolved = {
-        "checkpoint": str(tiny_checkpoint),
-        "device": "cpu",
-        "scale": "cpu",
-        "pooling": "mean",
-        "eval_batch_size": 7,
-        "tasks": list(MULTITASK_TASKS),
-    }
-    written = features_stage(resolved, tokenized / "tok", tmp_path / "features")
+    written = _features_stage(tiny_checkpoint, tokenized, tmp_path / "features")
     layouts = ("sst-{}-sentence", "quora-{}-cross", "quora-{}-siamese", "sts-{}-cross", "sts-{}-siamese")
     assert set(written) == {name.format(split) for name in layouts for split in ("train", "dev")}
     features = ProbeFeatures(tmp_path / "features")
@@ -176,18 +182,9 @@ def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(
     features stage's vectors: the same scores and predictions as encoding every dev row
     again, for cross-encoder and siamese heads alike."""
     from minbert.evaluate.multitask import evaluate_multitask
-    from minbert.pipeline.features import run as features_stage
     from minbert.train.head_warmup import ProbeFeatures
 
-    resolved = {
-        "checkpoint": str(tiny_checkpoint),
-        "device": "cpu",
-        "scale": "cpu",
-        "pooling": "mean",
-        "eval_batch_size": 7,
-        "tasks": list(MULTITASK_TASKS),
-    }
-    features_stage(resolved, tokenized / "tok", tmp_path / "features")
+    _features_stage(tiny_checkpoint, tokenized, tmp_path / "features")
     features = ProbeFeatures(tmp_path / "features")
     cpu = torch.device("cpu")
     for heads in (("cross-encoder", "cross-encoder"), ("siamese-concat-diff", "siamese-cosine")):
