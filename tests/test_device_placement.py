@@ -24,10 +24,10 @@ from minbert.train.head_warmup import frozen_vectors
 # modes (a frozen encoder, full fine-tuning), multitask with siamese heads and
 # round-robin, and with a cross-encoder, PCGrad and SMART, and started from MLM.
 STAGES = [
+    "features",
     "zero-shot",
     "sentiment@sst-last-layer",
     "sentiment@cfimdb-full",
-    "features",
     "multitask@baseline",
     "multitask@best",
     "mlm@continue",

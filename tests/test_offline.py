@@ -333,8 +333,13 @@ def test_the_node_refuses_other_code_and_stops_at_the_deadline(project, study, n
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     index, _ = parts.read(tmp_path / "out" / parts.INDEX_FILE)
     assert [(s["stage"], s["reason"]) for s in index["failed"]] == [("prepare", "stopped at the --deadline")]
-    # Every stage needs prepare (resolve reads its manifest for the Quora batch).
-    blocked = {name: "needs prepare, which did not finish" for name in ("resolve", "tokenize", "zero-shot")}
+    # Every stage needs prepare (resolve reads its manifest for the Quora batch); the
+    # zero-shot row's SST probe reads the features.
+    blocked = {name: "needs prepare, which did not finish" for name in ("resolve", "tokenize")}
+    blocked |= {
+        "features": "needs resolve, which did not finish",
+        "zero-shot": "needs features, which did not finish",
+    }
     assert {s["stage"]: s["reason"] for s in index["not_run"]} == blocked
     spent = _on_node(slow, tmp_path / "spent", command + " --deadline 0", node_env)
     assert spent.returncode == 1, spent.stdout + spent.stderr

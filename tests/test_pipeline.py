@@ -368,11 +368,15 @@ def test_a_parameter_change_reruns_only_the_stages_it_reaches(pipeline):
     assert smart == {"best", "best-round-robin", "best-adamw", "best-summed", "best-round-robin-equal"}
     changed = _stages_a_change_reaches(pipeline, lambda p: p["smart"].update(beta=0.95))
     assert changed == {f"multitask@{c}" for c in smart}
-    # The default optimizer: only the configurations that keep the default, and the
-    # fine-tuning of `baseline` from the MLM checkpoint.
+    # The default optimizer: only the configurations that keep the default, the
+    # fine-tuning of `baseline` from the MLM checkpoint, and the zero-shot row, whose SST
+    # probe is the default configuration's head warm-up (the optimizer's weight decay).
     keep_default = {c for c, o in configs.items() if "optimizer" not in o}
     changed = _stages_a_change_reaches(pipeline, lambda p: p.update(optimizer="adamaxw"))
-    assert changed == {f"multitask@{c}" for c in keep_default} | {"multitask-mlm@continue-baseline"}
+    assert changed == {f"multitask@{c}" for c in keep_default} | {
+        "multitask-mlm@continue-baseline",
+        "zero-shot",
+    }
     # A single-task parameter reaches the sentiment runs alone.
     changed = _stages_a_change_reaches(pipeline, lambda p: p["sentiment"].update(grad_clip=0.5))
     assert changed == {
