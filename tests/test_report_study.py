@@ -238,15 +238,16 @@ def _search_point(config: str, optimizer: str, lr: float, score: float) -> dict:
     }
 
 
+def _ran_at(root: Path, config: str, lr: float, head_lr: float) -> None:
+    """Record that the tables' run of ``config`` trained at these rates."""
+    settings = read_result(root / "metrics" / "multitask" / f"{config}.json")["settings"]
+    _edit(root / "metrics" / "multitask", config, settings=settings | {"lr": lr, "head_lr": head_lr})
+
+
 def test_what_chose_what(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
     # The baseline ran the search's choice; the fixture's `best` ran lr 5e-05, no heads' rate.
-    _edit(
-        root / "metrics" / "multitask",
-        "baseline",
-        settings=read_result(root / "metrics" / "multitask" / "baseline.json")["settings"]
-        | {"lr": 5e-5, "head_lr": 1e-3},
-    )
+    _ran_at(root, "baseline", 5e-5, 1e-3)
     scores = {"baseline": (0.21, 0.3173, 0.12), "best": (0.3, 0.35, 0.4), "concatenation": (0.1, 0.2, 0.15)}
     search = {
         "command": "minbert lr-search",
@@ -324,12 +325,7 @@ def test_each_optimizer_runs_at_the_rates_searched_for_it(tmp_path):
     """Each optimizer's rates searched on Table 4's parent (AdamaxW on `best`, AdamW on
     `best-adamw`): the section names each choice and every row not at its optimizer's."""
     root = _outputs(tmp_path, ["baseline", "best"])
-    _edit(
-        root / "metrics" / "multitask",
-        "baseline",
-        settings=read_result(root / "metrics" / "multitask" / "baseline.json")["settings"]
-        | {"lr": 5e-5, "head_lr": 1e-3},
-    )
+    _ran_at(root, "baseline", 5e-5, 1e-3)
     points = [("best", "adamaxw", 1e-4, 0.4), ("best-adamw", "adamw", 5e-5, 0.38)]
     search = {
         "command": "minbert lr-search",
@@ -347,12 +343,7 @@ def test_each_optimizer_runs_at_the_rates_searched_for_it(tmp_path):
         "adamw at `cpu`: lr 5e-05, heads 0.001 (searched on `best-adamw`). "
         "Not at its optimizer's: `best` (adamaxw lr 5e-05, × 0.9 per epoch)."
     ) in section
-    _edit(
-        root / "metrics" / "multitask",
-        "best",
-        settings=read_result(root / "metrics" / "multitask" / "best.json")["settings"]
-        | {"lr": 1e-4, "head_lr": 1e-3},
-    )
+    _ran_at(root, "best", 1e-4, 1e-3)
     section = _sections(report(root, tmp_path / "r2"))["What chose what"]
     assert "(searched on `best-adamw`). Every row runs at its optimizer's." in section
 

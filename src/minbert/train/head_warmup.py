@@ -87,17 +87,26 @@ class ProbeFeatures:
         self.index = json.loads(index.read_text(encoding="utf-8"))
         self._ids: dict[str, dict[str, int]] = {}
 
+    def _rows(self, name: str) -> dict[str, int] | None:
+        """A file's row of each id (read from the index once); None: no such file."""
+        if name not in self.index["files"]:
+            return None
+        if name not in self._ids:
+            self._ids[name] = {i: k for k, i in enumerate(self.index["files"][name]["ids"])}
+        return self._ids[name]
+
     def covers(self, data: TaskData, split: str) -> bool:
         """Whether every row of ``data`` (rows of ``split``) has a vector here."""
-        entry = self.index["files"].get(feature_file(data.task, split, data.siamese))
-        return entry is not None and set(data.table.ids) <= set(entry["ids"])
+        where = self._rows(feature_file(data.task, split, data.siamese))
+        return where is not None and all(i in where for i in data.table.ids)
 
     def vectors(
         self, data: TaskData, ids: list[str], device: torch.device, split: str = "train"
     ) -> torch.Tensor:
         """The vectors of the rows named ``ids`` of ``data``'s task and ``split``, in its layout."""
         name = feature_file(data.task, split, data.siamese)
-        if name not in self.index["files"]:
+        where = self._rows(name)
+        if where is None:
             raise KeyError(f"{self.directory}: no probe features for {name}")
         entry = self.index["files"][name]
         array = np.load(self.directory / f"{name}.npy", mmap_mode="r")
@@ -105,9 +114,6 @@ class ProbeFeatures:
             raise ValueError(
                 f"{self.directory / name}.npy: {array.shape[0]} rows, the index says {entry['rows']}"
             )
-        if name not in self._ids:
-            self._ids[name] = {i: k for k, i in enumerate(entry["ids"])}
-        where = self._ids[name]
         missing = [i for i in ids if i not in where]
         if missing:
             raise KeyError(f"{self.directory / name}.npy: no vector for ids {missing[:5]}")
