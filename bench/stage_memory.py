@@ -16,6 +16,8 @@ Linux only (reads /proc).
 
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -69,6 +71,21 @@ def _peak_kb(pid: int) -> int | None:
     return None
 
 
+def _busy_cpu_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (``/proc/stat``)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (the command)."""
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
+
+
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
@@ -76,6 +93,7 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
     stages: dict[int, dict] = {}  # pid -> {"stage", "peak_kb", "first", "last"}
+    busy, own = _busy_cpu_s(), _own_cpu_s()
     start = time.perf_counter()
     proc = subprocess.Popen(args.command, cwd=common.REPO)
     while proc.poll() is None:
@@ -90,6 +108,9 @@ def main() -> None:
             entry["last"] = now
         time.sleep(args.interval)
     wall = time.perf_counter() - start
+    # Whether the minutes are the command's own: the machine's busy time during the run
+    # less the command's (and this poller's), as cores on average.
+    other_cpu_s = max(0.0, (_busy_cpu_s() - busy) - (_own_cpu_s() - own))
     if proc.returncode:
         sys.exit(f"{' '.join(args.command)} failed with exit status {proc.returncode}")
 
@@ -97,6 +118,7 @@ def main() -> None:
     results = {
         "command": args.command,
         "wall_s": wall,
+        "other_work_cores": other_cpu_s / wall,
         "stages": [
             {"stage": e["stage"], "peak_rss_gb": e["peak_kb"] / 2**20, "seconds": e["last"] - e["first"]}
             for e in rows

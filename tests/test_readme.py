@@ -125,12 +125,12 @@ def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
     command = " ".join(measured["results"]["command"])
     assert f"| **`{command}`, in all** | **{total:.1f}** |" in block
     assert "| `multitask best` |" in block and "| `multitask baseline from models/mlm/continue` |" in block
-    # A rerun where `report` took 10 minutes under load: only that row, the total and the
-    # load change, and only docs/performance.md is rewritten.
+    # A rerun where `report` took 10 minutes while other work used 1.2 cores: only that row,
+    # the total and the sentence on other work change, and only docs/performance.md is rewritten.
     (report,) = [s for s in measured["results"]["stages"] if s["stage"].startswith("report ")]
     report["seconds"] = 600
     measured["results"]["wall_s"] += 300
-    measured["load_average_at_start"][0] = 2.5
+    measured["results"]["other_work_cores"] = 1.2
     (repo / STAGE_TIMES).write_text(json.dumps(measured))
     readme = (repo / "README.md").read_text(encoding="utf-8")
     stale = _readme("--check", "--repo", str(repo))
@@ -138,5 +138,27 @@ def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
     assert _readme("--repo", str(repo)).exit_code == 0
     block = _block((repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix())
     assert "| `report` | 10.0 |" in block and f"**{total + 5:.1f}**" in block
-    assert "load average 2.50 at the start: other work" in " ".join(block.split())
+    assert "other work during the run: 1.20 cores on average, so the minutes are not" in " ".join(
+        block.split()
+    )
     assert (repo / "README.md").read_text(encoding="utf-8") == readme
+    # Alone on the machine: said so; a record from before the measurement: the start's load only.
+    measured["results"]["other_work_cores"] = 0.02
+    (repo / STAGE_TIMES).write_text(json.dumps(measured))
+    assert _readme("--repo", str(repo)).exit_code == 0
+    block = " ".join(
+        _block(
+            (repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix()
+        ).split()
+    )
+    assert "0.02 cores on average, so the minutes are its own" in block
+    del measured["results"]["other_work_cores"]
+    measured["load_average_at_start"][0] = 2.5
+    (repo / STAGE_TIMES).write_text(json.dumps(measured))
+    assert _readme("--repo", str(repo)).exit_code == 0
+    block = " ".join(
+        _block(
+            (repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix()
+        ).split()
+    )
+    assert "load average 2.50 at the start; other work during the run not measured" in block

@@ -23,6 +23,7 @@ from minbert.report.cells import (
     multitask_scored,
 )
 from minbert.report.evidence import Evidence
+from minbert.report.notes import training_budget
 from minbert.results import ACCURACY, EPOCH
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
@@ -141,9 +142,9 @@ def controls_section(
         lines.append(
             "Not met: "
             + "; ".join(missed)
-            + ". At this budget (a few hundred training examples per task, 3 epochs) these "
-            "numbers do not measure a learned head for that task: a run that gives most dev "
-            "examples one answer scores about that answer's share, and the validation scores "
+            + f". At this budget ({training_budget(multitask)}) these numbers do not measure "
+            "a learned head for that task: a run that gives most dev examples one answer "
+            "scores about that answer's share, and the validation scores "
             "by epoch (epoch 0: the untouched encoder, its heads fresh or fitted on it) show "
             "whether the head never learned or fine-tuning took away what it had; the epoch is "
             f"chosen by {SELECTION_MEAN} on the validation split, not by this task alone. The "

@@ -16,11 +16,10 @@ from minbert.report.cells import (
     md_header,
     md_row,
     multitask_scored,
-    per_task,
 )
 from minbert.report.controls import Starts, describe_counts
 from minbert.report.evidence import Evidence
-from minbert.report.notes import usual
+from minbert.report.notes import training_budget, usual
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION
 
 
@@ -58,12 +57,10 @@ def findings_section(
     if not runs:
         return ["No multitask configuration has been run (stage `multitask`): nothing to report yet."]
     said = []
-    sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
-    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in runs.items()})
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
     scale = usual({n: f"`{m['scale']}`" for n, m in runs.items()})
     said.append(
-        f"These runs fine-tune {checkpoint} on {sizes}, {epochs} (scale {scale}; the "
+        f"These runs fine-tune {checkpoint} on {training_budget(runs)} (scale {scale}; the "
         f"paper: {paper_setting}), so they show how the methods behave at this budget, not "
         "the paper's effect sizes."
     )

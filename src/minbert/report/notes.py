@@ -47,6 +47,14 @@ def usual(values: dict[str, str]) -> str:
     return usual + "".join(f" ({', '.join(c)}: {v})" for v, c in others.items())
 
 
+def training_budget(runs: dict[str, dict]) -> str:
+    """``SST 1152, Quora 1152, STS 1152 training examples per task, 1 epoch``: what the
+    configurations trained on, the exceptions by name."""
+    sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
+    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in runs.items()})
+    return f"{sizes}, {epochs}"
+
+
 SMART_NAMES = {
     "epsilon": "epsilon",
     "noise_std": "initial noise",

@@ -33,6 +33,7 @@ WIDTH = 86  # the README's line length
 SOURCE = "src/minbert/tools/readme.py"
 PAPER = Path("reference") / "paper.yaml"
 STAGE_TIMES = Path("bench") / "results" / "stage_memory.json"
+OTHER_WORK_CORES = 0.1  # other processes' average use of the cores below which a run was alone
 SENTIMENT = ("sst", "cfimdb")  # Table 1's tasks, in its order
 # The model block's examples: what each task's `minbert predict` is given.
 EXAMPLES = (
@@ -200,15 +201,20 @@ def stage_times_block(result_file: Path) -> str:
         )
     )
     load = measured["load_average_at_start"][0]
+    other = run.get("other_work_cores")
+    if other is None:  # recorded before the benchmark measured the other work during the run
+        quiet = f"load average {load:.2f} at the start; other work during the run not measured)."
+    elif other < OTHER_WORK_CORES:
+        quiet = f"other work during the run: {other:.2f} cores on average, so the minutes are its own)."
+    else:
+        quiet = (
+            f"other work during the run: {other:.2f} cores on average, so the minutes are not "
+            "the pipeline's own)."
+        )
     prose = (
         f"`{measured['command']}`, started {measured['started'][:16].replace('T', ' ')} UTC on a "
         f"{machine['logical_cores']}-core {machine['cpu']} with torch {machine['torch']} "
-        f"({machine['torch_threads']} threads; load average {load:.2f} at the start: "
-        + (
-            "nothing else ran)."
-            if load < 1
-            else "other work shared the cores, so the minutes are not the pipeline's own)."
-        )
+        f"({machine['torch_threads']} threads; " + quiet
     )
     return "\n".join([*table, "", _wrap(prose)])
 
