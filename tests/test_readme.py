@@ -143,22 +143,16 @@ def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
     )
     assert (repo / "README.md").read_text(encoding="utf-8") == readme
     # Alone on the machine: said so; a record from before the measurement: the start's load only.
+
+    def regenerated(measured: dict) -> str:
+        (repo / STAGE_TIMES).write_text(json.dumps(measured))
+        assert _readme("--repo", str(repo)).exit_code == 0
+        text = (repo / PERFORMANCE).read_text(encoding="utf-8")
+        return " ".join(_block(text, "stage-times", STAGE_TIMES.as_posix()).split())
+
     measured["results"]["other_work_cores"] = 0.02
-    (repo / STAGE_TIMES).write_text(json.dumps(measured))
-    assert _readme("--repo", str(repo)).exit_code == 0
-    block = " ".join(
-        _block(
-            (repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix()
-        ).split()
-    )
-    assert "0.02 cores on average, so the minutes are its own" in block
+    assert "0.02 cores on average, so the minutes are its own" in regenerated(measured)
     del measured["results"]["other_work_cores"]
     measured["load_average_at_start"][0] = 2.5
-    (repo / STAGE_TIMES).write_text(json.dumps(measured))
-    assert _readme("--repo", str(repo)).exit_code == 0
-    block = " ".join(
-        _block(
-            (repo / PERFORMANCE).read_text(encoding="utf-8"), "stage-times", STAGE_TIMES.as_posix()
-        ).split()
-    )
+    block = regenerated(measured)
     assert "load average 2.50 at the start; other work during the run not measured" in block
