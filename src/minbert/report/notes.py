@@ -47,11 +47,16 @@ def usual(values: dict[str, str]) -> str:
     return usual + "".join(f" ({', '.join(c)}: {v})" for v, c in others.items())
 
 
+def epoch_count(epochs: int) -> str:
+    """``1 epoch``, ``3 epochs``."""
+    return f"{epochs} epoch{'s' * (epochs != 1)}"
+
+
 def training_budget(runs: dict[str, dict]) -> str:
     """``SST 1152, Quora 1152, STS 1152 training examples per task, 1 epoch``: what the
     configurations trained on, the exceptions by name."""
     sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
-    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in runs.items()})
+    epochs = usual({n: epoch_count(m["epochs"]) for n, m in runs.items()})
     return f"{sizes}, {epochs}"
 
 

@@ -25,7 +25,7 @@ from minbert.report.cells import (
     per_task,
 )
 from minbert.report.findings import ranked
-from minbert.report.notes import usual
+from minbert.report.notes import epoch_count, usual
 from minbert.results import read_result, read_results
 from minbert.tasks import TASKS
 
@@ -107,7 +107,7 @@ def results_block(metrics: Path, paper_file: Path) -> str:
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
     scale = usual({n: f"`{m['scale']}`" for n, m in used.items()})
     sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
-    epochs = usual({n: f"{m['epochs']} epoch{'s' * (m['epochs'] != 1)}" for n, m in used.items()})
+    epochs = usual({n: epoch_count(m["epochs"]) for n, m in used.items()})
     seeds = usual({n: str(m["seed"]) for n, m in used.items()})
     full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT if (t, "full") in ours]
     reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
@@ -204,12 +204,9 @@ def stage_times_block(result_file: Path) -> str:
     other = run.get("other_work_cores")
     if other is None:  # recorded before the benchmark measured the other work during the run
         quiet = f"load average {load:.2f} at the start; other work during the run not measured)."
-    elif other < OTHER_WORK_CORES:
-        quiet = f"other work during the run: {other:.2f} cores on average, so the minutes are its own)."
     else:
-        quiet = (
-            f"other work during the run: {other:.2f} cores on average, so the minutes are not "
-            "the pipeline's own)."
+        quiet = f"other work during the run: {other:.2f} cores on average, so the minutes are " + (
+            "its own)." if other < OTHER_WORK_CORES else "not the pipeline's own)."
         )
     prose = (
         f"`{measured['command']}`, started {measured['started'][:16].replace('T', ' ')} UTC on a "
