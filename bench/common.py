@@ -248,15 +248,18 @@ def multitask_settings(config: str, scale: str):
     return params, params_module.multitask_settings(params, config, split)
 
 
-def validation_run(settings, checkpoint: str, tables: dict, features):
+def validation_run(settings, checkpoint: str, tables: dict, features, observer=None):
     """``settings`` trained as its stage would from ``checkpoint`` (params.yaml's name), on
-    the CPU, scoring validation and the training slices only (no dev): the run's result."""
+    the CPU, scoring validation and the training slices only (no dev): the run's result.
+    ``observer``: a ``MultitaskObserver`` that watches the steps and epochs."""
     import minbert.train.multitask as multitask
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
 
     encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
-    return multitask.train_multitask(settings, encoder, tables, CPU, score_dev=False, features=features)
+    return multitask.train_multitask(
+        settings, encoder, tables, CPU, score_dev=False, features=features, observer=observer
+    )
 
 
 def training_tables() -> dict:

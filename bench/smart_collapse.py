@@ -36,12 +36,10 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
-    import minbert.train.multitask as multitask
-    import minbert.train.multitask_step as multitask_step
     from minbert.device import pin_cpu_kernels
     from minbert.tasks import TASKS as SPECS
     from minbert.train.head_warmup import ProbeFeatures
-    from minbert.train.smart import Smart
+    from minbert.train.multitask_step import MultitaskObserver
 
     pin_cpu_kernels()
     params, base = common.multitask_settings(args.config, "cpu")
@@ -53,80 +51,56 @@ def main() -> None:
     per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
     steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
 
-    # Each term's gradient norm on its task's head, step by step: the step computes SMART's
-    # smoothness term (Smart.smoothness), the task loss (task_loss), then the Bregman term
-    # (Smart.bregman), each with its graph; the log detaches them.
-    grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
-    pending: dict = {}
-    smoothness_of, bregman_of, task_loss_of = Smart.smoothness, Smart.bregman, multitask_step.task_loss
+    class Watch(MultitaskObserver):
+        """Each SMART step's gradient norms of each term on its task's head (the terms still
+        hold their graphs: the step's backward has not run), and every epoch's scores and
+        distances."""
 
-    def smoothness(self, net, task, batch, embedded, start):
-        output, adversarial, control = smoothness_of(self, net, task, batch, embedded, start)
-        head = list(getattr(net, "module", net).heads[task].parameters())
-        pending.update(adversarial=adversarial, head=head)
-        return output, adversarial, control
+        def __init__(self, smart) -> None:
+            self.smart = smart
+            self.grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
+            self.start: dict = {}
+            self.log: list[dict] = []
 
-    def measured_loss(task, output, labels):
-        loss = task_loss_of(task, output, labels)
-        if pending:  # a step with SMART
-            pending["loss"] = loss
-        return loss
-
-    def bregman(self, task, batch, output):
-        value = bregman_of(self, task, batch, output)
-        terms = {
-            "loss": pending["loss"],
-            "adversarial": self.settings.lambda_s * pending["adversarial"],
-            "bregman": self.settings.mu * value,
-        }
-        norms = []
-        for part in PARTS:
-            found = torch.autograd.grad(terms[part], pending["head"], retain_graph=True, allow_unused=True)
-            norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
-        grads[task].append([*norms, float(value)])
-        pending.clear()
-        return value
-
-    Smart.smoothness, Smart.bregman, multitask_step.task_loss = smoothness, bregman, measured_loss
-    epoch_of = multitask._MultitaskEpochs.epoch
-    before_of = multitask._MultitaskEpochs.before
-    log: list[dict] = []
-    start: dict = {}
-
-    def distances(loop) -> dict:
-        teacher = dict(loop.train_step.smart.teacher.module.named_parameters())
-        out = {}
-        for part in (*(f"heads.{t}" for t in TASKS), "encoder"):
-            names = [n for n, _ in loop.model.named_parameters() if n.startswith(part)]
-            own = dict(loop.model.named_parameters())
-            out[part] = {
-                "teacher_distance": float(sum(((own[n] - teacher[n]) ** 2).sum() for n in names) ** 0.5),
-                "moved": float(sum(((own[n] - start[n]) ** 2).sum() for n in names) ** 0.5),
+        def objective(self, task, terms, model) -> None:
+            weighted = {
+                "loss": terms.loss,
+                "adversarial": self.smart.lambda_s * terms.adversarial,
+                "bregman": self.smart.mu * terms.bregman,
             }
-        return out
+            head = list(model.heads[task].parameters())
+            norms = []
+            for part in PARTS:
+                found = torch.autograd.grad(weighted[part], head, retain_graph=True, allow_unused=True)
+                norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
+            self.grads[task].append([*norms, float(terms.bregman)])
+
+        def epoch(self, epoch, row, model, teacher) -> None:
+            if epoch == 0:
+                self.start.update({n: p.detach().clone() for n, p in model.named_parameters()})
+                self.log.append({"epoch": 0, "validation": scores(row)})
+                return
+            entry = {"epoch": epoch, "validation": scores(row), **self.distances(model, teacher)}
+            for t in TASKS:
+                mean = np.mean(self.grads[t], axis=0) if self.grads[t] else np.zeros(len(PARTS) + 1)
+                entry[f"head_gradient_{t}"] = dict(zip((*PARTS, "bregman_value"), np.round(mean, 5).tolist()))
+                self.grads[t].clear()
+            self.log.append(entry)
+
+        def distances(self, model, teacher) -> dict:
+            theirs, own = dict(teacher.module.named_parameters()), dict(model.named_parameters())
+            out = {}
+            for part in (*(f"heads.{t}" for t in TASKS), "encoder"):
+                names = [n for n in own if n.startswith(part)]
+                out[part] = {
+                    "teacher_distance": float(sum(((own[n] - theirs[n]) ** 2).sum() for n in names) ** 0.5),
+                    "moved": float(sum(((own[n] - self.start[n]) ** 2).sum() for n in names) ** 0.5),
+                }
+            return out
 
     def scores(row: dict) -> dict:
         keys = [k for t in TASKS for k in dict.fromkeys((SPECS[t].metric_key, SPECS[t].selection_key))]
         return {k: row[f"val_{k}"] for k in keys}
-
-    def before(loop):
-        start.update({n: p.detach().clone() for n, p in loop.model.named_parameters()})
-        row = before_of(loop)
-        log.append({"epoch": 0, "validation": scores(row)})
-        return row
-
-    def epoch(loop, number, step, say):
-        row, score = epoch_of(loop, number, step, say)
-        entry = {"epoch": number, "validation": scores(row), **distances(loop)}
-        for t in TASKS:
-            mean = np.mean(grads[t], axis=0) if grads[t] else np.zeros(len(PARTS) + 1)
-            entry[f"head_gradient_{t}"] = dict(zip((*PARTS, "bregman_value"), np.round(mean, 5).tolist()))
-            grads[t].clear()
-        log.append(entry)
-        return row, score
-
-    multitask._MultitaskEpochs.before = before
-    multitask._MultitaskEpochs.epoch = epoch
 
     horizon_beta = 1.0 - 1.0 / (0.1 * steps)
     variants = {
@@ -148,12 +122,12 @@ def main() -> None:
             settings = dataclasses.replace(
                 settings, head_warmup=dataclasses.replace(settings.head_warmup, epochs=0)
             )
-        log.clear()
-        result = common.validation_run(settings, params["checkpoint"], tables, features)
+        watch = Watch(settings.smart)
+        result = common.validation_run(settings, params["checkpoint"], tables, features, watch)
         results[name] = {
             "smart": dataclasses.asdict(settings.smart),
             "best_epoch": result.best_epoch,
-            "epochs": list(log),
+            "epochs": watch.log,
         }
     rows = []
     for name, r in results.items():

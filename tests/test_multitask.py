@@ -371,6 +371,47 @@ def test_non_finite_loss_names_step_task_and_examples(tokenized, tiny_params):
         )
 
 
+@pytest.mark.parametrize("config", ["baseline", "best"])  # best: SMART + PCGrad
+def test_an_observer_sees_every_task_objective_and_epoch_without_changing_the_run(
+    tokenized, tiny_params, config
+):
+    from minbert.train.multitask import train_multitask
+    from minbert.train.multitask_step import MultitaskObserver
+
+    settings = params_module.multitask_settings(tiny_params, config)
+    tables = _train_and_dev(tokenized)
+
+    class Watch(MultitaskObserver):
+        def __init__(self):
+            self.objectives, self.epochs = [], []
+
+        def objective(self, task, terms, model):
+            # Before the backward pass: every term still holds its graph.
+            assert terms.objective.requires_grad and terms.loss.requires_grad
+            expected = terms.loss
+            if settings.smart is not None:
+                smart = settings.smart
+                expected = terms.loss + smart.lambda_s * terms.adversarial + smart.mu * terms.bregman
+            self.objectives.append((task, float(terms.objective), float(expected)))
+
+        def epoch(self, epoch, row, model, teacher):
+            self.epochs.append((epoch, row["epoch"], teacher is not None))
+
+    def run(observer=None):
+        encoder = BertModel.from_pretrained(tiny_params["checkpoint"])
+        return train_multitask(settings, encoder, tables, torch.device("cpu"), observer=observer)
+
+    watch = Watch()
+    watched, plain = run(watch), run()
+    assert watch.epochs == [(e, e, settings.smart is not None) for e in range(settings.epochs + 1)]
+    seen = {t: sum(task == t for task, _, _ in watch.objectives) for t in MULTITASK_TASKS}
+    steps = watched.optimizer_steps
+    assert seen == dict.fromkeys(MULTITASK_TASKS, steps // (3 if settings.gradient == "round-robin" else 1))
+    assert all(got == pytest.approx(expected, rel=1e-6) for _, got, expected in watch.objectives)
+    # Watching changes nothing: the same history, to the last digit.
+    assert watched.history == plain.history
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["baseline", "best"])  # best: SMART's forward-mode ascent
 def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params, config):

@@ -22,8 +22,8 @@ from minbert.model.heads import SentimentClassifier
 from minbert.model.multitask import MultitaskBert, task_loss
 from minbert.settings import PROJECTIONS, SmartSettings
 from minbert.tasks import MULTITASK_TASKS, TASKS
-from minbert.train.multitask_step import LOSS_PARTS
 from minbert.train.smart import (
+    LOSS_PARTS,
     DropoutMasks,
     Smart,
     adversarial_perturbation,
@@ -64,10 +64,7 @@ def smart_parts(
     model: MultitaskBert, smart: Smart, task: str, batch: Batch, labels: torch.Tensor, start=None
 ) -> torch.Tensor:
     """LOSS_PARTS of one task's batch, as the training step computes them under SMART."""
-    embedded = model.embed(batch)
-    output, adversarial, control = smart.smoothness(model, task, batch, embedded, start)
-    loss = task_loss(task, output, labels)
-    return torch.stack([loss, adversarial, control, smart.bregman(task, batch, output)])
+    return smart(model, task, batch, model.embed(batch), labels, start).parts()
 
 
 def objective_parts(task: str, settings: SmartSettings, seed: int = 0) -> torch.Tensor:

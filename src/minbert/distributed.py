@@ -33,15 +33,14 @@ class World:
 
     # ------------------------------------------------------------------ data
 
-    def shard(self, batch_rows: int) -> np.ndarray:
-        """This rank's positions in a global batch of ``batch_rows`` rows: every
-        ``size``-th from ``rank`` (empty when the batch has fewer rows than ranks)."""
-        return np.arange(self.rank, batch_rows, self.size)
-
-    def loss_weight(self, local: int, total: int) -> float:
-        """``size * local / total``: the factor on this rank's mean loss over ``local`` of the
-        batch's ``total`` rows that makes the ranks' average the whole batch's mean."""
-        return self.size * local / total
+    def share(self, batch_rows: int) -> tuple[np.ndarray, float]:
+        """This rank's positions in a global batch of ``batch_rows`` rows (every ``size``-th
+        from ``rank``) and the factor on its mean loss that makes the ranks' average the
+        whole batch's mean (``size * local / total``). A rank left without rows of a small
+        last batch runs the first row with weight zero: every rank joins every collective."""
+        positions = np.arange(self.rank, batch_rows, self.size)
+        weight = self.size * len(positions) / batch_rows
+        return (positions if len(positions) else np.zeros(1, dtype=int)), weight
 
     # ------------------------------------------------------------ collectives
 

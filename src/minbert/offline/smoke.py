@@ -104,7 +104,8 @@ def _measure(work: Path, config: str, checkpoint: Path) -> dict:
     from minbert.pipeline.entry import read_settings
     from minbert.pipeline.multitask import load_tables
     from minbert.settings import MultitaskSettings
-    from minbert.train.multitask_step import LOSS_PARTS, MultitaskStep
+    from minbert.train.multitask_step import MultitaskStep
+    from minbert.train.smart import LOSS_PARTS
     from minbert.train.start import build_model, run_data
 
     resolved = read_settings(work / "data" / "settings" / "multitask" / f"{config}.json")

@@ -22,10 +22,11 @@ from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.loop import Epochs
-from minbert.train.multitask_step import LOSS_PARTS, MultitaskStep
+from minbert.train.multitask_step import MultitaskObserver, MultitaskStep
 from minbert.train.optim import build_scheduler
 from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
+from minbert.train.smart import LOSS_PARTS, EmaTeacher
 from minbert.train.start import RunData, start
 
 
@@ -78,20 +79,22 @@ def train_multitask(
     world: World = World(),
     score_dev: bool = True,
     features: ProbeFeatures | None = None,
+    observer: MultitaskObserver | None = None,
 ) -> MultitaskResult:
     """Train on the training rows outside each task's validation split, scoring the
     validation split and the history's slices before training and after every epoch, and
     the full dev tables before training (the start every result is compared with); keep
     the best epoch (0, the start, or later) by the validation selection score, score it
     on the full dev tables and predict the test tables. Without ``score_dev`` (a
-    learning-rate search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors.
+    learning-rate search) nothing of dev is scored. ``features``: the head warm-up's frozen vectors;
+    ``observer``: what a benchmark or test watches of the steps and epochs.
     Under several ranks a task's global batch is ``world.size * batch_size`` rows."""
     epochs = Epochs(resume, world)
     # Heads fitted before the optimizer and SMART's teacher copy them (not when resuming).
     model, data, warmup = start(
         settings, encoder, tables, device, world, compile_options, features, fit_heads=not epochs.resumed
     )
-    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup, features)
+    loop = _MultitaskEpochs(settings, model, data, device, world, score_dev, warmup, features, observer)
     if score_dev and not epochs.resumed:
         loop.start_dev, loop.start_predictions = loop.score(data.dev, vectors=loop.frozen(data.dev, "dev"))
     history, best_epoch = epochs.run(loop, settings.epochs, "multitask")
@@ -143,14 +146,16 @@ class _MultitaskEpochs:
         score_dev: bool,
         head_warmup: dict[str, dict],
         features: ProbeFeatures | None = None,
+        observer: MultitaskObserver | None = None,
     ):
         self.settings, self.model, self.data, self.device, self.world = settings, model, data, device, world
         self.score_dev, self.head_warmup, self.features = score_dev, head_warmup, features
+        self.observer = observer or MultitaskObserver()
         self.conflicts: list[dict] = []
         self.start_dev: dict = {}
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
-        self.train_step = MultitaskStep(settings, model, data.train, device, world)
+        self.train_step = MultitaskStep(settings, model, data.train, device, world, self.observer)
         self.scheduler = build_scheduler(
             settings.lr_schedule, self.train_step.optimizer, gamma=settings.lr_gamma
         )
@@ -199,7 +204,9 @@ class _MultitaskEpochs:
     def before(self):
         # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
         val_scores, dev_scores, train_scores = self._slices(at_start=True)
-        return history_row(0, None, {}, val_scores, dev_scores, train_scores), val_scores[SELECTION]
+        row = history_row(0, None, {}, val_scores, dev_scores, train_scores)
+        self.observer.epoch(0, row, self.model, self.teacher)
+        return row, val_scores[SELECTION]
 
     def epoch(self, epoch, step, log):
         self.model.train()
@@ -234,7 +241,13 @@ class _MultitaskEpochs:
         val_scores, dev_scores, train_scores = self._slices()
         titles = (*(TASKS[t].selection_key for t in MULTITASK_TASKS), SELECTION)
         log(f"epoch {epoch}: validation " + ", ".join(f"{k} {val_scores[k]:.3f}" for k in titles))
-        return history_row(epoch, lr, losses, val_scores, dev_scores, train_scores), val_scores[SELECTION]
+        row = history_row(epoch, lr, losses, val_scores, dev_scores, train_scores)
+        self.observer.epoch(epoch, row, self.model, self.teacher)
+        return row, val_scores[SELECTION]
+
+    @property
+    def teacher(self) -> EmaTeacher | None:
+        return None if self.train_step.smart is None else self.train_step.smart.teacher
 
     def state(self) -> dict:
         # Collective: every rank's generators, each rank resumes from its own.

@@ -7,7 +7,6 @@ import contextlib
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from minbert.data.multitask import TaskData
@@ -19,13 +18,20 @@ from minbert.tasks import MULTITASK_TASKS
 from minbert.train.loop import NonFiniteGuard
 from minbert.train.optim import build_optimizer
 from minbert.train.pcgrad import PCGrad
-from minbert.train.smart import Smart
+from minbert.train.smart import LOSS_PARTS, EmaTeacher, Smart, TaskObjective
 
-# What each step logs per task: the task's own loss, then SMART's terms unweighted (zero
-# without SMART): the smoothness term as trained, its control (the same divergence with no
-# perturbation: what of the term is not the perturbation's doing; not trained) and the
-# Bregman term.
-LOSS_PARTS = ("loss", "adversarial", "adversarial_control", "bregman")
+
+class MultitaskObserver:
+    """What a benchmark or test may watch in a multitask run (as a ``TrainerCallback`` does);
+    every method here does nothing. ``objective``: each task's terms in each step, before the
+    backward pass (their graphs still held); ``epoch``: after each epoch is scored (0: the
+    start), with the model and SMART's teacher (None without SMART)."""
+
+    def objective(self, task: str, terms: TaskObjective, model: MultitaskBert) -> None:
+        pass
+
+    def epoch(self, epoch: int, row: dict, model: MultitaskBert, teacher: EmaTeacher | None) -> None:
+        pass
 
 
 class MultitaskStep:
@@ -41,8 +47,10 @@ class MultitaskStep:
         train: dict[str, TaskData],
         device: torch.device,
         world: World = World(),
+        observer: MultitaskObserver | None = None,
     ):
         self.settings, self.model, self.train, self.device, self.world = settings, model, train, device, world
+        self.observer = observer or MultitaskObserver()
         self.net = model
         if world.distributed:
             self.net = DistributedDataParallel(
@@ -88,48 +96,20 @@ class MultitaskStep:
         step). Returns the (task, LOSS_PARTS) global means (zeros for untrained tasks) and
         PCGrad's Gram matrix, both on the device; a non-finite loss raises
         ``NonFiniteLoss`` (on a GPU one step late, or at :meth:`flush`)."""
-        model, net, smart, device, world = self.model, self.net, self.smart, self.device, self.world
         objectives, rows_used = [], {}
-        local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=device)
+        local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         with self.no_sync():
+            # 1. Each task's loss, plus SMART's smoothness and Bregman terms.
             for k, task in enumerate(MULTITASK_TASKS):
-                if task not in rows_by_task:
-                    continue
-                # This rank's share of the task's global batch. A rank left without rows of
-                # a small last batch runs one row with weight zero: every rank joins every
-                # collective.
-                data, rows = self.train[task], rows_by_task[task]
-                positions = world.shard(len(rows))
-                weight = world.loss_weight(len(positions), len(rows))
-                if not len(positions):
-                    positions = np.zeros(1, dtype=int)
-                batch = data.batch(rows[positions], self.pad_multiple).to(device)
-                labels = to_device(data.labels(batch.rows), device)
-
-                # 1. The task's loss, plus SMART's smoothness and Bregman terms.
-                start = None if smart is None else smart.start(data, rows, positions, batch)
-                with compute_context(device):
-                    embedded = model.embed(batch)
-                if smart is None:
-                    with compute_context(device):
-                        output = net(task, batch, embedded)
-                    loss = objective = task_loss(task, output, labels)
-                    adversarial = control = bregman = torch.zeros((), device=device)
-                else:
-                    output, adversarial, control = smart.smoothness(net, task, batch, embedded, start)
-                    # The loss before the Bregman term: the order autograd sums their gradients in.
-                    loss = task_loss(task, output, labels)
-                    bregman = smart.bregman(task, batch, output)
-                    objective = loss + smart.settings.lambda_s * adversarial + smart.settings.mu * bregman
-                objectives.append(weight * objective)
-                local[k] = weight * torch.stack([loss, adversarial, control, bregman]).detach()
-                rows_used[task] = batch.rows
+                if task in rows_by_task:
+                    terms, weight, rows_used[task] = self.task_objective(task, rows_by_task[task])
+                    self.observer.objective(task, terms, self.model)
+                    objectives.append(weight * terms.objective)
+                    local[k] = weight * terms.parts()
 
             # 2. The global batch's mean of each part, for the log and the non-finite check.
             step_losses = local.clone()
-            if world.distributed:
-                dist.all_reduce(step_losses)
-                step_losses /= world.size
+            self.world.all_reduce_mean_([step_losses])
             self.guard.push(step_losses, (epoch, step, rows_used), local)
 
             # 3. Backward: the sum of the tasks' objectives (one task in a round-robin
@@ -143,11 +123,29 @@ class MultitaskStep:
 
         # 4. Clipping, 5. the optimizer step, 6. SMART's teacher follows the student.
         if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.settings.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
-        if smart is not None:
-            smart.teacher.update(model)
+        if self.smart is not None:
+            self.smart.teacher.update(self.model)
         return step_losses, gram
+
+    def task_objective(self, task: str, rows: np.ndarray) -> tuple[TaskObjective, float, np.ndarray]:
+        """This rank's share of ``task``'s global batch ``rows``: its objective (SMART's terms
+        added), the weight that makes the ranks' mean the whole batch's, and its rows."""
+        data, smart, device = self.train[task], self.smart, self.device
+        positions, weight = self.world.share(len(rows))
+        batch = data.batch(rows[positions], self.pad_multiple).to(device)
+        labels = to_device(data.labels(batch.rows), device)
+        with compute_context(device):
+            embedded = self.model.embed(batch)
+        if smart is None:
+            with compute_context(device):
+                output = self.net(task, batch, embedded)
+            terms = TaskObjective.without_smart(task_loss(task, output, labels))
+        else:  # the ascent starts from noise drawn for the whole global batch
+            start = smart.start(data, rows, positions, batch)
+            terms = smart(self.net, task, batch, embedded, labels, start)
+        return terms, weight, batch.rows
 
     def flush(self) -> None:
         """Check the last step's losses (at the end of an epoch)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -20,6 +21,7 @@ from torch import nn
 from minbert.data.multitask import Batch, TaskData
 from minbert.device import at_least_float32, compute_context
 from minbert.model.dropout import tiled
+from minbert.model.multitask import task_loss
 from minbert.settings import SmartSettings
 from minbert.tasks import HEAD_OUTPUTS, TASKS
 
@@ -27,11 +29,37 @@ from minbert.tasks import HEAD_OUTPUTS, TASKS
 Kind = Literal["multiclass", "binary", "regression"]
 KINDS: tuple[str, ...] = tuple(HEAD_OUTPUTS)
 
+# What a step logs per task: the task's own loss, then SMART's terms unweighted (zero
+# without SMART): the smoothness term as trained, its control (the same divergence with no
+# perturbation: what of the term is not the perturbation's doing; not trained) and the
+# Bregman term.
+LOSS_PARTS = ("loss", "adversarial", "adversarial_control", "bregman")
+
+
+@dataclass(frozen=True)
+class TaskObjective:
+    """One task's objective on one batch, and its parts (``LOSS_PARTS``), in the graph."""
+
+    objective: torch.Tensor  # what the step trains on
+    loss: torch.Tensor
+    adversarial: torch.Tensor
+    adversarial_control: torch.Tensor
+    bregman: torch.Tensor
+
+    @classmethod
+    def without_smart(cls, loss: torch.Tensor) -> TaskObjective:
+        zero = torch.zeros((), device=loss.device)
+        return cls(loss, loss, zero, zero, zero)
+
+    def parts(self) -> torch.Tensor:
+        """The parts in ``LOSS_PARTS``'s order, detached."""
+        return torch.stack([getattr(self, part) for part in LOSS_PARTS]).detach()
+
 
 class Smart:
-    """SMART for one multitask run. Per task and step the training step calls
-    :meth:`start` (the ascent's random start), :meth:`smoothness` (the clean output, R_s
-    and its control) and :meth:`bregman`; after the optimizer step, ``teacher.update``."""
+    """SMART for one multitask run. Per task and step the training step calls the object
+    (the task's objective with R_s and D_breg) on the ascent's random start
+    (:meth:`start`); after the optimizer step, ``teacher.update``."""
 
     def __init__(
         self, settings: SmartSettings, model: nn.Module, device: torch.device, seed: int, multiple: int
@@ -45,6 +73,24 @@ class Smart:
         self.generator = torch.Generator(device).manual_seed(seed)
         self.hidden = model.encoder.config.hidden_size
         self.masks: DropoutMasks | None = None  # this step's, taken after the embedding layer
+
+    def __call__(
+        self,
+        net: nn.Module,
+        task: str,
+        batch: Batch,
+        embedded: torch.Tensor,
+        labels: torch.Tensor,
+        start: torch.Tensor | None,
+    ) -> TaskObjective:
+        """The task's loss + lambda_s R_s + mu D_breg on ``batch`` (``embedded``: its embedding
+        layer's output, this step's; ``net``: the model or its DDP wrapper)."""
+        output, adversarial, control = self.smoothness(net, task, batch, embedded, start)
+        # The loss before the Bregman term: the order autograd sums their gradients in.
+        loss = task_loss(task, output, labels)
+        bregman = self.bregman(task, batch, output)
+        objective = loss + self.settings.lambda_s * adversarial + self.settings.mu * bregman
+        return TaskObjective(objective, loss, adversarial, control, bregman)
 
     def start(self, data: TaskData, rows: np.ndarray, positions: np.ndarray, batch: Batch) -> torch.Tensor:
         """N(0, noise_std^2) noise for the whole global batch ``rows`` (its rows, its padded
