@@ -38,6 +38,7 @@ def main() -> None:
     common.setup(args, repeats=1, warmup=0)
 
     from minbert.device import pin_cpu_kernels
+    from minbert.results import EpochScores
     from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
@@ -58,7 +59,9 @@ def main() -> None:
                 common.console.print(f"[bold]{config}: {rows} rows x {epochs} epochs[/]")
                 began = time.perf_counter()
                 result = common.validation_run(settings, params["checkpoint"], tables, features)
-                history = [{k: row[k] for k in ("epoch", *keys)} for row in result.history]
+                history = [
+                    {k: row[k] for k in ("epoch", *keys)} for row in map(EpochScores.row, result.history)
+                ]
                 runs.append(
                     {
                         "config": config,

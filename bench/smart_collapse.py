@@ -75,12 +75,15 @@ def main() -> None:
                 norms.append(float(torch.sqrt(sum((g.float() ** 2).sum() for g in found if g is not None))))
             self.grads[task].append([*norms, float(terms.bregman)])
 
-        def epoch(self, epoch, row, model, teacher) -> None:
-            if epoch == 0:
+        def epoch(self, scores, model, teacher) -> None:
+            validation = {
+                k: scores.validation[k] for t in TASKS for k in (SPECS[t].metric_key, SPECS[t].selection_key)
+            }
+            if scores.epoch == 0:
                 self.start.update({n: p.detach().clone() for n, p in model.named_parameters()})
-                self.log.append({"epoch": 0, "validation": scores(row)})
+                self.log.append({"epoch": 0, "validation": validation})
                 return
-            entry = {"epoch": epoch, "validation": scores(row), **self.distances(model, teacher)}
+            entry = {"epoch": scores.epoch, "validation": validation, **self.distances(model, teacher)}
             for t in TASKS:
                 mean = np.mean(self.grads[t], axis=0) if self.grads[t] else np.zeros(len(PARTS) + 1)
                 entry[f"head_gradient_{t}"] = dict(zip((*PARTS, "bregman_value"), np.round(mean, 5).tolist()))
@@ -97,10 +100,6 @@ def main() -> None:
                     "moved": float(sum(((own[n] - self.start[n]) ** 2).sum() for n in names) ** 0.5),
                 }
             return out
-
-    def scores(row: dict) -> dict:
-        keys = [k for t in TASKS for k in dict.fromkeys((SPECS[t].metric_key, SPECS[t].selection_key))]
-        return {k: row[f"val_{k}"] for k in keys}
 
     horizon_beta = 1.0 - 1.0 / (0.1 * steps)
     variants = {

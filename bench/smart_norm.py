@@ -28,6 +28,7 @@ def main() -> None:
     common.setup(args, repeats=1, warmup=0)
 
     from minbert.device import pin_cpu_kernels
+    from minbert.results import EpochScores
     from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
@@ -46,7 +47,7 @@ def main() -> None:
         common.console.print(f"[bold]token_norm {norm:g}[/]")
         settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
         result = common.validation_run(settings, params["checkpoint"], tables, features)
-        history = [{k: row[k] for k in ("epoch", *keys)} for row in result.history]
+        history = [{k: row[k] for k in ("epoch", *keys)} for row in map(EpochScores.row, result.history)]
         start, best = history[0]["val_selection"], history[result.best_epoch]["val_selection"]
         results[f"{norm:g}"] = {
             "token_norm": norm,

@@ -78,7 +78,7 @@ def run(
     finally:
         EmaTeacher.update = original
     return {
-        "history": result.history,
+        "history": [epoch.row() for epoch in result.history],
         "conflicts": result.conflicts,
         "encoder": encoder.state_dict(),
         "teacher_sums": teacher_sums,

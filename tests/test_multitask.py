@@ -26,7 +26,7 @@ from minbert.pipeline.params import resolve_multitask
 from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.settings import PAIR_HEADS
-from minbert.tasks import MULTITASK_TASKS
+from minbert.tasks import MULTITASK_TASKS, SELECTION
 
 
 def run_stage(params: dict, config: str, tokenized: Path, manifest: Path, *args, **kwargs) -> dict:
@@ -394,8 +394,8 @@ def test_an_observer_sees_every_task_objective_and_epoch_without_changing_the_ru
                 expected = terms.loss + smart.lambda_s * terms.adversarial + smart.mu * terms.bregman
             self.objectives.append((task, float(terms.objective), float(expected)))
 
-        def epoch(self, epoch, row, model, teacher):
-            self.epochs.append((epoch, row["epoch"], teacher is not None))
+        def epoch(self, scores, model, teacher):
+            self.epochs.append((scores.epoch, scores.validation[SELECTION] is not None, teacher is not None))
 
     def run(observer=None):
         encoder = BertModel.from_pretrained(tiny_params["checkpoint"])
@@ -403,7 +403,7 @@ def test_an_observer_sees_every_task_objective_and_epoch_without_changing_the_ru
 
     watch = Watch()
     watched, plain = run(watch), run()
-    assert watch.epochs == [(e, e, settings.smart is not None) for e in range(settings.epochs + 1)]
+    assert watch.epochs == [(e, True, settings.smart is not None) for e in range(settings.epochs + 1)]
     seen = {t: sum(task == t for task, _, _ in watch.objectives) for t in MULTITASK_TASKS}
     steps = watched.optimizer_steps
     assert seen == dict.fromkeys(MULTITASK_TASKS, steps // (3 if settings.gradient == "round-robin" else 1))
@@ -438,8 +438,8 @@ def test_compile_option_compiles_layers_and_keeps_results(tokenized, tiny_params
     )
     assert all(layer._compiled_call_impl is not None for layer in encoder.encoder.layer)
     assert np.allclose(
-        pd.DataFrame(compiled.history).astype(float).values,
-        pd.DataFrame(plain.history).astype(float).values,
+        pd.DataFrame([e.row() for e in compiled.history]).astype(float).values,
+        pd.DataFrame([e.row() for e in plain.history]).astype(float).values,
         atol=1e-3,
         equal_nan=True,
     )

@@ -1,19 +1,60 @@
 """A run's results on disk: ``<name>.json``, the metrics file DVC shows (only the numbers a
 user compares, under short keys, so a run fits one row of a 120-column table), and
 ``<name>-run.json``, its record (how the numbers were produced and what else was measured;
-the report and the model card read it). ``read_result`` joins the two."""
+the report and the model card read it). ``read_result`` joins the two. A multitask run's
+history, an ``EpochScores`` per epoch, is written as ``<name>-history.csv``, whose columns
+``history_column`` names for every writer and reader."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from minbert.atomic import atomic_write_text
+from minbert.tasks import MULTITASK_TASKS
 
 RECORD_SUFFIX = "-run.json"
 # The keys of the metrics files besides the task names (the multitask scores) and
 # ``minbert.tasks.AVERAGE``.
 EPOCH, STEPS, ACCURACY = "epoch", "steps", "accuracy"
+
+
+def history_column(split: str, key: str) -> str:
+    """A history file's column: what ``split`` scored (``val``, the validation split;
+    ``dev`` and ``train``, the fixed slices) under ``key`` (a metric, selection or loss key of
+    ``minbert.tasks``), or a training loss part of a task (``train_adversarial_sts``)."""
+    return f"{split}_{key}"
+
+
+def loss_part_column(part: str, task: str) -> str:
+    """The column of the epoch's mean training ``part`` (``minbert.train.smart.LOSS_PARTS``) of
+    ``task``: ``train_loss_sst`` is the task's own loss."""
+    return history_column("train", f"{part}_{task}")
+
+
+@dataclass(frozen=True)
+class EpochScores:
+    """One epoch of a multitask run's history (0: the start): its learning rate and mean training
+    losses (none at epoch 0), then the scores of the validation split, the dev slice (none
+    when dev is not scored) and the training slice, each by ``minbert.tasks`` keys."""
+
+    epoch: int
+    lr: float | None
+    losses: dict[str, dict[str, float]]  # part (LOSS_PARTS) -> task -> the epoch's mean
+    validation: dict[str, float]
+    dev: dict[str, float]
+    train: dict[str, float]
+
+    def row(self) -> dict:
+        """The history file's line (columns: ``minbert.results.history_column``)."""
+        row = {"epoch": self.epoch, "lr": self.lr}
+        row |= {
+            loss_part_column(part, t): self.losses[part][t] for t in MULTITASK_TASKS for part in self.losses
+        }
+        row |= {history_column("val", k): v for k, v in self.validation.items()}
+        row |= {history_column("dev", k): v for k, v in self.dev.items()}
+        return row | {history_column("train", k): v for k, v in self.train.items()}
 
 
 def metrics_file(directory: Path, name: str) -> Path:

@@ -57,6 +57,25 @@ MLM_SOURCES: tuple[str, ...] = tuple(TASKS)
 
 
 @dataclass(frozen=True)
+class RunContext:
+    """What every stage that runs a model starts from, as its resolved settings file says
+    (``minbert.pipeline.params``): the run's name (a multitask configuration, a sentiment
+    run, an MLM start; empty for a stage of one run), the checkpoint's name, the device
+    asked for (a name of ``DEVICES``) and the scale."""
+
+    name: str
+    checkpoint: str
+    device: str
+    scale: str
+
+    @classmethod
+    def of(cls, resolved: dict, name_key: str | None = None) -> RunContext:
+        """From a resolved settings file's content; ``name_key``: the key naming the run."""
+        name = "" if name_key is None else resolved[name_key]
+        return cls(name, resolved["checkpoint"], resolved["device"], resolved["scale"])
+
+
+@dataclass(frozen=True)
 class SmartSettings:
     """SMART's hyperparameters (``minbert.train.smart``). Defaults are the paper's where it
     gives them (its Section 5: epsilon = sigma = 1e-5, eta = 1e-3, one ascent step, mu = 1,

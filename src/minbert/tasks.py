@@ -92,6 +92,11 @@ class TaskSpec:
         return "mcc" if self.label_kind == "class" else "pearson"
 
     @property
+    def loss_key(self) -> str:
+        """The loss's name in scores and history columns: ``loss_sst``."""
+        return f"loss_{self.name}"
+
+    @property
     def selection_key(self) -> str:
         """The selection metric's name in history columns and records: ``quora_mcc``."""
         return f"{self.name}_{self.selection_metric}"

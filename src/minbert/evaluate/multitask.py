@@ -45,7 +45,7 @@ def evaluate_multitask(
         preds[task] = predictions(task, output)
         if d.table.labels is not None:
             labels = d.labels(np.arange(len(d)))
-            metrics[f"loss_{task}"] = task_loss(task, output, labels).item()
+            metrics[TASKS[task].loss_key] = task_loss(task, output, labels).item()
             metrics[TASKS[task].metric_key] = score(task, labels.numpy(), preds[task])
             metrics[TASKS[task].selection_key] = selection_score(task, labels.numpy(), preds[task])
     if all(TASKS[t].metric_key in metrics for t in MULTITASK_TASKS):

@@ -103,14 +103,14 @@ def _measure(work: Path, config: str, checkpoint: Path) -> dict:
     from minbert.model.bert import BertModel
     from minbert.pipeline.entry import read_settings
     from minbert.pipeline.multitask import load_tables
-    from minbert.settings import MultitaskSettings
+    from minbert.settings import MultitaskSettings, RunContext
     from minbert.train.multitask_step import MultitaskStep
     from minbert.train.smart import LOSS_PARTS
     from minbert.train.start import build_model, run_data
 
     resolved = read_settings(work / "data" / "settings" / "multitask" / f"{config}.json")
     settings = MultitaskSettings.from_dict(resolved["settings"])
-    device = choose_device(resolved["device"])
+    device = choose_device(RunContext.of(resolved, "config").device)
 
     def sync() -> None:
         if device.type == "cuda":

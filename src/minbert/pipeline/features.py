@@ -17,6 +17,7 @@ from minbert.model.bert import BertModel
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.progress import console
+from minbert.settings import RunContext
 from minbert.tasks import TASKS
 from minbert.train.head_warmup import FEATURE_SPLITS, ProbeFeatures, feature_file, frozen_vectors
 
@@ -26,7 +27,7 @@ def run(resolved: dict, tokenized: Path, out: Path) -> dict:
     every task the warm-up fits and ``index.json`` (checkpoint, pooling, each file's row
     ids) under ``out``; no task (no warm-up at this scale): the index alone."""
     files = {}
-    with started(resolved, "features") as stage, atomic_directory(Path(out)) as directory:
+    with started(RunContext.of(resolved), "features") as stage, atomic_directory(Path(out)) as directory:
         encoder = BertModel.from_pretrained(stage.checkpoint_dir).to(stage.device)
         for task, split in ((t, s) for t in resolved["tasks"] for s in FEATURE_SPLITS):
             table = TokenizedTable.read(Path(tokenized) / f"{task}-{split}.parquet")

@@ -15,7 +15,7 @@ from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.results import ACCURACY, STEPS, write_result
-from minbert.settings import MlmSettings
+from minbert.settings import MlmSettings, RunContext
 from minbert.train.mlm import build_model, train_mlm
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
@@ -32,8 +32,9 @@ def run(
     file and record (``minbert.results``, under ``metrics``). Training state is saved to
     ``resume_dir`` after every epoch; a rerun after an interruption resumes."""
     tokenized_dir, out_dir, metrics_dir = map(Path, (tokenized, models, metrics))
-    start, settings = resolved["start"], MlmSettings.from_dict(resolved["settings"])
-    with started(resolved, "mlm") as stage:
+    context, settings = RunContext.of(resolved, "start"), MlmSettings.from_dict(resolved["settings"])
+    start = context.name
+    with started(context, "mlm") as stage:
         checkpoint_dir = stage.checkpoint_dir
         vocab = Vocabulary.read(checkpoint_dir / "vocab.txt")
         corpus = build_corpus(
@@ -67,7 +68,7 @@ def run(
         "after": {k: v for k, v in result.after.items() if k != "masked_accuracy"},
         "corpus": result.corpus,
         "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
-        "scale": resolved["scale"],
+        "scale": context.scale,
         "seed": settings.seed,
         "device": stage.device_name,
     }

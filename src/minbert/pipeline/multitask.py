@@ -19,12 +19,12 @@ from minbert.model.multitask import save_multitask
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
-from minbert.pipeline.stage import started
+from minbert.pipeline.stage import Started, started
 from minbert.results import EPOCH, STEPS, write_result
-from minbert.settings import MultitaskSettings
+from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, SPLITS, TASKS
 from minbert.train.head_warmup import ProbeFeatures
-from minbert.train.multitask import CONFLICT_COLUMNS, MultitaskResult, train_multitask
+from minbert.train.multitask import CONFLICT_COLUMNS, LOSS_KEYS, MultitaskResult, train_multitask
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 # The model directory's record of the training and validation rows' ids, per task.
@@ -58,15 +58,15 @@ def run(
     ``checkpoint`` (an ``mlm@<start>`` output) training starts from it and the outputs are
     named ``<start>-<config>``. ``features``: the head warm-up's vectors. The training
     state is saved to ``resume_dir`` after every epoch; a rerun continues from it."""
-    config = resolved["config"]
+    context = RunContext.of(resolved, "config")
     start = None if checkpoint is None else Path(checkpoint).name
-    name = config if start is None else f"{start}-{config}"
+    name = context.name if start is None else f"{start}-{context.name}"
     with started(
-        resolved,
+        context,
         "multitask",
         data_parallel=True,
         checkpoint_dir=checkpoint,
-        checkpoint_name=None if start is None else f"{resolved['checkpoint']} + MLM {start}",
+        checkpoint_name=None if start is None else f"{context.checkpoint} + MLM {start}",
     ) as stage:
         settings = MultitaskSettings.from_dict(resolved["settings"])
         tables = load_tables(Path(tokenized))
@@ -83,11 +83,12 @@ def run(
         result = train_multitask(
             settings, encoder, tables, stage.device, resume=resume, world=stage.world, features=probe
         )
-        numbers, record = _results(resolved, settings, result, stage, manifest, checkpoint, tables)
+        numbers, record = _results(context, settings, result, stage, manifest, checkpoint)
         if stage.world.is_main:
             _write(
                 name,
-                resolved,
+                context,
+                resolved["max_length"],
                 settings,
                 result,
                 numbers,
@@ -103,7 +104,12 @@ def run(
 
 
 def _results(
-    resolved, settings, result: MultitaskResult, stage, manifest, mlm_dir, tables
+    context: RunContext,
+    settings: MultitaskSettings,
+    result: MultitaskResult,
+    stage: Started,
+    manifest: dict,
+    mlm_dir: Path | None,
 ) -> tuple[dict, dict]:
     """The metrics file's numbers (the best epoch on the full dev sets) and the record."""
     numbers = {
@@ -113,7 +119,7 @@ def _results(
         STEPS: result.optimizer_steps,
     }
     record = {
-        "config": resolved["config"],
+        "config": context.name,
         "epochs": settings.epochs,
         "selection": (
             "the epoch (0, the start, or later) with the best mean of "
@@ -129,7 +135,7 @@ def _results(
         },
         # The model fine-tuning started from (epoch 0: fitted heads, untouched encoder) on
         # dev, each task's metric and chance-corrected score, and their means.
-        "start_dev": {k: fixed(v) for k, v in result.start_dev.items() if not k.startswith("loss_")},
+        "start_dev": {k: fixed(v) for k, v in result.start_dev.items() if k not in LOSS_KEYS},
         "examples_seen": result.examples_seen,
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,
@@ -151,25 +157,22 @@ def _results(
         "pretraining": None
         if mlm_dir is None
         else {"start": Path(mlm_dir).name, "directory": Path(mlm_dir).as_posix()},
-        "scale": resolved["scale"],
+        "scale": context.scale,
         "seed": settings.seed,
         "device": stage.device_name,
     }
     if settings.smart is not None:
         # The last epoch's mean smoothness term as trained, and the same term with no
         # perturbation (the control: what remains is not the perturbation's doing).
-        last = result.history[-1]
-        record["smart"] = {
-            part: {t: last[f"train_{part}_{t}"] for t in MULTITASK_TASKS}
-            for part in ("adversarial", "adversarial_control")
-        }
+        last = result.history[-1].losses
+        record["smart"] = {part: last[part] for part in ("adversarial", "adversarial_control")}
     if result.conflicts:
         conflicts = pd.DataFrame(result.conflicts)
         record["pcgrad_conflict_fraction"] = fixed(conflicts.conflicts.sum() / conflicts.pairs.sum())
     return numbers, record
 
 
-def _write(name, resolved, settings, result, numbers, record, tables, stage, metrics_dir,
+def _write(name, context, max_length, settings, result, numbers, record, tables, stage, metrics_dir,
            predictions_dir, models_dir) -> None:  # fmt: skip
     """Every output of rank 0."""
     for task in MULTITASK_TASKS:
@@ -184,13 +187,13 @@ def _write(name, resolved, settings, result, numbers, record, tables, stage, met
     if models_dir is not None:
         info = {
             "config": name,
-            "max_length": resolved["max_length"],
+            "max_length": max_length,
             "eval_batch_size": settings.eval_batch_size,
             "best_epoch": result.best_epoch,
             "dev": {k: numbers[k] for k in (*MULTITASK_TASKS, AVERAGE)},
             "dev_examples": record["dev_examples"],
             "checkpoint": stage.checkpoint,
-            "scale": resolved["scale"],
+            "scale": context.scale,
             "seed": settings.seed,
         }
         card = model_card(
@@ -202,7 +205,7 @@ def _write(name, resolved, settings, result, numbers, record, tables, stage, met
             # Which rows the model learned from, so that scoring it on them can be caught.
             ids = json.dumps({"tasks": result.training_ids}, sort_keys=True).encode("utf-8")
             (directory / TRAINING_IDS).write_bytes(gzip.compress(ids, mtime=0))
-    outputs.write_history(metrics_dir / f"{name}-history.csv", result.history)
+    outputs.write_history(metrics_dir / f"{name}-history.csv", [epoch.row() for epoch in result.history])
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
     write_result(metrics_dir, name, numbers, record)
 

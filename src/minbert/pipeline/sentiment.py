@@ -12,7 +12,7 @@ from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.results import ACCURACY, EPOCH, STEPS, write_result
-from minbert.settings import SentimentSettings
+from minbert.settings import RunContext, SentimentSettings
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 from minbert.train.sentiment import train_sentiment
 
@@ -28,8 +28,9 @@ def run(
     record, history and predictions; the training state is saved to ``resume_dir`` after
     every epoch, and a rerun continues from it."""
     tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized, metrics, predictions))
-    run, settings = resolved["run"], SentimentSettings.from_dict(resolved["settings"])
-    with started(resolved, "sentiment") as stage:
+    context, settings = RunContext.of(resolved, "run"), SentimentSettings.from_dict(resolved["settings"])
+    run = context.name
+    with started(context, "sentiment") as stage:
         tables = {
             split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
             for split in ("train", "dev", "test")
@@ -72,7 +73,7 @@ def run(
         "dev_examples": len(tables["dev"]),
         "data_split": f"course {settings.task} train / dev",
         "checkpoint": stage.checkpoint,
-        "scale": resolved["scale"],
+        "scale": context.scale,
         "seed": settings.seed,
         "device": stage.device_name,
     }

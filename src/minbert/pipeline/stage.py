@@ -15,6 +15,7 @@ from minbert import distributed
 from minbert.device import choose_device, describe, pin_cpu_kernels
 from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.progress import console
+from minbert.settings import RunContext
 from minbert.train.resume import ResumePoint, fingerprint
 
 
@@ -49,33 +50,32 @@ class Started:
 
 @contextlib.contextmanager
 def started(
-    resolved: dict,
+    context: RunContext,
     stage: str,
     data_parallel: bool = False,
     checkpoint_dir: Path | None = None,
     checkpoint_name: str | None = None,
 ) -> Iterator[Started]:
-    """The preamble of a stage that runs a model (``resolved``: its settings file), left
+    """The preamble of a stage that runs a model (``context``: from its settings file), left
     with the process group closed. ``checkpoint_dir`` and ``checkpoint_name`` replace
     the configured checkpoint (a fine-tuning stage started from an MLM stage's output)."""
     if not data_parallel:
         distributed.require_single_process(stage)
     pin_cpu_kernels()  # before the first tensor operation
     if data_parallel:
-        world, device = distributed.start(resolved["device"])
+        world, device = distributed.start(context.device)
     else:
-        world, device = distributed.World(), choose_device(resolved["device"])
+        world, device = distributed.World(), choose_device(context.device)
     try:
-        directory = Path(checkpoint_dir) if checkpoint_dir else resolve_checkpoint(resolved["checkpoint"])
+        directory = Path(checkpoint_dir) if checkpoint_dir else resolve_checkpoint(context.checkpoint)
         begun = Started(
             world,
             device,
             directory,
-            describe_checkpoint(checkpoint_name or resolved["checkpoint"], directory),
+            describe_checkpoint(checkpoint_name or context.checkpoint, directory),
         )
         if world.is_main:  # a line from the first second, before any long step
-            name = resolved.get("config") or resolved.get("run") or resolved.get("start") or ""
-            console.log(f"{stage} {name}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
+            console.log(f"{stage} {context.name}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
         yield begun
     finally:
         distributed.stop(world)

@@ -18,7 +18,7 @@ from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.results import write_result
-from minbert.settings import MultitaskSettings
+from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.start import start
@@ -38,7 +38,8 @@ def run(
     head warm-up's vectors, which SST's probe is fitted on."""
     tokenized_dir, predictions_dir, metrics_file = map(Path, (tokenized, predictions, metrics))
     probe_settings = MultitaskSettings.from_dict(resolved["sst_probe"])
-    with started(resolved, "zero-shot") as stage:
+    context = RunContext.of(resolved)
+    with started(context, "zero-shot") as stage:
         tables = {
             (t, s): TokenizedTable.read(tokenized_dir / f"{t}-{s}.parquet")
             for t in MULTITASK_TASKS
@@ -86,7 +87,7 @@ def run(
         "pooling": resolved["pooling"],
         "data_split": outputs.data_split(json.loads(Path(manifest).read_text(encoding="utf-8"))),
         "checkpoint": stage.checkpoint,
-        "scale": resolved["scale"],
+        "scale": context.scale,
         "seed": resolved["seed"],
         "device": stage.device_name,
     }

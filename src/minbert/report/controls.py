@@ -24,7 +24,7 @@ from minbert.report.cells import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.notes import training_budget
-from minbert.results import ACCURACY, EPOCH
+from minbert.results import ACCURACY, EPOCH, history_column
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 
@@ -57,7 +57,7 @@ def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
     its chosen epoch, from its history: where a head lost what it had."""
     path = None if multitask_dir is None else Path(multitask_dir) / f"{run['config']}-history.csv"
-    column = f"val_{TASKS[task].metric_key}"
+    column = history_column("val", TASKS[task].metric_key)
     if path is None or not path.is_file():
         return ""
     history = pd.read_csv(path).set_index("epoch")

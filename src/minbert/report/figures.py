@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.tasks import MULTITASK_TASKS, TASKS
+from minbert.results import history_column
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 FIGURE_KINDS = ("loss", "average", "conflicts", "every-average")
 # Phrases the captions share.
@@ -57,12 +58,12 @@ def _epochs_axis(ax, ylabel: str | None) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
 
 
-def _train_and_dev(ax, history: pd.DataFrame, column: str, colour: str, label: str) -> None:
-    """A configuration's ``train_<column>`` (solid) and ``dev_<column>`` (dashed) per epoch."""
+def _train_and_dev(ax, history: pd.DataFrame, key: str, colour: str, label: str) -> None:
+    """A configuration's ``key`` on the training slice (solid) and the dev slice (dashed) per epoch."""
     for split, style in (("train", "-"), ("dev", "--")):
         ax.plot(
             history.epoch,
-            history[f"{split}_{column}"],
+            history[history_column(split, key)],
             color=colour,
             marker="o",
             linestyle=style,
@@ -77,10 +78,10 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
     for entry, colour in zip(spec["configs"], colours):
         history = _read_csv(
             multitask_dir / f"{entry['config']}-history.csv",
-            ["epoch"] + [f"{k}_loss_{t}" for t in tasks for k in ("train", "dev")],
+            ["epoch"] + [history_column(k, TASKS[t].loss_key) for t in tasks for k in ("train", "dev")],
         )
         for ax, task in zip(axes, tasks):
-            _train_and_dev(ax, history, f"loss_{task}", colour, entry["label"])
+            _train_and_dev(ax, history, TASKS[task].loss_key, colour, entry["label"])
     for ax, task in zip(axes, tasks):
         ax.set_title(TASKS[task].title)
         _epochs_axis(ax, "loss" if ax is axes[0] else None)
@@ -96,9 +97,10 @@ def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax = fig.subplots()
     for k, entry in enumerate(spec["configs"]):
         history = _read_csv(
-            multitask_dir / f"{entry['config']}-history.csv", ["epoch", "train_average", "dev_average"]
+            multitask_dir / f"{entry['config']}-history.csv",
+            ["epoch", history_column("train", AVERAGE), history_column("dev", AVERAGE)],
         )
-        _train_and_dev(ax, history, "average", f"C{k}", entry["label"])
+        _train_and_dev(ax, history, AVERAGE, f"C{k}", entry["label"])
     _epochs_axis(ax, "average metric")
     ax.legend(fontsize="small")
     return (
@@ -111,11 +113,13 @@ def _draw_every_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax = fig.subplots()
     entries = configs_of(spec, multitask_dir)
     for k, entry in enumerate(entries):
-        history = _read_csv(multitask_dir / f"{entry['config']}-history.csv", ["epoch", "dev_average"])
+        history = _read_csv(
+            multitask_dir / f"{entry['config']}-history.csv", ["epoch", history_column("dev", AVERAGE)]
+        )
         style = ["-", "--", ":", "-."][k // 10 % 4]  # ten colours, then another line style
         ax.plot(
             history.epoch,
-            history.dev_average,
+            history[history_column("dev", AVERAGE)],
             marker="o",
             color=f"C{k % 10}",
             linestyle=style,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from minbert.report.cells import per_task
-from minbert.results import EPOCH, STEPS
+from minbert.results import EPOCH, STEPS, history_column
+from minbert.tasks import TASKS
 
 
 def selection_note(runs: dict[str, dict], which: str) -> str:
@@ -132,9 +133,10 @@ def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     if config not in runs or not path.is_file():
         return f"`{config}` has not been run"
     history = pd.read_csv(path).set_index("epoch")
-    if "dev_sts_pearson" not in history.columns:
-        raise ValueError(f"{path}: missing column dev_sts_pearson")
-    best, pearson = runs[config][EPOCH], history.dev_sts_pearson
+    column = history_column("dev", TASKS["sts"].metric_key)
+    if column not in history.columns:
+        raise ValueError(f"{path}: missing column {column}")
+    best, pearson = runs[config][EPOCH], history[column]
     return (
         f"`{config}`'s dev-slice STS Pearson (its history) is {pearson[0]:.3f} at epoch 0, the "
         f"checkpoint before any encoder update, and {pearson[best]:.3f} at its chosen epoch {best}"

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.tasks import AVERAGE, MULTITASK_TASKS
+from minbert.results import history_column, loss_part_column
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
-EPOCH_COLUMNS = [f"{split}_{AVERAGE}" for split in ("val", "dev", "train")] + [
-    f"dev_loss_{t}" for t in MULTITASK_TASKS
+EPOCH_COLUMNS = [history_column(split, AVERAGE) for split in ("val", "dev", "train")] + [
+    history_column("dev", TASKS[t].loss_key) for t in MULTITASK_TASKS
 ]
-LOSS_COLUMNS = [f"train_loss_{t}" for t in MULTITASK_TASKS]
+LOSS_COLUMNS = [loss_part_column("loss", t) for t in MULTITASK_TASKS]
 
 
 def _configs(directory: Path, suffix: str) -> dict[str, pd.DataFrame]:

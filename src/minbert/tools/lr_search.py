@@ -38,14 +38,13 @@ def search_point(settings, checkpoint_dir: Path, tables, device, features=None) 
         score_dev=False,
         features=features,
     )
-    best = result.history[result.best_epoch]
+    best = result.history[result.best_epoch].validation
     keys = [k for t in MULTITASK_TASKS for k in dict.fromkeys((TASKS[t].selection_key, TASKS[t].metric_key))]
     return {
         "best_epoch": result.best_epoch,
-        **{f"validation_{k}": best[f"val_{k}"] for k in keys},
-        f"validation_{AVERAGE}": best[f"val_{AVERAGE}"],
-        SCORE: best[f"val_{SELECTION}"],
-        f"{SCORE}_per_epoch": [row[f"val_{SELECTION}"] for row in result.history],
+        **{f"validation_{k}": best[k] for k in (*keys, AVERAGE)},
+        SCORE: best[SELECTION],
+        f"{SCORE}_per_epoch": [epoch.validation[SELECTION] for epoch in result.history],
         "optimizer_steps": result.optimizer_steps,
     }
 

@@ -18,6 +18,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.progress import console
+from minbert.results import EpochScores
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
@@ -29,10 +30,13 @@ from minbert.train.resume import ResumePoint, generator_states, restore_generato
 from minbert.train.smart import LOSS_PARTS, EmaTeacher
 from minbert.train.start import RunData, start
 
+# The per-task losses among a scoring pass's keys.
+LOSS_KEYS = frozenset(TASKS[t].loss_key for t in MULTITASK_TASKS)
+
 
 @dataclass
 class MultitaskResult:
-    history: list[dict] = field(default_factory=list)
+    history: list[EpochScores] = field(default_factory=list)
     conflicts: list[dict] = field(default_factory=list)
     best_epoch: int = 0
     dev: dict = field(default_factory=dict)  # the best epoch's scores on the full dev sets
@@ -56,17 +60,23 @@ class MultitaskResult:
     model: MultitaskBert | None = None  # with the best epoch's weights
 
 
-def history_row(
-    epoch: int, lr: float | None, train_losses: dict[str, float], val: dict, dev: dict, train: dict
-) -> dict:
-    """One line of the history file: the epoch's mean training losses (none at epoch
-    0), then the validation split's, the dev slice's and the training slice's losses
-    and metrics (no dev columns when dev is not scored)."""
-    row = {"epoch": epoch, "lr": lr, **train_losses}
-    row.update({f"val_{k}": fixed(v) for k, v in val.items()})
-    row.update({f"dev_{k}": fixed(v) for k, v in dev.items()})
-    row.update({f"train_{k}": fixed(v) for k, v in train.items() if not k.startswith("loss_")})
-    return row
+def _epoch_scores(
+    epoch: int, lr: float | None, losses: dict, val: dict, dev: dict, train: dict
+) -> EpochScores:
+    """An epoch's history line from the scores as ``evaluate_multitask`` returns them (the
+    training slice's losses left out: the epoch's mean training losses stand there)."""
+    return EpochScores(
+        epoch,
+        lr,
+        losses,
+        {k: fixed(v) for k, v in val.items()},
+        {k: fixed(v) for k, v in dev.items()},
+        {k: fixed(v) for k, v in train.items() if k not in LOSS_KEYS},
+    )
+
+
+# Resumed runs load their saved history with ``weights_only=True``.
+torch.serialization.add_safe_globals([EpochScores])
 
 
 def train_multitask(
@@ -204,8 +214,8 @@ class _MultitaskEpochs:
     def before(self):
         # Epoch 0: the untouched checkpoint, its heads fresh or fitted by the warm-up.
         val_scores, dev_scores, train_scores = self._slices(at_start=True)
-        row = history_row(0, None, {}, val_scores, dev_scores, train_scores)
-        self.observer.epoch(0, row, self.model, self.teacher)
+        row = _epoch_scores(0, None, {}, val_scores, dev_scores, train_scores)
+        self.observer.epoch(row, self.model, self.teacher)
         return row, val_scores[SELECTION]
 
     def epoch(self, epoch, step, log):
@@ -232,17 +242,16 @@ class _MultitaskEpochs:
         self.conflicts += _conflict_rows(epoch, grams)
         self.scheduler.step()
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
+        parts = LOSS_PARTS if self.settings.smart else ("loss",)
         losses = {
-            f"train_{part}_{t}": fixed(means[k][j])
-            for k, t in enumerate(MULTITASK_TASKS)
-            for j, part in enumerate(LOSS_PARTS)
-            if self.settings.smart or part == "loss"
+            part: {t: fixed(means[k][LOSS_PARTS.index(part)]) for k, t in enumerate(MULTITASK_TASKS)}
+            for part in parts
         }
         val_scores, dev_scores, train_scores = self._slices()
         titles = (*(TASKS[t].selection_key for t in MULTITASK_TASKS), SELECTION)
         log(f"epoch {epoch}: validation " + ", ".join(f"{k} {val_scores[k]:.3f}" for k in titles))
-        row = history_row(epoch, lr, losses, val_scores, dev_scores, train_scores)
-        self.observer.epoch(epoch, row, self.model, self.teacher)
+        row = _epoch_scores(epoch, lr, losses, val_scores, dev_scores, train_scores)
+        self.observer.epoch(row, self.model, self.teacher)
         return row, val_scores[SELECTION]
 
     @property

@@ -13,6 +13,7 @@ from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple, to_device
 from minbert.distributed import World
 from minbert.model.multitask import MultitaskBert, task_loss
+from minbert.results import EpochScores
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS
 from minbert.train.loop import NonFiniteGuard
@@ -24,13 +25,14 @@ from minbert.train.smart import LOSS_PARTS, EmaTeacher, Smart, TaskObjective
 class MultitaskObserver:
     """What a benchmark or test may watch in a multitask run (as a ``TrainerCallback`` does);
     every method here does nothing. ``objective``: each task's terms in each step, before the
-    backward pass (their graphs still held); ``epoch``: after each epoch is scored (0: the
-    start), with the model and SMART's teacher (None without SMART)."""
+    backward pass (their graphs still held); ``epoch``: each epoch's scores (0: the start,
+    ``minbert.train.multitask.EpochScores``), with the model and SMART's teacher (None
+    without SMART)."""
 
     def objective(self, task: str, terms: TaskObjective, model: MultitaskBert) -> None:
         pass
 
-    def epoch(self, epoch: int, row: dict, model: MultitaskBert, teacher: EmaTeacher | None) -> None:
+    def epoch(self, scores: EpochScores, model: MultitaskBert, teacher: EmaTeacher | None) -> None:
         pass
 
 
