@@ -27,7 +27,8 @@ from test_report import (
 
 from minbert import metrics
 from minbert.report import write_report
-from minbert.report.cells import seed_detectable
+from minbert.report.comparisons import seed_detectable
+from minbert.report.formatting import COLUMNS
 from minbert.results import read_result
 from minbert.tasks import MULTITASK_TASKS
 
@@ -464,13 +465,13 @@ def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
     assert "Not measured" in cross_cpu_section(None, "x.json")
 
 
-def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
-    """The budget section: each Table 2-4 comparison with the smallest difference its seeds
-    could detect; PCGrad (best-summed vs best) with its cosines and projection share, SMART
-    (best-no-smart vs best) with its sign over the seeds."""
-    configs = ["baseline", "best", "best-summed", "best-no-smart"]
-    root = _outputs(tmp_path, configs)
-    # best-summed: differences scattered around zero; best-no-smart: higher with every seed.
+STUDIED = ["baseline", "best", "best-summed", "best-no-smart"]
+
+
+def _studied(tmp_path: Path) -> Path:
+    """Table 4's parent and two of its ablations beside `baseline`, with a seed study:
+    best-summed's differences scattered around zero, best-no-smart higher with every seed."""
+    root = _outputs(tmp_path, STUDIED)
     _write_seed_study(
         root,
         {
@@ -480,6 +481,14 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
             "best-no-smart": {1: 0.51, 2: 0.52, 3: 0.515},
         },
     )
+    return root
+
+
+def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
+    """The budget section: each Table 2-4 comparison with the smallest difference its seeds
+    could detect; PCGrad (best-summed vs best) with its cosines and projection share, SMART
+    (best-no-smart vs best) with its sign over the seeds."""
+    root = _studied(tmp_path)
     section = _sections(report(root, tmp_path / "r"))["What this budget can and cannot detect"]
     summed = _row(section, "`best-summed` vs `best`")
     own = _own_gap(root, "best-summed", "best")
@@ -496,3 +505,24 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
     assert "- SMART (`best-no-smart` vs `best`" in section
     assert "without SMART the average is higher with " in section and " of 4 seeds (" in section
     assert _row(section, "`best` vs `baseline`")[1].startswith("+")  # Table 3's comparison too
+
+
+def test_the_report_opens_with_the_papers_headline_rows_and_what_the_budget_can_show(tmp_path):
+    """The first section: Table 2's rows beside the paper's (the README's block), the
+    count against each run's start, and every comparison under the verdict the budget
+    section gives it."""
+    root = _studied(tmp_path)
+    text = report(root, tmp_path / "r")
+    assert next(line for line in text.splitlines() if line.startswith("## ")) == "## Summary"
+    summary, budget = _sections(text)["Summary"], _sections(text)["What this budget can and cannot detect"]
+    paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
+    for row in paper["table2"]["rows"]:
+        published = [(row.get("paper") or {}).get(c) for c in COLUMNS]
+        if row["config"] in STUDIED and None not in published:
+            assert _row(summary, f"`{row['config']}`, the paper")[1:] == [f"{v:.3f}" for v in published]
+            assert f"| `{row['config']}`, ours |" in summary
+    assert "against its own start (epoch 0), above in " in summary
+    measurable, _, below = summary.partition("Not measurable at this budget")
+    for comparison in ("`best` vs `baseline`", "`best-summed` vs `best`", "`best-no-smart` vs `best`"):
+        verdict = _row(budget, comparison)[4]
+        assert comparison in (measurable if verdict.startswith("measurable") else below), comparison

@@ -12,7 +12,9 @@ import numpy as np
 import pandas as pd
 
 from minbert.metrics import Interval, paired
-from minbert.report.cells import (
+from minbert.report.comparisons import multitask_scored
+from minbert.report.evidence import Evidence
+from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
     NO_NUMBER,
@@ -20,9 +22,7 @@ from minbert.report.cells import (
     fmt_signed,
     md_header,
     md_row,
-    multitask_scored,
 )
-from minbert.report.evidence import Evidence
 from minbert.report.notes import training_budget
 from minbert.results import ACCURACY, EPOCH, history_column
 from minbert.tasks import MULTITASK_TASKS, TASKS
@@ -173,6 +173,13 @@ class Starts:
     text: str
     own: dict[str, list[str]] = field(default_factory=dict)
     untrained: dict[str, list[str]] = field(default_factory=dict)
+
+    def counted(self) -> str:
+        """The counts in words: against its own start, then against the untrained checkpoint."""
+        said = f"against its own start (epoch 0), {describe_counts(self.own)}"
+        return said + (
+            f"; against the untrained checkpoint, {describe_counts(self.untrained)}" if self.untrained else ""
+        )
 
 
 def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence: Evidence) -> Starts:

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.report.cells import NO_NUMBER, POWER, Compared, fmt_signed, md_header, md_row
+from minbert.report.comparisons import POWER, Compared
+from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
@@ -56,6 +57,23 @@ def _component(run: dict, parent: dict) -> str | None:
     return None
 
 
+# A comparison's verdict at this budget.
+MEASURABLE = "measurable"
+NOT_MEASURABLE = "not measurable at this budget"
+NOT_STUDIED = "not in the seed study"
+
+
+def at_this_budget(c: Compared) -> tuple[float | None, float | None, str]:
+    """A comparison's mean difference of the average over the seeds, the smallest the seed
+    study could detect (None: not in the study), and the verdict on the two."""
+    seeds = c.comparison.seeds[AVERAGE] if c.comparison.seeds else None
+    detectable = c.comparison.detectable(AVERAGE)
+    mean = float(np.mean(seeds)) if seeds else None
+    if detectable is None:
+        return mean, None, NOT_STUDIED
+    return mean, detectable, MEASURABLE if abs(mean) >= detectable else NOT_MEASURABLE
+
+
 def detectable_section(compared: list[Compared], runs: dict[str, dict], multitask_dir: Path) -> list[str]:
     """One row per comparison of Tables 2-4: the observed difference of the average (dev,
     paired), the seeds' mean and the smallest they could detect, and whether it is
@@ -65,14 +83,7 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
     rows, reasons = [], []
     for c in compared:
         seeds = c.comparison.seeds[AVERAGE] if c.comparison.seeds else None
-        detectable = c.comparison.detectable(AVERAGE)
-        mean = float(np.mean(seeds)) if seeds else None
-        if detectable is None:
-            verdict = "not in the seed study"
-        elif abs(mean) >= detectable:
-            verdict = "measurable"
-        else:
-            verdict = "not measurable at this budget"
+        mean, detectable, verdict = at_this_budget(c)
         rows.append(
             md_row(
                 [

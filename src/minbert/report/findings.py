@@ -3,22 +3,18 @@ here is written by hand."""
 
 from __future__ import annotations
 
-from minbert.report.cells import (
+from minbert.report.comparisons import MIN_SEEDS, UNEQUAL, Compared, budget_gap, multitask_scored
+from minbert.report.controls import Starts
+from minbert.report.evidence import Evidence
+from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
-    MIN_SEEDS,
     NO_NUMBER,
     SELECTION_MEAN,
-    UNEQUAL,
-    Compared,
-    budget_gap,
     fmt_signed,
     md_header,
     md_row,
-    multitask_scored,
 )
-from minbert.report.controls import Starts, describe_counts
-from minbert.report.evidence import Evidence
 from minbert.report.notes import training_budget, usual
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION
 
@@ -120,14 +116,7 @@ def findings_section(
     if starts.own:
         said.append(
             "Every configuration and column against where it started (paired intervals; section "
-            '"Against where each run started"): against its own start (epoch 0), '
-            + describe_counts(starts.own)
-            + (
-                f"; against the untrained checkpoint, {describe_counts(starts.untrained)}"
-                if starts.untrained
-                else ""
-            )
-            + "."
+            f'"Against where each run started"): {starts.counted()}.'
         )
     if controls_checked:
         verb = "is" if len(missed_controls) == 1 else "are"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.report.cells import per_task
+from minbert.report.formatting import per_task
 from minbert.results import EPOCH, STEPS, history_column
 from minbert.tasks import TASKS
 

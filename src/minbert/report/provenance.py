@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minbert.report.cells import NO_NUMBER, fmt_budget, md_header, md_row, per_task
+from minbert.report.comparisons import fmt_budget
+from minbert.report.formatting import NO_NUMBER, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
 from minbert.results import EPOCH
 from minbert.tasks import TASKS

@@ -7,32 +7,34 @@ from __future__ import annotations
 import statistics
 
 from minbert.metrics import Interval
-from minbert.report.cells import (
-    COLUMN_TITLES,
-    COLUMNS,
+from minbert.report.comparisons import (
     MIN_SEEDS,
-    NO_NUMBER,
     POWER,
-    SELECTION_COLUMNS,
-    SELECTION_MEAN,
     Comparison,
     budget_gap,
     conclusion,
-    fmt,
     fmt_budget,
     fmt_difference,
-    fmt_interval,
-    fmt_signed,
     level,
-    md_header,
-    md_row,
     multitask_scored,
-    per_task,
     seed_detectable,
     seed_differences,
     seed_interval,
 )
 from minbert.report.evidence import Evidence
+from minbert.report.formatting import (
+    COLUMN_TITLES,
+    COLUMNS,
+    NO_NUMBER,
+    SELECTION_COLUMNS,
+    SELECTION_MEAN,
+    fmt,
+    fmt_interval,
+    fmt_signed,
+    md_header,
+    md_row,
+    per_task,
+)
 from minbert.report.notes import rates, selection_note, usual
 from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, SELECTION

@@ -5,30 +5,32 @@ only as ``cells`` allows; each row shows its training budget."""
 from __future__ import annotations
 
 from minbert.metrics import DECIMALS
-from minbert.report.cells import (
-    COLUMN_TITLES,
-    COLUMNS,
+from minbert.report.comparisons import (
     CONCLUSIONS_LEAD,
     DETECTABLE_NOTE,
-    MODE_NAMES,
-    NO_NUMBER,
     UNEQUAL,
     UNSETTLED,
     Compared,
     Comparison,
     budget_gap,
     conclusion,
-    fmt,
     fmt_budget,
     fmt_difference,
-    fmt_interval,
     level,
-    md_header,
-    md_row,
     multitask_scored,
     seed_differences,
 )
 from minbert.report.evidence import Evidence
+from minbert.report.formatting import (
+    COLUMN_TITLES,
+    COLUMNS,
+    MODE_NAMES,
+    NO_NUMBER,
+    fmt,
+    fmt_interval,
+    md_header,
+    md_row,
+)
 from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 

@@ -14,27 +14,16 @@ from pathlib import Path
 
 import yaml
 
-from minbert.report.cells import (
-    COLUMN_TITLES,
-    COLUMNS,
-    MODE_NAMES,
-    NO_NUMBER,
-    SELECTION_MEAN,
-    md_header,
-    md_row,
-    per_task,
-)
 from minbert.report.findings import ranked
-from minbert.report.notes import epoch_count, usual
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
+from minbert.report.summary import beside_the_paper
 from minbert.results import read_result, read_results
-from minbert.tasks import TASKS
 
 WIDTH = 86  # the README's line length
 SOURCE = "src/minbert/tools/readme.py"
 PAPER = Path("reference") / "paper.yaml"
 STAGE_TIMES = Path("bench") / "results" / "stage_memory.json"
 OTHER_WORK_CORES = 0.1  # other processes' average use of the cores below which a run was alone
-SENTIMENT = ("sst", "cfimdb")  # Table 1's tasks, in its order
 # The model block's examples: what each task's `minbert predict` is given.
 EXAMPLES = (
     ("sts", '--pair "A man is playing a guitar." "Someone plays an instrument."'),
@@ -55,79 +44,20 @@ def _wrap(prose: str) -> str:
     return textwrap.fill(prose, WIDTH, break_long_words=False, break_on_hyphens=False)
 
 
-def _number(x: float | None) -> str:
-    return NO_NUMBER if x is None else f"{x:.3f}"
-
-
 def strongest(metrics: Path) -> str:
     """The configuration the report ranks highest on the chance-corrected dev score."""
     return ranked({m["config"]: m for m in read_results(Path(metrics) / "multitask")})[0][0]
 
 
-def _carved_quora(runs: dict[str, dict]) -> int | None:
-    """The held-out Quora pairs, when the runs' Quora dev set was carved from the course's
-    labelled file (no official train split); None otherwise."""
-    splits = [m.get("data_split", {}).get("quora") for m in runs.values()]
-    carved = [
-        s["heldout_pairs"] for s in splits if isinstance(s, dict) and s.get("kind") == "carved-from-dev"
-    ]
-    return max(carved) if carved else None
-
-
 def results_block(metrics: Path, paper_file: Path) -> str:
-    """Ours beside the paper's: Table 2's rows with all four published numbers, Table 1's
-    arms, and the scale ours were made at (without its markers)."""
+    """Ours beside the paper's, as the report's summary opens (``minbert.report.summary``)."""
     metrics = Path(metrics)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     runs = {m["config"]: m for m in read_results(metrics / "multitask")}
-    shown = [
-        row
-        for row in paper["table2"]["rows"]
-        if row["config"] in runs and all((row.get("paper") or {}).get(c) is not None for c in COLUMNS)
-    ]
-    multitask = md_header(["dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)])
-    for row in shown:
-        name = f"`{row['config']}`"
-        multitask.append(md_row([f"{name}, the paper", *(_number(row["paper"][c]) for c in COLUMNS)]))
-        multitask.append(md_row([f"{name}, ours", *(_number(runs[row["config"]][c]) for c in COLUMNS)]))
-
-    published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
-    arms = [(task, mode) for task in SENTIMENT for mode in MODE_NAMES]
-    files = {arm: metrics / "sentiment" / f"{arm[0]}-{arm[1]}.json" for arm in arms}
-    ours = {arm: read_result(path) for arm, path in files.items() if path.is_file()}
-    single = md_header(
-        ["single task, dev accuracy", *(f"{TASKS[t].title}, {MODE_NAMES[m]}" for t, m in arms)]
-    )
-    single.append(md_row(["the paper", *(_number(published.get(t, {}).get(m)) for t, m in arms)]))
-    single.append(
-        md_row(["ours", *(_number(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)])
-    )
-
-    used = {row["config"]: runs[row["config"]] for row in shown}
-    checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
-    scale = usual({n: f"`{m['scale']}`" for n, m in used.items()})
-    sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
-    epochs = usual({n: epoch_count(m["epochs"]) for n, m in used.items()})
-    seeds = usual({n: str(m["seed"]) for n, m in used.items()})
-    full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT if (t, "full") in ours]
-    reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
-    labels = ", ".join(f'`{row["config"]}` "{row["label"]}"' for row in shown)
-    quora = _carved_quora(used)
-    prose = (
-        f"Rows of the paper's Table 2 ({labels}). Ours: {checkpoint} fine-tuned at the {scale} "
-        f"scale ({sizes} training examples per task, {epochs}, seed {seeds}"
-        + (f"; single task: {reviews} training examples" if reviews else "")
-        + f"), scored on the full dev sets; the paper: {paper['setup']['summary']}."
-        + (
-            f" Our Quora dev set is a held-out part of the course's labelled `quora-dev.csv` "
-            f"({quora:,} pairs), not the official split."
-            if quora
-            else ""
-        )
-        + " Every table with its intervals, the ablations and the controls: "
-        "[report/README.md](report/README.md)."
-    )
-    return "\n".join([*multitask, "", *single, "", _wrap(prose)])
+    tables, prose = beside_the_paper(runs, read_results(metrics / "sentiment"), paper)
+    link = " Every table with its intervals, the ablations and the controls: "
+    link += "[report/README.md](report/README.md)."
+    return "\n".join([*tables, "", _wrap(prose + link)])
 
 
 def model_block(metrics: Path) -> str:

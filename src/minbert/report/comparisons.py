@@ -1,7 +1,8 @@
-"""The report's table cells: number formats, rows, each run's evidence, and what a paired
-difference allows: distinguishable (bold) only when its dev bootstrap interval and its
-interval over the seed study's seeds exclude zero and both rows had the same training
-budget; otherwise marked with what it lacks (``MARKS_NOTE``)."""
+"""What a paired difference in the report allows: each run's evidence on dev, the seed
+study's per-seed differences, their interval and the smallest difference they could detect,
+and the verdict: distinguishable (bold) only when its dev bootstrap interval and its interval
+over the seed study's seeds exclude zero and both rows had the same training budget;
+otherwise marked with what it lacks (``MARKS_NOTE``)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,18 @@ from scipy import stats
 from minbert import metrics as scoring
 from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_signed, per_task
 from minbert.results import STEPS
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
-MODE_NAMES = {"last-layer": "last layer only", "full": "full fine-tuning"}
-COLUMNS = [*MULTITASK_TASKS, AVERAGE]
-COLUMN_TITLES = {**{t: TASKS[t].metric_title for t in MULTITASK_TASKS}, AVERAGE: "Average"}
-NO_NUMBER = "—"  # a number the source lacks
-# The chance-corrected scores that chose the epochs and learning rates (a record's
-# ``dev_selection``, the search's ``validation_*``): a constant answer scores 0 on each.
-SELECTION_COLUMNS = {TASKS[t].selection_key: TASKS[t].selection_title for t in MULTITASK_TASKS}
-SELECTION_MEAN = f"the mean of {', '.join(SELECTION_COLUMNS.values())}"
 # The fewest seeds a paired interval over seeds is computed from (seed_interval).
 MIN_SEEDS = 3
+
+
 # The power at which the seed study's detectable difference is stated (seed_detectable).
 POWER = 0.8
+
+
 # Filled in by interval_note() (with MARKS_NOTE): the resampling settings are minbert.metrics' own.
 INTERVAL_NOTE = (
     "Ours: the number on the full dev set, with its {level} interval from a bootstrap over the "
@@ -37,7 +35,11 @@ INTERVAL_NOTE = (
     "examples on its own). Δ: ours minus {parent} on the same examples, "
     "with a {level} paired-bootstrap interval. "
 )
+
+
 UNSETTLED, UNEQUAL = "†", "‡"
+
+
 MARKS_NOTE = (
     "**Bold**: distinguishable: the interval excludes zero, so does the paired {level} interval "
     "over seeds (the row's number minus its parent's, seed by seed, for every seed of the seed "
@@ -51,6 +53,8 @@ MARKS_NOTE = (
     "be the budget's, whatever the seeds say. Differences whose interval contains zero "
     "are unmarked: not distinguishable on these dev sets, and the table does not rank them."
 )
+
+
 # The verdicts on one paired difference (Comparison.verdict).
 HOLDS, WITHIN_SEEDS, UNCHECKED, CONTAINS_ZERO = "holds", "within seeds", "unchecked", "contains zero"
 
@@ -64,26 +68,6 @@ def interval_note(parent: str) -> str:
     """The note under a table whose differences are ours minus ``parent``."""
     note = INTERVAL_NOTE + MARKS_NOTE
     return note.format(level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent)
-
-
-def fmt(x: float | None) -> str:
-    return NO_NUMBER if x is None else f"{x:.3f}"
-
-
-def fmt_interval(iv: Interval) -> str:
-    return f"{iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
-
-
-def fmt_signed(iv: Interval) -> str:
-    """A difference with its interval, signed: ``+0.012 [-0.003, +0.027]``."""
-    return f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
-
-
-def per_task(counts: dict) -> str:
-    """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
-    order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]
-    tasks = sorted(counts, key=lambda t: order.index(t) if t in order else len(order))
-    return ", ".join(f"{TASKS[t].title if t in TASKS else t} {counts[t]}" for t in tasks)
 
 
 def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
@@ -233,14 +217,6 @@ def fmt_difference(iv: Interval, comparison: Comparison = Comparison(), column: 
     return f"{text} {UNSETTLED if comparison.budget is None else UNEQUAL}"
 
 
-def md_row(cells: list[str]) -> str:
-    return f"| {' | '.join(cells)} |"
-
-
-def md_header(cells: list[str]) -> list[str]:
-    return [md_row(cells), "|" + "---|" * len(cells)]
-
-
 def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) -> Scored:
     """A multitask-style run's evidence: ``<folder>/<name>/<task>-dev-out.csv``."""
     prefix = f"{folder}/{name}/" if name else f"{folder}/"
@@ -257,6 +233,7 @@ DETECTABLE_NOTE = (
     "spread and the seed count: (t + t_power) · sd / √n; a difference below it is not "
     "measurable at this budget, whichever way it points. —: the pair is not in the seed study."
 )
+
 
 CONCLUSIONS_LEAD = (
     "What these dev sets can and cannot tell apart (distinguishable: the interval excludes "

@@ -1,0 +1,54 @@
+"""How the report writes numbers and rows: number formats, markdown rows, the columns of
+the multitask tables and their titles, and the names of the tasks' selection scores."""
+
+from __future__ import annotations
+
+from minbert.metrics import Interval
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
+
+MODE_NAMES = {"last-layer": "last layer only", "full": "full fine-tuning"}
+
+
+COLUMNS = [*MULTITASK_TASKS, AVERAGE]
+
+
+COLUMN_TITLES = {**{t: TASKS[t].metric_title for t in MULTITASK_TASKS}, AVERAGE: "Average"}
+
+
+NO_NUMBER = "—"  # a number the source lacks
+
+
+# The chance-corrected scores that chose the epochs and learning rates (a record's
+# ``dev_selection``, the search's ``validation_*``): a constant answer scores 0 on each.
+SELECTION_COLUMNS = {TASKS[t].selection_key: TASKS[t].selection_title for t in MULTITASK_TASKS}
+
+
+SELECTION_MEAN = f"the mean of {', '.join(SELECTION_COLUMNS.values())}"
+
+
+def fmt(x: float | None) -> str:
+    return NO_NUMBER if x is None else f"{x:.3f}"
+
+
+def fmt_interval(iv: Interval) -> str:
+    return f"{iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}]"
+
+
+def fmt_signed(iv: Interval) -> str:
+    """A difference with its interval, signed: ``+0.012 [-0.003, +0.027]``."""
+    return f"{iv.value:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+
+
+def per_task(counts: dict) -> str:
+    """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
+    order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]
+    tasks = sorted(counts, key=lambda t: order.index(t) if t in order else len(order))
+    return ", ".join(f"{TASKS[t].title if t in TASKS else t} {counts[t]}" for t in tasks)
+
+
+def md_row(cells: list[str]) -> str:
+    return f"| {' | '.join(cells)} |"
+
+
+def md_header(cells: list[str]) -> list[str]:
+    return [md_row(cells), "|" + "---|" * len(cells)]

@@ -1,0 +1,127 @@
+"""The report's first screen, which the README's results block repeats: ours beside the
+paper's headline numbers (Table 2's rows that have all four published numbers, Table 1's
+arms), the budget ours were made at, and what that budget can and cannot show."""
+
+from __future__ import annotations
+
+from minbert.report.comparisons import UNEQUAL, Compared
+from minbert.report.controls import Starts
+from minbert.report.detectable import MEASURABLE, NOT_MEASURABLE, at_this_budget
+from minbert.report.formatting import (
+    COLUMN_TITLES,
+    COLUMNS,
+    MODE_NAMES,
+    NO_NUMBER,
+    md_header,
+    md_row,
+    per_task,
+)
+from minbert.report.notes import epoch_count, usual
+from minbert.tasks import TASKS
+
+SENTIMENT = ("sst", "cfimdb")  # Table 1's tasks, in its order
+
+
+def _number(x: float | None) -> str:
+    return NO_NUMBER if x is None else f"{x:.3f}"
+
+
+def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) -> tuple[list[str], str]:
+    """The two tables (Table 2's rows with all four published numbers, each the paper's
+    then ours; Table 1's arms) as markdown lines, and the sentence that says what ours and
+    the paper's were made at."""
+    shown = [
+        row
+        for row in paper["table2"]["rows"]
+        if row["config"] in runs and all((row.get("paper") or {}).get(c) is not None for c in COLUMNS)
+    ]
+    multitask = md_header(["dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)])
+    for row in shown:
+        name = f"`{row['config']}`"
+        multitask.append(md_row([f"{name}, the paper", *(_number(row["paper"][c]) for c in COLUMNS)]))
+        multitask.append(md_row([f"{name}, ours", *(_number(runs[row["config"]][c]) for c in COLUMNS)]))
+
+    published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
+    arms = [(task, mode) for task in SENTIMENT for mode in MODE_NAMES]
+    by_name = {m["run"]: m for m in sentiment}
+    ours = {(t, m): by_name[f"{t}-{m}"] for t, m in arms if f"{t}-{m}" in by_name}
+    single = md_header(
+        ["single task, dev accuracy", *(f"{TASKS[t].title}, {MODE_NAMES[m]}" for t, m in arms)]
+    )
+    single.append(md_row(["the paper", *(_number(published.get(t, {}).get(m)) for t, m in arms)]))
+    single.append(
+        md_row(["ours", *(_number(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)])
+    )
+
+    used = {row["config"]: runs[row["config"]] for row in shown}
+    checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
+    scale = usual({n: f"`{m['scale']}`" for n, m in used.items()})
+    sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
+    epochs = usual({n: epoch_count(m["epochs"]) for n, m in used.items()})
+    seeds = usual({n: str(m["seed"]) for n, m in used.items()})
+    full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT if (t, "full") in ours]
+    reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
+    labels = ", ".join(f'`{row["config"]}` "{row["label"]}"' for row in shown)
+    quora = _carved_quora(used)
+    prose = (
+        f"Rows of the paper's Table 2 ({labels}). Ours: {checkpoint} fine-tuned at the {scale} "
+        f"scale ({sizes} training examples per task, {epochs}, seed {seeds}"
+        + (f"; single task: {reviews} training examples" if reviews else "")
+        + f"), scored on the full dev sets; the paper: {paper['setup']['summary']}."
+        + (
+            f" Our Quora dev set is a held-out part of the course's labelled `quora-dev.csv` "
+            f"({quora:,} pairs), not the official split."
+            if quora
+            else ""
+        )
+    )
+    return [*multitask, "", *single], prose
+
+
+def _carved_quora(runs: dict[str, dict]) -> int | None:
+    """The held-out Quora pairs, when the runs' Quora dev set was carved from the course's
+    labelled file (no official train split); None otherwise."""
+    splits = [m.get("data_split", {}).get("quora") for m in runs.values()]
+    carved = [
+        s["heldout_pairs"] for s in splits if isinstance(s, dict) and s.get("kind") == "carved-from-dev"
+    ]
+    return max(carved) if carved else None
+
+
+def what_it_can_show(compared: list[Compared], starts: Starts) -> str:
+    """Whether fine-tuning moved each run from where it started, then which comparisons of
+    Tables 2-4 the seed study can tell from zero at this budget, and which it cannot."""
+    judged = [(c, *at_this_budget(c)) for c in compared]
+    measurable = [
+        f"`{c.name}` vs `{c.parent}` ({mean:+.3f} over the seeds, detectable {detectable:.3f}"
+        + (f"; {UNEQUAL} budgets differ" if c.comparison.budget else "")
+        + ")"
+        for c, mean, detectable, verdict in judged
+        if verdict == MEASURABLE
+    ]
+    below = [
+        f"`{c.name}` vs `{c.parent}` ({mean:+.3f}, detectable {detectable:.3f})"
+        for c, mean, detectable, verdict in judged
+        if verdict == NOT_MEASURABLE
+    ]
+    unstudied = [
+        f"`{c.name}` vs `{c.parent}`"
+        for c, _, _, verdict in judged
+        if verdict not in (MEASURABLE, NOT_MEASURABLE)
+    ]
+    started = []
+    if starts.own:
+        started.append(
+            "Fine-tuning against where it started, every configuration and column on dev (paired "
+            f"intervals): {starts.counted()}."
+        )
+    said = [
+        "What this budget can show, on the dev average with the seed study's spread "
+        '(section "What this budget can and cannot detect"): '
+        + (f"measurable: {'; '.join(measurable)}." if measurable else "no comparison is measurable.")
+    ]
+    if below:
+        said.append(f"Not measurable at this budget, so neither shown nor denied: {'; '.join(below)}.")
+    if unstudied:
+        said.append(f"Not in the seed study: {', '.join(unstudied)}.")
+    return "\n\n".join([*started, " ".join(said)])
