@@ -83,17 +83,9 @@ def main() -> None:
             for r in runs
         ],
     )  # fmt: skip
-    common.finish(
-        args.name,
-        args,
-        {
-            "configs": args.configs,
-            "sst_validation": args.sst_validation,
-            "rule": "validation only (dev is never scored); one seed",
-            "runs": runs,
-        },
-        [],
-    )
+    rule = "validation only (dev is never scored); one seed"
+    results = {"configs": args.configs, "sst_validation": args.sst_validation, "rule": rule, "runs": runs}
+    common.finish(args.name, args, results, [])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_multitask import tiny_tables
 
 from minbert.pipeline.schema import validate
+from minbert.train import resume
 from minbert.train.resume import ResumePoint, fingerprint
 
 # Runs one stage's function in a child process, so that the test can kill it.
@@ -127,6 +128,13 @@ def test_a_state_from_another_run_is_not_resumed(tmp_path):
     point.clear()
     assert not (tmp_path / "x.pt").exists()
     assert ResumePoint(None, "x", "k").load() is None  # resuming switched off
+
+
+def test_a_state_saved_in_another_format_is_not_resumed(tmp_path, monkeypatch):
+    ResumePoint(tmp_path, "x", fingerprint(lr=1e-3)).save({"history": [{"epoch": 1}]})
+    assert ResumePoint(tmp_path, "x", fingerprint(lr=1e-3)).load() is not None
+    monkeypatch.setattr(resume, "STATE_FORMAT", resume.STATE_FORMAT + 1)
+    assert ResumePoint(tmp_path, "x", fingerprint(lr=1e-3)).load() is None
 
 
 def test_resume_state_refuses_code_executing_pickles(tmp_path):

@@ -75,7 +75,8 @@ def started(
             describe_checkpoint(checkpoint_name or context.checkpoint, directory),
         )
         if world.is_main:  # a line from the first second, before any long step
-            console.log(f"{stage} {context.name}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
+            named = f"{stage} {context.name}" if context.name else stage
+            console.log(f"{named}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
         yield begun
     finally:
         distributed.stop(world)

@@ -19,11 +19,15 @@ import torch
 
 # Where stages keep their resumable states (git- and DVC-ignored; not an output).
 DEFAULT_DIRECTORY = Path(".resume")
+# What a saved state holds, as a number, raised whenever that changes: a state an older
+# version saved is started over, not resumed (2: a multitask history of EpochScores).
+STATE_FORMAT = 2
 
 
 def fingerprint(**parts: Any) -> str:
-    """A stable digest of everything that makes two runs the same run."""
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """A stable digest of everything that makes two runs the same run, the state's format
+    included."""
+    text = json.dumps({"state_format": STATE_FORMAT, **parts}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
