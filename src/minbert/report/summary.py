@@ -6,24 +6,18 @@ from __future__ import annotations
 
 from minbert.report.comparisons import UNEQUAL, Compared
 from minbert.report.controls import Starts
-from minbert.report.detectable import MEASURABLE, NOT_MEASURABLE, at_this_budget
+from minbert.report.detectable import MEASURABLE, NOT_MEASURABLE, NOT_STUDIED, at_this_budget
 from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
     MODE_NAMES,
-    NO_NUMBER,
+    fmt,
     md_header,
     md_row,
     per_task,
 )
 from minbert.report.notes import epoch_count, usual
-from minbert.tasks import TASKS
-
-SENTIMENT = ("sst", "cfimdb")  # Table 1's tasks, in its order
-
-
-def _number(x: float | None) -> str:
-    return NO_NUMBER if x is None else f"{x:.3f}"
+from minbert.tasks import SENTIMENT_TASKS, TASKS
 
 
 def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) -> tuple[list[str], str]:
@@ -38,20 +32,18 @@ def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) 
     multitask = md_header(["dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)])
     for row in shown:
         name = f"`{row['config']}`"
-        multitask.append(md_row([f"{name}, the paper", *(_number(row["paper"][c]) for c in COLUMNS)]))
-        multitask.append(md_row([f"{name}, ours", *(_number(runs[row["config"]][c]) for c in COLUMNS)]))
+        multitask.append(md_row([f"{name}, the paper", *(fmt(row["paper"][c]) for c in COLUMNS)]))
+        multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]][c]) for c in COLUMNS)]))
 
     published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
-    arms = [(task, mode) for task in SENTIMENT for mode in MODE_NAMES]
+    arms = [(task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES]
     by_name = {m["run"]: m for m in sentiment}
     ours = {(t, m): by_name[f"{t}-{m}"] for t, m in arms if f"{t}-{m}" in by_name}
     single = md_header(
         ["single task, dev accuracy", *(f"{TASKS[t].title}, {MODE_NAMES[m]}" for t, m in arms)]
     )
-    single.append(md_row(["the paper", *(_number(published.get(t, {}).get(m)) for t, m in arms)]))
-    single.append(
-        md_row(["ours", *(_number(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)])
-    )
+    single.append(md_row(["the paper", *(fmt(published.get(t, {}).get(m)) for t, m in arms)]))
+    single.append(md_row(["ours", *(fmt(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)]))
 
     used = {row["config"]: runs[row["config"]] for row in shown}
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
@@ -59,7 +51,7 @@ def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) 
     sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
     epochs = usual({n: epoch_count(m["epochs"]) for n, m in used.items()})
     seeds = usual({n: str(m["seed"]) for n, m in used.items()})
-    full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT if (t, "full") in ours]
+    full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT_TASKS if (t, "full") in ours]
     reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
     labels = ", ".join(f'`{row["config"]}` "{row["label"]}"' for row in shown)
     quora = _carved_quora(used)
@@ -104,11 +96,7 @@ def what_it_can_show(compared: list[Compared], starts: Starts) -> str:
         for c, mean, detectable, verdict in judged
         if verdict == NOT_MEASURABLE
     ]
-    unstudied = [
-        f"`{c.name}` vs `{c.parent}`"
-        for c, _, _, verdict in judged
-        if verdict not in (MEASURABLE, NOT_MEASURABLE)
-    ]
+    unstudied = [f"`{c.name}` vs `{c.parent}`" for c, _, _, verdict in judged if verdict == NOT_STUDIED]
     started = []
     if starts.own:
         started.append(
