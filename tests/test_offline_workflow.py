@@ -29,7 +29,10 @@ def _tiny(params: dict) -> None:
     here, every configuration's stage in test_pipeline and test_offline."""
     _tiny_scale(params)
     params["scales"]["gpu"] = tiny_gpu_scale(params["scales"]["cpu"])
-    params["configs"] = {name: params["configs"][name] for name in ("baseline", "best")}
+    configs = params["configs"]
+    best = {k: v for k, v in configs["best"].items() if k != "from"}  # without its parent's stage
+    best = {**configs[configs["best"]["from"]], **best}
+    params["configs"] = {"baseline": configs["baseline"], "best": best}
     params["seed_study"]["configs"] = ["baseline", "best"]
     params["sentiment"]["runs"] = {"sst-full": params["sentiment"]["runs"]["sst-full"]}
 

@@ -94,6 +94,13 @@ def test_a_number_out_of_range_names_key_value_and_range(committed, path, value,
 
 def _numbers(node, schema, path=()):
     """(key, schema) of every number (or empty number) in ``node``, read against ``schema``."""
+    from minbert.pipeline.schema import LeftOut
+    from minbert.settings import Setting
+
+    if isinstance(schema, LeftOut):
+        schema = schema.setting
+    if isinstance(schema, Setting):
+        schema = schema.allowed
     if isinstance(node, dict):
         for k, v in node.items():
             yield from _numbers(v, schema.get(k, schema.get("*")), (*path, str(k)))
@@ -105,7 +112,8 @@ def _numbers(node, schema, path=()):
 
 
 def test_every_number_of_params_yaml_has_its_range(committed):
-    from minbert.pipeline.schema import SCHEMA, Range
+    from minbert.pipeline.schema import SCHEMA
+    from minbert.settings import Range
 
     numbers = dict(_numbers(committed, SCHEMA))
     assert len(numbers) > 100 and "scales.cpu.multitask.epochs" in numbers
@@ -118,9 +126,15 @@ def test_missing_key_is_named(committed):
         validate(committed)
 
 
-def test_exponential_schedule_needs_its_factor(committed):
-    del committed["scales"]["cpu"]["multitask"]["optimizers"]["adamaxw"]["lr_gamma"]
-    with pytest.raises(ParamsError, match=r"optimizers.adamaxw lacks lr_gamma"):
+def test_exponential_schedule_needs_its_factor_and_only_it(committed):
+    bad = copy.deepcopy(committed)
+    del bad["scales"]["cpu"]["multitask"]["optimizers"]["adamaxw"]["lr_gamma"]
+    with pytest.raises(
+        ParamsError, match=r"optimizers.adamaxw: lr_gamma .* goes with lr_schedule: exponential"
+    ):
+        validate(bad)
+    committed["sentiment"]["lr_gamma"] = 0.9  # a factor no schedule would read
+    with pytest.raises(ParamsError, match=r"sentiment: lr_gamma .* only with it; lr_schedule is constant"):
         validate(committed)
 
 
@@ -285,3 +299,159 @@ def test_run_names_are_file_names_no_record_can_shadow(committed, name):
     bad["configs"][name] = {}
     with pytest.raises(ParamsError, match=f"configs.{re.escape(name)}: a run's name"):
         validate(bad)
+
+
+# ----------------------------------------------------------------------------- declared once
+
+# Keys that no settings file carries: who reads them instead, and the text of that reader
+# that shows it.
+READ_ELSEWHERE = {
+    "launcher": ("dvc.yaml", "${launcher} stages/multitask.py"),
+    "mlm.pretrain": ("dvc.yaml", "foreach: ${mlm.pretrain}"),
+    "mlm.finetune": ("dvc.yaml", "config: ${mlm.finetune}"),
+    "seed_study.seeds": ("src/minbert/tools/sweep.py", 'study["seeds"]'),
+    "seed_study.configs": ("src/minbert/tools/sweep.py", 'study["configs"]'),
+    "seed_study.jobs": ("src/minbert/tools/sweep.py", 'study["jobs"]'),
+    **{
+        f"data.{key}": ("src/minbert/pipeline/prepare.py", f'data["{key}"]')
+        for key in ("source", "quora_holdout_fraction", "split_seed", "skip_ids", "allow_unverified")
+    },
+    "data.verify_checksums": ("src/minbert/pipeline/prepare.py", 'data["verify_checksums"]'),
+}
+# The data stage's split of Quora, as the paper scale's Quora batch reads it.
+MANIFEST = {"quora_split": {"kind": "carved-from-dev", "train_pairs": 16_170}}
+
+
+def _values(node, path=()):
+    """(dotted key, value) of every value of params.yaml: a mapping's keys walked into, a
+    list taken whole."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _values(v, (*path, str(k)))
+    else:
+        yield ".".join(path), node
+
+
+def _changed(key, value, configs):
+    """Other values for ``key``; those the schema accepts are tried."""
+    if key.endswith(".from"):
+        return [c for c in configs if c != value]
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, list):
+        return [value[:-1], value[1:], [*value, value[0] + 1 if value and isinstance(value[0], int) else "x"]]
+    if isinstance(value, str):
+        from minbert.settings import (
+            CARVED_QUORA_BATCH,
+            DEVICES,
+            DROPOUT_MASKS,
+            GRADIENT_MODES,
+            OPTIMIZERS,
+            PAIR_HEADS,
+            POOLINGS,
+            PROJECTIONS,
+            SCHEDULERS,
+            SENTIMENT_MODES,
+            STS_OUTPUTS,
+        )
+        from minbert.tasks import SENTIMENT_TASKS
+
+        registries = (CARVED_QUORA_BATCH, DEVICES, DROPOUT_MASKS, GRADIENT_MODES, OPTIMIZERS, POOLINGS)
+        registries += (tuple(PAIR_HEADS), PROJECTIONS, SCHEDULERS, SENTIMENT_MODES, STS_OUTPUTS)
+        registries += (SENTIMENT_TASKS,)
+        for names in registries:
+            if value in names:
+                return [n for n in names if n != value]
+        return [value + "-changed"]
+    if value is None:
+        return [0.5]
+    if isinstance(value, int):
+        return [value + 1, value - 1, value * 2]
+    return [value / 2, value * 1.5]
+
+
+def test_no_value_of_params_yaml_goes_unread(committed):
+    """Change each value of params.yaml, one at a time, to another the schema accepts: some
+    stage's settings file changes (resolved at the value's own scale), or the value is one
+    of the few that DVC or a command reads directly, and that reader names it."""
+    unread, untried = [], []
+    for key, value in _values(committed):
+        within = [k for k in READ_ELSEWHERE if key == k or key.startswith(k + ".")]
+        if within:
+            reader, text = READ_ELSEWHERE[within[0]]
+            assert text in (REPO / reader).read_text(), (key, reader)
+            continue
+        if key == "scale" or (key.startswith("configs.") and value == {}):
+            continue  # the switch itself; a configuration of defaults only
+        base = copy.deepcopy(committed)
+        if key.startswith("scales."):
+            base["scale"] = key.split(".")[1]
+        before = params.resolve_all(validate(copy.deepcopy(base)), MANIFEST)
+        accepted = read = False
+        for other in _changed(key, value, committed["configs"]):
+            changed = copy.deepcopy(base)
+            *parents, last = key.split(".")
+            node = changed
+            for k in parents:
+                node = node[k]
+            node[last] = other
+            if last == "lr_schedule":  # its factor goes with the exponential schedule
+                node.update(lr_gamma=0.9) if other == "exponential" else node.pop("lr_gamma")
+            try:
+                validate(changed)
+            except ParamsError:
+                continue
+            accepted = True
+            read = read or params.resolve_all(changed, MANIFEST) != before
+        if not accepted:
+            untried.append(key)
+        elif not read:
+            unread.append(key)
+    assert not untried, f"no other value the schema accepts was found for {untried}"
+    assert not unread, f"values that no stage reads: {unread}"
+
+
+def test_no_configuration_repeats_what_it_inherits(committed):
+    """A configuration's override differs from what it would have without it (the
+    top-level default, or what its `from` configuration sets)."""
+    from minbert.pipeline.schema import config_values
+
+    for name, overrides in committed["configs"].items():
+        inherited = config_values(committed, overrides.get("from")) if overrides else None
+        for key, value in (overrides or {}).items():
+            if key == "smart":
+                assert all(inherited["smart"][k] != v for k, v in value.items()), name
+            elif key != "from":
+                assert inherited[key] != value, f"configs.{name}.{key} repeats {value!r}"
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["best"].update({"from": "bestest"}), r"configs.best.from = 'bestest' is not one of"),
+        (lambda c: c["concatenation"].update({"from": "best"}), r"'from' goes round in a circle"),
+    ],
+)
+def test_a_configuration_changes_one_that_exists(committed, edit, message):
+    edit(committed["configs"])
+    with pytest.raises(ParamsError, match=message):
+        validate(committed)
+
+
+def test_every_value_is_checked_by_a_declared_setting():
+    """The schema places parameters; what each accepts and means is declared on a
+    ``Setting`` (settings.py), never written into the schema."""
+    from minbert.pipeline.schema import SCHEMA, LeftOut, Partial
+    from minbert.settings import Setting
+
+    def leaves(node, path=""):
+        if isinstance(node, (dict, Partial)):
+            for k, v in node.items():
+                yield from leaves(v, f"{path}.{k}" if path else k)
+        else:
+            yield path, node
+
+    found = dict(leaves(SCHEMA))
+    assert len(found) > 100
+    assert not [k for k, v in found.items() if not isinstance(v, (Setting, LeftOut))]
+    assert all(s.meaning for s in found.values() if isinstance(s, Setting))

@@ -25,7 +25,8 @@ import pytest
 import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 
-from minbert.pipeline.params import resolve_all, validate
+from minbert.pipeline.params import multitask_settings, resolve_all, validate
+from minbert.pipeline.schema import lineage
 from minbert.results import read_result
 
 pytestmark = pytest.mark.slow  # the real pipeline through `dvc repro`
@@ -205,21 +206,22 @@ def test_status_is_clean_and_metrics_show_fits_a_terminal(pipeline):
 def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
     """Kill `dvc repro` of a fine-tuning stage once it has saved an epoch; `dvc repro`
     then reruns the stage, which resumes and ends with an uninterrupted run's numbers."""
-    state = pipeline / ".resume" / "multitask-best.pt"
+    state = pipeline / ".resume" / "multitask-best-adamw.pt"
     outputs = [
         pipeline / "metrics" / "multitask" / name
-        for name in ("best.json", "best-history.csv", "best-conflicts.csv")
+        for name in ("best-adamw.json", "best-adamw-history.csv", "best-adamw-conflicts.csv")
     ]
     env = tool_env()
     try:
-        # A new value for this stage only, so that DVC has no earlier result to restore.
+        # A new value for this stage only (no configuration changes best-adamw), so that DVC
+        # has no earlier result to restore.
         params = yaml.safe_load((pipeline / "params.yaml").read_text())
-        params["configs"]["best"]["smart"]["mu"] = 0.5
+        params["configs"]["best-adamw"]["smart"] = {"mu": 0.5}
         (pipeline / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         # The stage reads its settings from the resolve stage's file: `resolve` reruns
         # first (its upstream is unchanged), then the fine-tuning.
         proc = subprocess.Popen(
-            ["dvc", "repro", "multitask@best"],
+            ["dvc", "repro", "multitask@best-adamw"],
             cwd=pipeline,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -239,12 +241,12 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
             ["dvc", "repro"], cwd=pipeline, env=env, capture_output=True, text=True, timeout=600
         )
         assert rerun.returncode == 0, rerun.stderr
-        assert "Running stage 'multitask@best'" in rerun.stdout
-        assert "resumed from .resume/multitask-best.pt after epoch 1" in rerun.stdout + rerun.stderr
+        assert "Running stage 'multitask@best-adamw'" in rerun.stdout
+        assert "resumed from .resume/multitask-best-adamw.pt after epoch 1" in rerun.stdout + rerun.stderr
         assert not state.exists()
         assert json.loads(_run(["dvc", "status", "--json"], pipeline)) == {}
         resumed = [path.read_bytes() for path in outputs]
-        _run(["dvc", "repro", "--force", "--single-item", "multitask@best"], pipeline)
+        _run(["dvc", "repro", "--force", "--single-item", "multitask@best-adamw"], pipeline)
         assert [path.read_bytes() for path in outputs] == resumed
     finally:
         _run(["git", "checkout", "--", "."], pipeline)
@@ -330,11 +332,8 @@ def test_a_typo_or_a_rejected_value_stops_the_experiment_and_keeps_the_results(p
 def test_plots_overlay_the_configurations_and_none_is_empty(pipeline):
     plots = json.loads(_run(["dvc", "plots", "show", "--json"], pipeline))["data"]
     configs = set(yaml.safe_load((pipeline / "params.yaml").read_text())["configs"])
-    pcgrad = {
-        c
-        for c, o in yaml.safe_load((pipeline / "params.yaml").read_text())["configs"].items()
-        if o.get("gradient") == "pcgrad"
-    }
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    pcgrad = {c for c in configs if multitask_settings(params, c).gradient == "pcgrad"}
     assert {"dev-average", "sst-loss", "pcgrad-conflicts"} <= set(plots)
     for name, renders in plots.items():
         (render,) = renders
@@ -362,16 +361,17 @@ def _stages_a_change_reaches(pipeline: Path, edit) -> set[str]:
 
 
 def test_a_parameter_change_reruns_only_the_stages_it_reaches(pipeline):
-    configs = yaml.safe_load((pipeline / "params.yaml").read_text())["configs"]
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    configs = params["configs"]
     # SMART's momentum: only the configurations with SMART.
-    smart = {c for c, o in configs.items() if (o.get("smart") or {}).get("enabled")}
+    smart = {c for c in configs if multitask_settings(params, c).smart is not None}
     assert smart == {"best", "best-round-robin", "best-adamw", "best-summed", "best-round-robin-equal"}
     changed = _stages_a_change_reaches(pipeline, lambda p: p["smart"].update(beta=0.95))
     assert changed == {f"multitask@{c}" for c in smart}
     # The default optimizer: only the configurations that keep the default, the
     # fine-tuning of `baseline` from the MLM checkpoint, and the zero-shot row, whose SST
     # probe is the default configuration's head warm-up (the optimizer's weight decay).
-    keep_default = {c for c, o in configs.items() if "optimizer" not in o}
+    keep_default = {c for c in configs if not any("optimizer" in configs[n] for n in lineage(configs, c))}
     changed = _stages_a_change_reaches(pipeline, lambda p: p.update(optimizer="adamaxw"))
     assert changed == {f"multitask@{c}" for c in keep_default} | {
         "multitask-mlm@continue-baseline",

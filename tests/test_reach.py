@@ -12,6 +12,7 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from minbert.cli import app
+from minbert.pipeline.params import multitask_settings
 
 pytestmark = pytest.mark.slow  # DVC reads the project's pipeline on a scratch copy
 
@@ -28,8 +29,8 @@ def test_reach_lists_the_configurations_a_setting_reaches_and_changes_nothing():
     first, *lines = result.stdout.splitlines()
     stages = [line.split()[0] for line in lines]
     assert first == f"-S smart.beta=0.95: {len(stages)} stages rerun (against dvc.lock)"
-    configs = yaml.safe_load((REPO / "params.yaml").read_text())["configs"]
-    smart = {c for c, o in configs.items() if (o.get("smart") or {}).get("enabled")}
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    smart = {c for c in params["configs"] if multitask_settings(params, c).smart is not None}
     assert smart and set(stages) == {"resolve", "report"} | {f"multitask@{c}" for c in smart}
     assert stages[0] == "resolve" and stages[-1] == "report"
     assert lines[0].split(None, 1)[1] == "params.yaml: smart"

@@ -37,10 +37,10 @@ def test_the_readme_examples_use_the_model_the_block_names():
 
 
 def _copy(tmp_path):
-    """The README, docs/performance.md and what their blocks are made from, in a directory
-    of their own."""
+    """The README, docs/performance.md, docs/parameters.md and what their blocks are made
+    from, in a directory of their own."""
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
-    for path in (PERFORMANCE, STAGE_TIMES):
+    for path in (PERFORMANCE, STAGE_TIMES, Path("docs") / "parameters.md"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, tmp_path / path)
     (tmp_path / "reference").mkdir()
@@ -156,3 +156,20 @@ def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
     measured["load_average_at_start"][0] = 2.5
     block = regenerated(measured)
     assert "load average 2.50 at the start; other work during the run not measured" in block
+
+
+def test_the_parameter_table_follows_the_declarations(tmp_path):
+    """docs/parameters.md lists every parameter the schema places, with what its declared
+    setting accepts; a stale table is found."""
+    from minbert.pipeline.schema import described
+
+    repo = _copy(tmp_path)
+    table = (repo / "docs" / "parameters.md").read_text()
+    for key, accepts, meaning in described():
+        assert f"| `{key}` | {accepts} | {meaning} |" in table
+    row = "| `scales.<name>.multitask.epochs` | an integer >= 1 |"
+    assert row in table
+    stale = table.replace(row, row.replace("an integer >= 1", "a count"))
+    (repo / "docs" / "parameters.md").write_text(stale)
+    stale = _readme("--check", "--repo", str(repo))
+    assert stale.exit_code == 1 and "parameters.md" in stale.output

@@ -18,6 +18,7 @@ from minbert.settings import (
 
 __all__ = [
     "QUORA_OFFICIAL_TRAIN_PAIRS",
+    "head_warmup",
     "load",
     "mlm_settings",
     "multitask_settings",
@@ -69,7 +70,8 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         **{k: sized[k][task] for k in ("batch_size", "train_examples", "validation_examples")},
         **{k: sized[k] for k in ("dropout", "max_tokens")},
         **{k: common[k] for k in ("eval_batch_size", "weight_decay", "optimizer", "lr_schedule")},
-        **{k: common[k] for k in ("lr_gamma", "grad_clip")},
+        lr_gamma=common.get("lr_gamma", 1.0),  # read by the exponential schedule only
+        grad_clip=common["grad_clip"],
         # Full fine-tuning's head may learn faster than the encoder (``head_lr``);
         # with only the head training, the run's own lr is the head's.
         head_lr=None if mode == "last-layer" else sized["head_lr"],
@@ -99,6 +101,13 @@ def quora_batch_size(batch: int, sized: dict, quora_split: dict | None) -> int:
     return max(1, round(batch * pairs / QUORA_OFFICIAL_TRAIN_PAIRS))
 
 
+def head_warmup(params: dict) -> HeadWarmup:
+    """The scale's head warm-up; a key left out keeps its default (a scale without a
+    warm-up sets ``epochs: 0`` alone)."""
+    given = scale(params)["multitask"]["head_warmup"]
+    return _settings(HeadWarmup, **{k: tuple(v) if k == "tasks" else v for k, v in given.items()})
+
+
 def multitask_settings(
     params: dict, config: str | None, quora_split: dict | None = None
 ) -> MultitaskSettings:
@@ -107,7 +116,7 @@ def multitask_settings(
     paper-proportions``."""
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
-    smart, warmup = values["smart"], sized["head_warmup"]
+    smart = values["smart"]
     # The learning rates (each optimizer's own, searched on `best`: metrics/lr-search.json),
     # their schedule and the weight decay belong to the optimizer.
     optimizer = sized["optimizers"][values["optimizer"]]
@@ -121,7 +130,7 @@ def multitask_settings(
         batch_size=batch_size,
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
         **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
-        head_warmup=_settings(HeadWarmup, **{**warmup, "tasks": tuple(warmup["tasks"])}),
+        head_warmup=head_warmup(params),
         **{k: common[k] for k in ("grad_clip", "compile")},
         eval_batch_size=sized["eval_batch_size"],
         seed=params["seed"],
@@ -190,12 +199,12 @@ def resolve_zero_shot(params: dict, quora_split: dict) -> dict:
 
 def resolve_features(params: dict) -> dict:
     """The head warm-up's vectors: the tasks it fits at this scale (none without a warm-up)."""
-    warmup = scale(params)["multitask"]["head_warmup"]
+    warmup = head_warmup(params)
     return {
         **_run_context(params),
         "pooling": scale(params)["pooling"],
         "eval_batch_size": scale(params)["multitask"]["eval_batch_size"],
-        "tasks": list(warmup["tasks"]) if warmup["epochs"] else [],
+        "tasks": list(warmup.tasks) if warmup.epochs else [],
     }
 
 

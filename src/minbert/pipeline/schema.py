@@ -1,35 +1,32 @@
 """``params.yaml`` read as YAML 1.2 and checked, every key, before any work starts (the
-``resolve`` stage; ``minbert check-params``). A schema maps a key to a type, a ``Range`` for
-a number, a tuple of allowed names, a nested schema or ``[item]`` for a list (``*``: any key;
-a ``Partial`` mapping's keys may be left out); an unknown key, a wrong type, a number out of
-its range or a name outside its registry is an error naming the key, the value and what is
-allowed. Needs no torch: the data stage checks its own section (``load_data``)."""
+``resolve`` stage; ``minbert check-params``). The schema places each parameter in the
+file; what it accepts and means is declared once, on the settings field it sets
+(``minbert.settings``: a ``Setting``). A schema maps a key to a ``Setting`` or a nested
+schema (``*``: any key; a ``Partial`` mapping's keys may be left out); an unknown key, a
+wrong type, a number out of its range or a name outside its registry is an error naming
+the key, the value and what is allowed. Needs no torch: the data stage checks its own
+section (``load_data``)."""
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from minbert import settings as s
 from minbert.results import RECORD_SUFFIX
 from minbert.settings import (
-    CARVED_QUORA_BATCH,
-    DEVICES,
-    DROPOUT_MASKS,
-    GRADIENT_MODES,
-    MLM_SOURCES,
-    MLM_STARTS,
-    OPTIMIZERS,
-    PAIR_HEADS,
-    POOLINGS,
-    PROJECTIONS,
-    SCHEDULERS,
-    SENTIMENT_MODES,
-    STS_OUTPUTS,
+    HeadWarmup,
+    MlmSettings,
+    MultitaskSettings,
+    Range,
+    SentimentSettings,
+    Setting,
+    SmartSettings,
+    declared,
 )
 from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
@@ -55,39 +52,17 @@ class Partial(dict):
 
 
 @dataclass(frozen=True)
-class Range:
-    """A finite number from ``low`` to ``high`` (None: no upper bound); an open end excludes
-    its bound. ``integer``: a whole number (an int, never a bool); ``null``: may be empty."""
+class LeftOut:
+    """A key that may be left out where it would not be read (``lr_gamma`` without the
+    exponential schedule)."""
 
-    low: float
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    integer: bool = False
-    null: bool = False
-
-    def types(self) -> tuple[type, ...]:
-        return (int,) if self.integer else (int, float)
-
-    def holds(self, value: float) -> bool:
-        return (
-            (isinstance(value, int) or math.isfinite(value))
-            and (value > self.low if self.low_open else value >= self.low)
-            and (self.high is None or (value < self.high if self.high_open else value <= self.high))
-        )
-
-    def __str__(self) -> str:
-        what = "an integer" if self.integer else "a number"
-        low, high = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.low, self.high))
-        if self.high is None:
-            text = f"{what} {'>' if self.low_open else '>='} {low}"
-        else:
-            text = f"{what} in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
-        return text + ", or empty (null)" * self.null
+    setting: Setting
 
 
 def check(value: Any, schema: Any, key: str, source: str) -> None:
-    if isinstance(schema, dict):
+    if isinstance(schema, (Setting, LeftOut)):
+        check(value, schema.allowed if isinstance(schema, Setting) else schema.setting, key, source)
+    elif isinstance(schema, dict):
         if not isinstance(value, dict):
             raise ParamsError(f"{source}: {key} must be a mapping, got {value!r}")
         for k, v in value.items():
@@ -98,7 +73,13 @@ def check(value: Any, schema: Any, key: str, source: str) -> None:
                     f"allowed: {', '.join(sorted(schema))}"
                 )
             check(v, sub, f"{key}.{k}" if key else str(k), source)
-        missing = [] if isinstance(schema, Partial) else [k for k in schema if k != "*" and k not in value]
+        missing = (
+            []
+            if isinstance(schema, Partial)
+            else [
+                k for k, sub in schema.items() if k != "*" and k not in value and not isinstance(sub, LeftOut)
+            ]
+        )
         if missing:
             raise ParamsError(f"{source}: {key or 'top level'} lacks {', '.join(missing)}")
     elif isinstance(schema, list):
@@ -128,146 +109,117 @@ def check(value: Any, schema: Any, key: str, source: str) -> None:
             raise ParamsError(f"{source}: {key} must be {names}, got {value!r}")
 
 
-# The ranges of the numbers.
-_COUNT = Range(1, integer=True)  # epochs, batch sizes, layers: at least one
-_SIZE = Range(0, integer=True)  # examples, sequences, tokens: 0 is "all" (or "no limit", "none")
-_SEED = Range(0, 2**32 - 1, integer=True)
-_LR = Range(0, 1, low_open=True)  # a learning rate
-_GAMMA = Range(0, 1, low_open=True)  # the exponential schedule's factor per epoch
-_WEIGHT = Range(0)  # a weight decay, a clipping norm, a loss weight: 0 switches it off
-_POSITIVE = Range(0, low_open=True)
-_FRACTION = Range(0, 1, low_open=True, high_open=True)
-_DROPOUT = Range(0, 1, high_open=True)
-# Room for [CLS] a [SEP] b [SEP] with a token each, up to BERT's 512 positions.
-_MAX_LENGTH = Range(5, 512, integer=True)
-
-DATA_SCHEMA = {
-    "source": str,
-    "allow_unverified": bool,
-    "verify_checksums": bool,
-    "quora_holdout_fraction": _FRACTION,
-    "split_seed": _SEED,
-    "skip_ids": {"*": {"*": str}},
-}
+def _fields(cls: type, *names: str) -> dict[str, Setting]:
+    return {name: declared(cls, name) for name in names}
 
 
-_PER_MULTITASK_TASK = {task: _COUNT for task in MULTITASK_TASKS}
-_SIZE_PER_MULTITASK_TASK = {task: _SIZE for task in MULTITASK_TASKS}
-_PER_SENTIMENT_TASK = {task: _COUNT for task in SENTIMENT_TASKS}
-# One optimizer's hyperparameters; lr_gamma is needed by the exponential schedule only.
-_OPTIMIZER = Partial(
-    {
-        "lr": _LR,
-        "head_lr": _LR,
-        "lr_schedule": tuple(SCHEDULERS),
-        "lr_gamma": _GAMMA,
-        "weight_decay": _WEIGHT,
-    }
-)
+def _each(keys, setting: Setting) -> dict[str, Setting]:
+    """One value per key (per task, per mode, ...), each set as ``setting`` says."""
+    return {key: setting for key in keys}
+
+
+M, W = MultitaskSettings, SentimentSettings
+CONFIG_PARENT = s.CONFIG_PARENT
+DATA_SCHEMA = dict(s.DATA)
+# One optimizer's hyperparameters; lr_gamma is read by the exponential schedule only.
+_LR_GAMMA = {"lr_gamma": LeftOut(s.LR_GAMMA)}
+_OPTIMIZER = {**_fields(M, "lr", "head_lr", "lr_schedule", "weight_decay"), **_LR_GAMMA}
 _SCALE = {
-    "max_length": {task: _MAX_LENGTH for task in TASKS},
-    "pooling": tuple(POOLINGS),
+    "max_length": _each(TASKS, s.MAX_LENGTH),
+    "pooling": s.POOLING,
     "sentiment": {
-        "batch_size": _PER_SENTIMENT_TASK,
-        "dropout": _DROPOUT,
-        "max_tokens": _SIZE,
-        "epochs": {mode: _COUNT for mode in SENTIMENT_MODES},
-        # Stop after this many epochs in a row no better on validation (0: run every epoch).
-        "patience": {mode: _SIZE for mode in SENTIMENT_MODES},
-        "train_examples": {task: _SIZE for task in SENTIMENT_TASKS},
-        "validation_examples": _PER_SENTIMENT_TASK,
-        "head_lr": Range(0, 1, low_open=True, null=True),  # null: the run's own lr
+        **{
+            k: _each(SENTIMENT_TASKS, declared(W, k))
+            for k in ("batch_size", "train_examples", "validation_examples")
+        },
+        **_fields(W, "dropout", "max_tokens", "head_lr"),
+        **{k: _each(s.SENTIMENT_MODES, declared(W, k)) for k in ("epochs", "patience")},
     },
     "multitask": {
-        "eval_batch_size": _COUNT,
-        "epochs": _COUNT,
-        "dropout": _DROPOUT,
-        "batch_size": _PER_MULTITASK_TASK,
-        "train_examples": _SIZE_PER_MULTITASK_TASK,
-        "validation_examples": _PER_MULTITASK_TASK,
-        "carved_quora_batch": CARVED_QUORA_BATCH,
-        "history_examples": {"dev": _SIZE, "train": _SIZE},
-        "head_warmup": {
-            "epochs": _SIZE,  # 0: no warm-up
-            "lr": _LR,
-            "batch_size": _COUNT,
-            "tasks": [tuple(MULTITASK_TASKS)],
+        **_fields(M, "eval_batch_size", "epochs", "dropout", "carved_quora_batch", "test_predictions"),
+        **{
+            k: _each(MULTITASK_TASKS, declared(M, k))
+            for k in ("batch_size", "train_examples", "validation_examples")
         },
-        "test_predictions": bool,
-        "optimizers": {name: _OPTIMIZER for name in OPTIMIZERS},
+        "history_examples": _each(("dev", "train"), declared(M, "history_examples")),
+        "head_warmup": Partial(_fields(HeadWarmup, "epochs", "lr", "batch_size", "tasks")),
+        "optimizers": _each(s.OPTIMIZERS, _OPTIMIZER),
     },
-    "mlm": {"max_length": _MAX_LENGTH, "epochs": _COUNT, "batch_size": _COUNT, "sequences": _SIZE},
+    "mlm": _fields(MlmSettings, "max_length", "epochs", "batch_size", "sequences"),
 }
-_SMART = {
-    "enabled": bool,
-    "lambda_s": _WEIGHT,
-    "epsilon": _POSITIVE,
-    # A zero start sits at the divergence's minimum, where its gradient is zero: the
-    # ascent would never move.
-    "noise_std": _POSITIVE,
-    "step_size": _POSITIVE,
-    "steps": _COUNT,
-    "mu": _WEIGHT,
-    "beta": Range(0, 1, high_open=True),  # 1 would freeze the teacher at its start
-    "projection": PROJECTIONS,
-    "token_norm": _POSITIVE,
-    "dropout_masks": DROPOUT_MASKS,
-}
+_SMART = {"enabled": s.SMART_ENABLED, **_fields(SmartSettings, *(f.name for f in fields(SmartSettings)))}
 # The keys a configuration may override; their shared defaults sit at top level.
 _CONFIG = {
-    "optimizer": tuple(OPTIMIZERS),
-    "paraphrase_head": tuple(n for n, tasks in PAIR_HEADS.items() if "quora" in tasks),
-    "sts_head": tuple(n for n, tasks in PAIR_HEADS.items() if "sts" in tasks),
-    "sts_output": STS_OUTPUTS,
-    "gradient": GRADIENT_MODES,
-    "batch_size_factor": _COUNT,
+    **_fields(M, "optimizer", "paraphrase_head", "sts_head", "sts_output", "gradient"),
+    "batch_size_factor": s.BATCH_SIZE_FACTOR,
     "smart": _SMART,
 }
 SCHEMA: dict[str, Any] = {
     **_CONFIG,
-    "configs": {"*": Partial({**_CONFIG, "smart": Partial(_SMART)})},
-    "multitask": {
-        "grad_clip": _WEIGHT,
-        "compile": bool,
-    },
-    "zero_shot": {"quora_train_pairs": _SIZE},
-    "seed_study": {"seeds": [_SEED], "configs": [str], "jobs": _COUNT},
-    "seed": _SEED,
-    "device": DEVICES,
-    "launcher": str,  # checked in validate()
-    "checkpoint": str,
-    "scale": str,  # checked against the keys of `scales` below
+    "configs": {"*": Partial({"from": CONFIG_PARENT, **_CONFIG, "smart": Partial(_SMART)})},
+    "multitask": _fields(M, "grad_clip", "compile"),
+    "zero_shot": {"quora_train_pairs": s.QUORA_TRAIN_PAIRS},
+    "seed_study": {"seeds": s.SEED_STUDY_SEEDS, "configs": s.SEED_STUDY_CONFIGS, "jobs": s.SEED_STUDY_JOBS},
+    "seed": s.SEED,
+    "device": s.DEVICE,
+    "launcher": s.LAUNCHER,  # checked in validate()
+    "checkpoint": s.CHECKPOINT,
+    "scale": s.SCALE,  # checked against the keys of `scales` below
     "data": DATA_SCHEMA,
     "scales": {"*": _SCALE},
     "mlm": {
-        "pretrain": [MLM_STARTS],
-        "finetune": [str],  # names from `configs`, checked in validate()
-        "sources": [MLM_SOURCES],
-        "mask_prob": _FRACTION,
-        "heldout_fraction": _FRACTION,
-        "weight_decay": _WEIGHT,
-        "grad_clip": _WEIGHT,
-        "starts": {
-            "continue": {"lr": _LR},
-            "scratch": {
-                "lr": _LR,
-                "hidden_size": _COUNT,
-                "num_hidden_layers": _COUNT,
-                "num_attention_heads": _COUNT,
-                "intermediate_size": _COUNT,
-            },
-        },
+        "pretrain": s.MLM_PRETRAIN,
+        "finetune": s.MLM_FINETUNE,  # names from `configs`, checked in validate()
+        **_fields(MlmSettings, "sources", "mask_prob", "heldout_fraction", "weight_decay", "grad_clip"),
+        "starts": {"continue": {"lr": s.MLM_LR}, "scratch": {"lr": s.MLM_LR, **s.SCRATCH_MODEL}},
     },
     "sentiment": {
-        "eval_batch_size": _COUNT,
-        "weight_decay": _WEIGHT,
-        "optimizer": tuple(OPTIMIZERS),
-        "lr_schedule": tuple(SCHEDULERS),
-        "lr_gamma": _GAMMA,
-        "grad_clip": _WEIGHT,
-        "runs": {"*": {"task": SENTIMENT_TASKS, "mode": SENTIMENT_MODES, "lr": _LR}},
+        **_fields(W, "eval_batch_size", "weight_decay", "optimizer", "lr_schedule", "grad_clip"),
+        **_LR_GAMMA,
+        "runs": {"*": _fields(W, "task", "mode", "lr")},
     },
 }
+
+
+def allowed_text(schema: Any) -> str:
+    """What a parameter accepts, in words."""
+    if isinstance(schema, LeftOut):
+        return allowed_text(schema.setting) + ", only with lr_schedule: exponential"
+    allowed = schema.allowed if isinstance(schema, Setting) else schema
+    if isinstance(allowed, tuple):
+        return " \\| ".join(f"`{name}`" for name in allowed)
+    if isinstance(allowed, list):
+        return "a list of " + allowed_text(allowed[0])
+    if isinstance(allowed, dict):
+        return "a mapping of names to " + allowed_text(allowed["*"])
+    return {bool: "true \\| false", str: "text"}.get(allowed, str(allowed))
+
+
+def described(schema: Any = None, key: str = "") -> list[tuple[str, str, str]]:
+    """(key, what it accepts, what it means) of every parameter, in the file's order; one
+    row for a value per task (or mode, or optimizer): ``{sst,quora,sts}``; ``<name>``: any
+    key."""
+    schema = SCHEMA if schema is None else schema
+    rows = []
+    for k, sub in schema.items():
+        where = (f"{key}.{k}" if key else k).replace("*", "<name>")
+        if where == "configs":
+            rows += [
+                ("configs.<name>.from", allowed_text(CONFIG_PARENT), CONFIG_PARENT.meaning),
+                ("configs.<name>.<key>", "as the key at top level", "this configuration's value of "
+                 f"a top-level key ({', '.join(_CONFIG)}; smart's one by one)"),
+            ]  # fmt: skip
+            continue
+        same = list(sub.values()) if isinstance(sub, dict) else []
+        if len(same) > 1 and all(v is same[0] for v in same):
+            where, sub = f"{where}.{{{','.join(sub)}}}", same[0]
+        if isinstance(sub, dict):
+            rows += described(sub, where)
+        else:
+            rows.append(
+                (where, allowed_text(sub), (sub.setting if isinstance(sub, LeftOut) else sub).meaning)
+            )
+    return rows
 
 
 # A run's name becomes a DVC stage name and file names (``<name>.json``, and its record
@@ -298,29 +250,51 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
             raise ParamsError(
                 f"{source}: {key} names {unknown}, which are not in configs: {sorted(params['configs'])}"
             )
+    schedules = {"sentiment": params["sentiment"]}
     for name, scale_params in params["scales"].items():
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
-            key = f"scales.{name}.multitask.optimizers.{optimizer}"
-            missing = [k for k in ("lr", "head_lr", "lr_schedule", "weight_decay") if k not in spec]
-            if spec.get("lr_schedule") == "exponential" and "lr_gamma" not in spec:
-                missing.append("lr_gamma (the exponential schedule's factor per epoch)")
-            if missing:
-                raise ParamsError(f"{source}: {key} lacks {', '.join(missing)}")
+            schedules[f"scales.{name}.multitask.optimizers.{optimizer}"] = spec
+    for key, spec in schedules.items():
+        if (spec["lr_schedule"] == "exponential") != ("lr_gamma" in spec):
+            raise ParamsError(
+                f"{source}: {key}: lr_gamma (the exponential schedule's factor per epoch) goes with "
+                f"lr_schedule: exponential and only with it; lr_schedule is {spec['lr_schedule']}"
+            )
     if not params["mlm"]["sources"]:
-        raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(MLM_SOURCES)}")
+        raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(s.MLM_SOURCES)}")
+    for name in params["configs"]:
+        lineage(params["configs"], name, source)
     return params
 
 
+def lineage(configs: dict, name: str, source: str = "params.yaml") -> list[str]:
+    """The configuration ``name`` and those it changes (``from``), the furthest first."""
+    chain = [name]
+    while (parent := (configs[chain[-1]] or {}).get("from")) is not None:
+        if parent not in configs:
+            raise ParamsError(
+                f"{source}: configs.{chain[-1]}.from = {parent!r} is not one of {sorted(configs)}"
+            )
+        if parent in chain:
+            raise ParamsError(
+                f"{source}: configs.{name}: 'from' goes round in a circle: {' -> '.join(chain)}"
+            )
+        chain.append(parent)
+    return chain[::-1]
+
+
 def config_values(params: dict, config: str | None) -> dict:
-    """A configuration's effective choices: the top-level defaults, then its overrides
-    (``None``: the defaults alone)."""
+    """A configuration's effective choices: the top-level defaults, then the overrides of
+    each configuration it changes (``from``), then its own (``None``: the defaults alone)."""
     configs = params["configs"]
     if config is not None and config not in configs:
         raise ParamsError(f"configuration {config!r} is not one of {sorted(configs)}")
-    overrides = (configs[config] if config is not None else None) or {}
     values = {key: params[key] for key in _CONFIG}
-    values.update({k: v for k, v in overrides.items() if k != "smart"})
-    values["smart"] = {**params["smart"], **overrides.get("smart", {})}
+    values["smart"] = dict(params["smart"])
+    for name in [] if config is None else lineage(configs, config):
+        overrides = configs[name] or {}
+        values.update({k: v for k, v in overrides.items() if k not in ("smart", "from")})
+        values["smart"].update(overrides.get("smart", {}))
     return values
 
 

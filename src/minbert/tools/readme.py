@@ -2,8 +2,9 @@
 ``results`` (ours beside the paper's, ``reference/paper.yaml``) and ``model`` (the
 configuration the report ranks highest, beside the untrained checkpoint, and the commands
 that try it), from metrics/; docs/performance.md's ``stage-times``, from the last
-``bench/stage_memory.py`` run. ``minbert readme`` rewrites them; ``tests/test_readme.py``
-fails while they differ."""
+``bench/stage_memory.py`` run; docs/parameters.md's ``parameters``, from the settings'
+declarations (``minbert.settings``, placed by ``minbert.pipeline.schema``).
+``minbert readme`` rewrites them; ``tests/test_readme.py`` fails while they differ."""
 
 from __future__ import annotations
 
@@ -146,11 +147,22 @@ def stage_times_block(result_file: Path) -> str:
     return "\n".join([*table, "", _wrap(prose)])
 
 
+def parameters_block() -> str:
+    """Every parameter of params.yaml: where it sits, what it accepts, what it sets."""
+    from minbert.pipeline.schema import described
+
+    rows = [md_row([f"`{key}`", accepts, meaning]) for key, accepts, meaning in described()]
+    return "\n".join([*md_header(["key", "accepts", "what it sets"]), *rows])
+
+
 # Each document's blocks: name -> (what it is made from, how it is made from the repository).
 DOCUMENTS = {
     Path("README.md"): {
         "results": ("metrics/", lambda repo: results_block(repo / "metrics", repo / PAPER)),
         "model": ("metrics/", lambda repo: model_block(repo / "metrics")),
+    },
+    Path("docs") / "parameters.md": {
+        "parameters": ("src/minbert/settings.py", lambda repo: parameters_block()),
     },
     Path("docs") / "performance.md": {
         "stage-times": (STAGE_TIMES.as_posix(), lambda repo: stage_times_block(repo / STAGE_TIMES)),
