@@ -1,6 +1,7 @@
 """The model card of a fine-tuned multitask model: ``README.md`` in its directory, in the
 style of a Hugging Face model card (metadata, what it is, its data and scale, its dev
-scores with intervals, how to load it), written from the run's metrics and record."""
+scores with intervals, how to load it), written from the run's typed record
+(``minbert.pipeline.run_record``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from minbert.data.batches import TokenizedTable
 from minbert.metrics import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, average_interval, interval
+from minbert.pipeline.run_record import MultitaskRun
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 MODEL_CARD = "README.md"
@@ -34,15 +36,15 @@ def _per_task(counts: dict) -> str:
     return ", ".join(f"{TASKS[t].title} {n:,}" for t, n in counts.items())
 
 
-def model_card(name: str, numbers: dict, record: dict, intervals: dict[str, Interval], directory: str) -> str:
+def model_card(name: str, run: MultitaskRun, intervals: dict[str, Interval], directory: str) -> str:
     """The card's Markdown; ``directory``: where the model lies, as its commands name it."""
-    s, ck = record["settings"], record["checkpoint"]
-    schedule = f"× {s['lr_gamma']} per epoch" if s["lr_schedule"] == "exponential" else "constant"
-    quora = record["data_split"]["quora"]
+    s, ck = run.settings, run.checkpoint
+    schedule = f"× {s.lr_gamma} per epoch" if s.lr_schedule == "exponential" else "constant"
+    quora = run.data_split["quora"]
     trained_on = ck.get("training_data")
     rows = [
         f"| {TASKS[t].metric_title} | {iv.value:.4f} | [{iv.low:.4f}, {iv.high:.4f}] "
-        f"| {record['dev_examples'][t]:,} |"
+        f"| {run.dev_examples[t]:,} |"
         for t, iv in ((t, intervals[t]) for t in MULTITASK_TASKS)
     ]
     average = intervals[AVERAGE]
@@ -62,19 +64,19 @@ def model_card(name: str, numbers: dict, record: dict, intervals: dict[str, Inte
         f"A BERT encoder (`{ck['name']}`, {ck['weights']} sha256 {ck['sha256'][:12]}…) fine-tuned "
         "with three task heads sharing it: SST 5-class sentiment, Quora paraphrase detection "
         "and STS similarity (0–5), by the minbert pipeline "
-        f"(`dvc repro`, stage `multitask@{record['config']}`).",
+        f"(`dvc repro`, stage `multitask@{run.context.name}`).",
         "",
         "## Training",
         "",
-        f"- Heads: paraphrase `{s['paraphrase_head']}`, STS `{s['sts_head']}` (output "
-        f"`{s['sts_output']}`), pooling `{s['pooling']}`, dropout {s['dropout']}.",
-        f"- Steps: `{s['gradient']}`; {s['optimizer']} lr {s['lr']:g} (heads {s['head_lr']:g}), "
-        f"{schedule}, weight decay {s['weight_decay']}; SMART {'on' if s.get('smart') else 'off'}.",
-        f"- Data: training examples {_per_task(record['train_examples'])}; batch "
-        f"{_per_task(record['batch_size'])}; validation split {_per_task(record['validation_examples'])} "
+        f"- Heads: paraphrase `{s.paraphrase_head}`, STS `{s.sts_head}` (output "
+        f"`{s.sts_output}`), pooling `{s.pooling}`, dropout {s.dropout}.",
+        f"- Steps: `{s.gradient}`; {s.optimizer} lr {s.lr:g} (heads {s.head_lr:g}), "
+        f"{schedule}, weight decay {s.weight_decay}; SMART {'on' if s.smart else 'off'}.",
+        f"- Data: training examples {_per_task(run.train_examples)}; batch "
+        f"{_per_task(s.batch_size)}; validation split {_per_task(run.validation_examples)} "
         "(set aside from the training rows; it chose the epoch).",
-        f"- Epoch {numbers['epoch']} of {record['epochs']} kept, after {numbers['steps']:,} optimizer "
-        f"steps; seed {record['seed']}; scale `{record['scale']}`; device {record['device']}.",
+        f"- Epoch {run.best_epoch} of {s.epochs} kept, after {run.optimizer_steps:,} optimizer "
+        f"steps; seed {s.seed}; scale `{run.context.scale}`; device {run.device}.",
     ]
     if quora.get("kind") != "official":
         sizes = (
