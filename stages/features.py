@@ -1,5 +1,5 @@
-"""Stage `features`: the frozen checkpoint's pooled vectors of every training row, for
-the head warm-up.
+"""Stage `features`: the frozen checkpoint's pooled vectors of the rows the runs take and
+of dev, for the head warm-up and each run's start.
 
 Its paths come from its cmd in dvc.yaml."""
 

@@ -42,8 +42,9 @@ def _model_and_data(tokenized, checkpoint, paraphrase_head="siamese-concat-diff"
     return model, data
 
 
-def _features_stage(checkpoint, tokenized, out) -> dict:
-    """The `features` stage on the tiny tables and checkpoint (scoring batches of 7)."""
+def _features_stage(checkpoint, tokenized, out, train_examples=0, validation_examples=4, seed=0) -> dict:
+    """The `features` stage on the tiny tables and checkpoint (scoring batches of 7); the
+    runs' rows: every training row by default."""
     from minbert.pipeline.features import run
 
     resolved = {
@@ -53,6 +54,9 @@ def _features_stage(checkpoint, tokenized, out) -> dict:
         "pooling": "mean",
         "eval_batch_size": 7,
         "tasks": list(MULTITASK_TASKS),
+        "seed": seed,
+        "train_examples": dict.fromkeys(MULTITASK_TASKS, train_examples),
+        "validation_examples": dict.fromkeys(MULTITASK_TASKS, validation_examples),
     }
     return run(resolved, tokenized / "tok", out)
 
@@ -204,3 +208,36 @@ def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(
         for task in ("sst", "quora"):
             np.testing.assert_array_equal(read_predictions[task], encoded_predictions[task])
         np.testing.assert_allclose(read_predictions["sts"], encoded_predictions["sts"], atol=1e-4)
+
+
+def test_the_features_stage_takes_the_runs_rows_and_other_rows_are_encoded(
+    tokenized, tiny_checkpoint, tmp_path
+):
+    """The `features` stage encodes the training and validation rows the runs of its seed
+    take (every configuration takes the same), not the whole split; a warm-up of other
+    rows (another seed) encodes them itself and fits what encoding every row fits."""
+    from minbert.data.validation_split import run_rows
+    from minbert.train.head_warmup import ProbeFeatures, feature_file
+
+    _features_stage(tiny_checkpoint, tokenized, tmp_path / "features", train_examples=6, seed=3)
+    features = ProbeFeatures(tmp_path / "features")
+    others = {}
+    for task in MULTITASK_TASKS:
+        table = TokenizedTable.read(tokenized / "tok" / f"{task}-train.parquet")
+        train, validation = run_rows(table, 4, 6, 3)
+        taken = features.index["files"][feature_file(task, "train", False)]["ids"]
+        assert sorted(taken) == sorted([*train.ids, *validation.ids]) and len(taken) < len(table)
+        assert features.covers(TaskData(task, train, False), "train")
+        others[task] = run_rows(table, 4, 6, 4)  # another seed's
+    assert not all(features.covers(TaskData(t, train, False), "train") for t, (train, _) in others.items())
+    cpu, fitted = torch.device("cpu"), []
+    for given in (None, features):
+        model, _ = _model_and_data(tokenized, tiny_checkpoint, "cross-encoder", "cross-encoder")
+        train = {t: TaskData(t, rows[0], False) for t, rows in others.items()}
+        validation = {t: TaskData(t, rows[1], False) for t, rows in others.items()}
+        warm_up_heads(
+            model, train, validation, _settings(HeadWarmup(3, 1e-2, batch_size=4), 0.0, 1), cpu, given
+        )
+        fitted.append(model.heads.state_dict())
+    for k, v in fitted[0].items():
+        torch.testing.assert_close(v, fitted[1][k], atol=1e-5, rtol=1e-4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minbert.data.batches import TokenizedTable
+from minbert.data.batches import TokenizedTable, subsample
 from minbert.data.quora_split import holdout_mask
 from minbert.data.strata import label_strata
 
@@ -24,3 +24,12 @@ def carve_validation(table: TokenizedTable, n: int, seed: int) -> tuple[Tokenize
     strata = None if table.labels is None else label_strata(table.labels)
     held = holdout_mask(table.ids, n / len(table), seed, table.groups, strata)
     return table.subset(np.flatnonzero(~held)), table.subset(np.flatnonzero(held))
+
+
+def run_rows(
+    table: TokenizedTable, validation_examples: int, train_examples: int, seed: int
+) -> tuple[TokenizedTable, TokenizedTable]:
+    """(the training rows, the validation rows) a run of ``seed`` takes from a training
+    split: the validation split carved out, ``train_examples`` drawn from the rest (0: all)."""
+    rest, validation = carve_validation(table, validation_examples, seed)
+    return subsample(rest, train_examples, seed), validation

@@ -198,13 +198,17 @@ def resolve_zero_shot(params: dict, quora_split: dict) -> dict:
 
 
 def resolve_features(params: dict) -> dict:
-    """The head warm-up's vectors: the tasks it fits at this scale (none without a warm-up)."""
-    warmup = head_warmup(params)
+    """The head warm-up's vectors: the tasks it fits at this scale (none without a
+    warm-up), of the training and validation rows the runs of this seed take (every
+    configuration takes the same) and of dev."""
+    warmup, sized = head_warmup(params), scale(params)["multitask"]
     return {
         **_run_context(params),
         "pooling": scale(params)["pooling"],
-        "eval_batch_size": scale(params)["multitask"]["eval_batch_size"],
+        "eval_batch_size": sized["eval_batch_size"],
         "tasks": list(warmup.tasks) if warmup.epochs else [],
+        "seed": params["seed"],
+        **{k: dict(sized[k]) for k in ("train_examples", "validation_examples")},
     }
 
 

@@ -74,7 +74,7 @@ def pooled_vectors(
 
 class ProbeFeatures:
     """The ``features`` stage's output: per task, split and :func:`layout`, the frozen
-    checkpoint's pooled vectors of every row (``<task>-<split>-<layout>.npy``), with
+    checkpoint's pooled vectors of the rows it took (``<task>-<split>-<layout>.npy``), with
     ``index.json`` naming the checkpoint, the pooling and each file's rows."""
 
     INDEX = "index.json"
@@ -154,7 +154,8 @@ def warm_up_heads(
     devices = [device] if device.type == "cuda" else []
 
     def vectors(data: TaskData) -> torch.Tensor:
-        if features is not None:
+        # Rows other than the stage's (another seed, a benchmark's sizes) are encoded here.
+        if features is not None and features.covers(data, "train"):
             return features.vectors(data, data.table.ids, device)
         return pooled_vectors(model, data.task, data, settings.eval_batch_size, device)
 

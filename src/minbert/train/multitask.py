@@ -54,8 +54,8 @@ class MultitaskResult:
     examples_seen: dict[str, int] = field(default_factory=dict)  # training rows consumed, all epochs
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
     test_ids: dict[str, list[str]] = field(default_factory=dict)
-    # Per task, the ids of the training rows the model learned from (the heads' warm-up
-    # reads every row outside validation; fine-tuning, a subset) and of the validation rows.
+    # Per task, the ids of the training rows the model learned from (the heads' warm-up and
+    # fine-tuning read the same rows) and of the validation rows.
     training_ids: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     model: MultitaskBert | None = None  # with the best epoch's weights
 

@@ -11,7 +11,7 @@ import torch
 
 from minbert.data.batches import TokenizedTable, subsample
 from minbert.data.multitask import TaskData
-from minbert.data.validation_split import carve_validation
+from minbert.data.validation_split import run_rows
 from minbert.distributed import World
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
@@ -68,12 +68,14 @@ def run_data(
     def data(task: str, table: TokenizedTable, limit: int = 0, seed: int = settings.seed) -> TaskData:
         return TaskData(task, subsample(table, limit, seed), model.is_siamese(task))
 
-    carved = {
-        t: carve_validation(tables[t, "train"], settings.validation_examples[t], settings.seed)
+    rows = {
+        t: run_rows(
+            tables[t, "train"], settings.validation_examples[t], settings.train_examples[t], settings.seed
+        )
         for t in MULTITASK_TASKS
     }
-    validation = {t: data(t, carved[t][1]) for t in MULTITASK_TASKS}
-    train = {t: data(t, carved[t][0], settings.train_examples[t]) for t in MULTITASK_TASKS}
+    train = {t: data(t, rows[t][0]) for t in MULTITASK_TASKS}
+    validation = {t: data(t, rows[t][1]) for t in MULTITASK_TASKS}
     dev = {t: data(t, tables[t, "dev"]) for t in MULTITASK_TASKS if (t, "dev") in tables}  # none: a search
     test = {
         t: data(t, tables[t, "test"])
