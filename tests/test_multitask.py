@@ -257,6 +257,67 @@ def test_every_gradient_mode_lowers_the_loss_of_a_tiny_batch(
     assert (losses[-1] < losses[0]).all(), (losses[0], losses[-1])
 
 
+def _step_after(tiny_params, tokenized, config: str, max_tokens: int, rows: dict) -> tuple:
+    """The losses and the gradients (clipped) of one step of ``config`` (no dropout) on
+    ``rows`` with ``max_tokens``."""
+    import dataclasses
+
+    from minbert.train.multitask_step import MultitaskStep
+
+    settings = params_module.multitask_settings(tiny_params, config)
+    settings = dataclasses.replace(settings, max_tokens=max_tokens)
+    torch.manual_seed(0)
+    model = MultitaskBert(
+        BertModel.from_pretrained(tiny_params["checkpoint"]),
+        settings.paraphrase_head,
+        settings.sts_head,
+        0.0,
+        "mean",
+    )
+    for module in model.modules():  # no dropout: the two runs draw their masks in other shapes
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "dropout_p"):
+            module.dropout_p = 0.0
+    train = {
+        t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
+        for t in MULTITASK_TASKS
+    }
+    step = MultitaskStep(settings, model, train, torch.device("cpu"))
+    losses, _ = step(rows)
+    step.flush()
+    return losses, [p.grad.clone() for p in model.parameters() if p.grad is not None], train
+
+
+@pytest.mark.parametrize("config", ["best-round-robin", "best-summed"])
+def test_a_batch_cut_into_pieces_trains_as_the_whole_batch(tokenized, tiny_params, one_thread, config):
+    """Above ``max_tokens`` a task's batch runs in pieces whose gradients add up: the same
+    step (SMART's terms included: its noise is drawn for the whole batch) as in one pass."""
+    rows = (
+        {"sst": np.arange(12)}
+        if config == "best-round-robin"
+        else {t: np.arange(12) for t in MULTITASK_TASKS}
+    )
+    whole, grads_whole, train = _step_after(tiny_params, tokenized, config, 0, rows)
+    longest = int(train["sst"].lengths[rows["sst"]].max())
+    cut, grads_cut, _ = _step_after(tiny_params, tokenized, config, 4 * longest, rows)
+    # The loss and the Bregman term to float precision; the adversarial term and its control
+    # are differences of outputs 1e-5 apart, whose rounding follows the padded shape.
+    torch.testing.assert_close(cut[:, [0, 3]], whole[:, [0, 3]], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cut[:, 1:3], whole[:, 1:3], rtol=0, atol=2e-5)
+    assert len(grads_cut) == len(grads_whole)
+    assert not all(torch.equal(a, b) for a, b in zip(grads_whole, grads_cut))  # the pieces ran apart
+    for a, b in zip(grads_whole, grads_cut):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-6)
+
+
+def test_pcgrad_refuses_to_cut_a_batch_into_pieces(tokenized, tiny_params, one_thread):
+    """PCGrad needs each task's whole graph: a batch above ``max_tokens`` is an error that
+    names the setting, never a silent change of method."""
+    with pytest.raises(ValueError, match="max_tokens: sst's batch of 12 rows"):
+        _step_after(tiny_params, tokenized, "best", 16, {t: np.arange(12) for t in MULTITASK_TASKS})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "config", ["baseline", "cosine-sts", "concatenation", "best-no-smart", "best-round-robin", "best"]

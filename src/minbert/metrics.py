@@ -129,41 +129,67 @@ def _drawn_sums(units: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return sums.reshape(*np.shape(idx)[:-1], units.shape[1])
 
 
+def _count_columns(task: str, metric: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """Per example, what accuracy and MCC are computed from: correct, then (MCC) the one-hot
+    true and answered classes, then a column of ones (the count)."""
+    correct = (labels == predictions).astype(float)[:, None]
+    if metric == "mcc":
+        classes = np.arange(TASKS[task].num_classes)
+        truth = (labels[:, None] == classes).astype(float)
+        answered = (predictions[:, None] == classes).astype(float)
+        correct = np.concatenate([correct, truth, answered], axis=1)
+    return np.concatenate([correct, np.ones((len(labels), 1))], axis=1)
+
+
+def _from_counts(task: str, metric: str, sums: np.ndarray) -> np.ndarray:
+    """Accuracy or MCC from the drawn units' summed :func:`_count_columns`."""
+    hits, n = sums[..., 0], sums[..., -1]
+    if metric == "accuracy":
+        return hits / n
+    k = TASKS[task].num_classes
+    truth, answered = sums[..., 1 : 1 + k], sums[..., 1 + k : 1 + 2 * k]
+    # Gorodkin's multiclass form (the binary MCC for two classes).
+    covariance = hits * n - (truth * answered).sum(axis=-1)
+    scale = np.sqrt((n * n - (answered * answered).sum(axis=-1)) * (n * n - (truth * truth).sum(axis=-1)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(scale > 0, covariance / scale, 0.0)
+
+
+def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson's r of each row of ``x`` with the same row of ``y``."""
+    x = x - x.mean(axis=-1, keepdims=True)
+    y = y - y.mean(axis=-1, keepdims=True)
+    denominator = np.sqrt((x * x).sum(axis=-1) * (y * y).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (x * y).sum(axis=-1) / denominator, 0.0)
+
+
 def _resampled(
     task: str,
     labels: np.ndarray,
     predictions: np.ndarray,
     clusters: _Clusters | None = None,
     selection: bool = False,
+    reference: np.ndarray | None = None,
 ):
     """The metric (``selection``: the selection metric) on each row of resampled indices of
-    examples, or of ``clusters``: accuracy and MCC from the drawn units' counts, Pearson's r
-    recomputed (no clustered form)."""
+    examples, or of ``clusters``, minus the reference's on the same draws when ``reference``
+    is given: accuracy and MCC from the drawn units' counts (both models' in one pass),
+    Pearson's r recomputed (no clustered form)."""
     spec = TASKS[task]
     metric = spec.selection_metric if selection else spec.metric
+    models = [predictions] if reference is None else [predictions, reference]
     if metric in ("accuracy", "mcc"):
-        correct = (labels == predictions).astype(float)[:, None]
-        if metric == "mcc":
-            classes = np.arange(spec.num_classes)
-            truth = (labels[:, None] == classes).astype(float)
-            answered = (predictions[:, None] == classes).astype(float)
-            correct = np.concatenate([correct, truth, answered], axis=1)
-        units = _per_unit(np.concatenate([correct, np.ones((len(labels), 1))], axis=1), clusters)
+        columns = [_count_columns(task, metric, labels, p) for p in models]
+        units = _per_unit(np.concatenate(columns, axis=1), clusters)
+        width = columns[0].shape[1]
 
         def counted(idx):
             sums = _drawn_sums(units, idx)  # (..., columns): the drawn units' counts
-            hits, n = sums[..., 0], sums[..., -1]
-            if metric == "accuracy":
-                return hits / n
-            k = spec.num_classes
-            truth, answered = sums[..., 1 : 1 + k], sums[..., 1 + k : 1 + 2 * k]
-            # Gorodkin's multiclass form (the binary MCC for two classes).
-            covariance = hits * n - (truth * answered).sum(axis=-1)
-            scale = np.sqrt(
-                (n * n - (answered * answered).sum(axis=-1)) * (n * n - (truth * truth).sum(axis=-1))
-            )
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(scale > 0, covariance / scale, 0.0)
+            values = [
+                _from_counts(task, metric, sums[..., m * width : (m + 1) * width]) for m in range(len(models))
+            ]
+            return values[0] if reference is None else values[0] - values[1]
 
         return counted
     if clusters is not None:
@@ -173,12 +199,9 @@ def _resampled(
         )
 
     def r(idx):
-        x, y = labels[idx], predictions[idx]
-        x = x - x.mean(axis=-1, keepdims=True)
-        y = y - y.mean(axis=-1, keepdims=True)
-        denominator = np.sqrt((x * x).sum(axis=-1) * (y * y).sum(axis=-1))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(denominator > 0, (x * y).sum(axis=-1) / denominator, 0.0)
+        x = labels[idx]
+        values = [_pearson_rows(x, p[idx]) for p in models]
+        return values[0] if reference is None else values[0] - values[1]
 
     return r
 
@@ -253,9 +276,8 @@ def paired(
     predictions, reference = np.asarray(predictions, float), np.asarray(reference, float)
     _check(task, labels, predictions, reference)
     clusters = _clusters(task, groups, len(labels))
-    ours = _resampled(task, labels, predictions, clusters)
-    theirs = _resampled(task, labels, reference, clusters)
-    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: ours(idx) - theirs(idx), seed)
+    difference = _resampled(task, labels, predictions, clusters, reference=reference)
+    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: difference(idx), seed)
     return Interval(score(task, labels, predictions) - score(task, labels, reference), low, high)
 
 
@@ -293,12 +315,10 @@ def paired_average(
     """The difference of two models' averages (``selection``: of the selection metrics), each
     task paired on its examples; ``parts``: (task, labels, predictions, reference[, groups])."""
     parts = [_part(part, 3) for part in parts]
-    metrics = [
-        (_resampled(t, y, p, c, selection), _resampled(t, y, r, c, selection)) for t, (y, p, r), c in parts
-    ]
+    differences = [_resampled(t, y, p, c, selection, reference=r) for t, (y, p, r), c in parts]
 
     def statistic(*indices, axis=-1):
-        return np.mean([ours(i) - theirs(i) for (ours, theirs), i in zip(metrics, indices)], axis=0)
+        return np.mean([difference(i) for difference, i in zip(differences, indices)], axis=0)
 
     low, high = _bootstrap([_units(y, c) for _, (y, _, _), c in parts], statistic, seed)
     measure = selection_score if selection else score

@@ -263,6 +263,11 @@ class MultitaskSettings:
     grad_clip: float = GRAD_CLIP.field()
     seed: int = SEED.field()
     smart: SmartSettings | None = None
+    max_tokens: int = Setting(
+        SIZE,
+        "padded tokens (rows x longest row) per training forward pass: a larger batch is cut into "
+        "pieces whose gradients add up, to bound memory (one process, no PCGrad); 0: no limit",
+    ).field(0)
     compile: bool = Setting(bool, "torch.compile the encoder's layers (pays off on a GPU)").field(False)
     pooling: str = POOLING.field("pooler")
     sts_output: str = Setting(

@@ -136,7 +136,9 @@ _SCALE = {
         **{k: _each(s.SENTIMENT_MODES, declared(W, k)) for k in ("epochs", "patience")},
     },
     "multitask": {
-        **_fields(M, "eval_batch_size", "epochs", "dropout", "carved_quora_batch", "test_predictions"),
+        **_fields(
+            M, "eval_batch_size", "epochs", "dropout", "max_tokens", "carved_quora_batch", "test_predictions"
+        ),
         **{
             k: _each(MULTITASK_TASKS, declared(M, k))
             for k in ("batch_size", "train_examples", "validation_examples")

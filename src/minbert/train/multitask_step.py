@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from minbert.data.batches import split_by_tokens
 from minbert.data.multitask import TaskData
 from minbert.device import compute_context, pad_multiple, to_device
 from minbert.distributed import World
@@ -100,14 +101,23 @@ class MultitaskStep:
         ``NonFiniteLoss`` (on a GPU one step late, or at :meth:`flush`)."""
         objectives, rows_used = [], {}
         local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
+        # Cleared first: a batch cut into pieces backpropagates each piece as it goes.
+        self.optimizer.zero_grad(set_to_none=True)
         with self.no_sync():
-            # 1. Each task's loss, plus SMART's smoothness and Bregman terms.
+            # 1. Each task's loss, plus SMART's smoothness and Bregman terms; a batch above
+            # `max_tokens` in pieces whose graphs are freed one by one (gradients add up).
             for k, task in enumerate(MULTITASK_TASKS):
                 if task in rows_by_task:
-                    terms, weight, rows_used[task] = self.task_objective(task, rows_by_task[task])
-                    self.observer.objective(task, terms, self.model)
-                    objectives.append(weight * terms.objective)
-                    local[k] = weight * terms.parts()
+                    pieces = self.pieces(task, rows_by_task[task])
+                    for positions, weight in pieces:
+                        terms, used = self.task_objective(task, rows_by_task[task], positions)
+                        self.observer.objective(task, terms, self.model)
+                        if len(pieces) == 1:
+                            objectives.append(weight * terms.objective)
+                        else:
+                            (weight * terms.objective).backward()
+                        local[k] += weight * terms.parts()
+                        rows_used[task] = np.concatenate([rows_used.get(task, used[:0]), used])
 
             # 2. The global batch's mean of each part, for the log and the non-finite check.
             step_losses = local.clone()
@@ -116,11 +126,10 @@ class MultitaskStep:
 
             # 3. Backward: the sum of the tasks' objectives (one task in a round-robin
             # step), or PCGrad's surgery on the encoder's per-task gradients.
-            self.optimizer.zero_grad(set_to_none=True)
             gram = None
             if self.pcgrad is not None:
                 gram = self.pcgrad(objectives)
-            else:
+            elif objectives:
                 torch.stack(objectives).sum().backward()
 
         # 4. Clipping, 5. the optimizer step, 6. SMART's teacher follows the student.
@@ -131,11 +140,30 @@ class MultitaskStep:
             self.smart.teacher.update(self.model)
         return step_losses, gram
 
-    def task_objective(self, task: str, rows: np.ndarray) -> tuple[TaskObjective, float, np.ndarray]:
-        """This rank's share of ``task``'s global batch ``rows``: its objective (SMART's terms
-        added), the weight that makes the ranks' mean the whole batch's, and its rows."""
-        data, smart, device = self.train[task], self.smart, self.device
+    def pieces(self, task: str, rows: np.ndarray) -> list[tuple[np.ndarray, float]]:
+        """This rank's positions in ``task``'s global batch ``rows`` with the weight that makes
+        the ranks' mean the whole batch's: one share, or, above ``max_tokens`` padded tokens,
+        pieces of it whose weights add up to the share's."""
         positions, weight = self.world.share(len(rows))
+        lengths = self.train[task].lengths[rows[positions]]
+        cut = split_by_tokens(np.arange(len(positions)), lengths, self.settings.max_tokens)
+        if len(cut) == 1:
+            return [(positions, weight)]
+        # PCGrad needs each task's whole graph, and DDP one backward per forward.
+        if self.pcgrad is not None or self.world.distributed:
+            raise ValueError(
+                f"max_tokens: {task}'s batch of {len(rows)} rows up to {int(lengths.max())} tokens "
+                f"exceeds {self.settings.max_tokens}; a batch is cut into pieces only in one "
+                "process without PCGrad (raise max_tokens, or 0 for no limit)"
+            )
+        return [(positions[piece], weight * len(piece) / len(positions)) for piece in cut]
+
+    def task_objective(
+        self, task: str, rows: np.ndarray, positions: np.ndarray
+    ) -> tuple[TaskObjective, np.ndarray]:
+        """The objective (SMART's terms added) of the rows at ``positions`` of ``task``'s global
+        batch ``rows``, and those rows."""
+        data, smart, device = self.train[task], self.smart, self.device
         batch = data.batch(rows[positions], self.pad_multiple).to(device)
         labels = to_device(data.labels(batch.rows), device)
         with compute_context(device):
@@ -147,7 +175,7 @@ class MultitaskStep:
         else:  # the ascent starts from noise drawn for the whole global batch
             start = smart.start(data, rows, positions, batch)
             terms = smart(self.net, task, batch, embedded, labels, start)
-        return terms, weight, batch.rows
+        return terms, batch.rows
 
     def flush(self) -> None:
         """Check the last step's losses (at the end of an epoch)."""
