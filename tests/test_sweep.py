@@ -147,6 +147,27 @@ def test_seed_study_counts_a_run_of_another_commit_only_where_its_stage_ran_the_
     assert [r["seed"] for r in seed_study(runs, params, ["a"])["a"]] == [1, 2]  # no lock: all count
 
 
+def test_seed_study_compares_the_features_stage_not_the_features_of_another_seed():
+    """The features encode the seed's own training rows, so their hash differs by seed: a
+    run counts when the features stage that made them ran the current code."""
+    params = {"seed": 11711}
+
+    def lock(seed, features_code="f1"):
+        multitask = [{"path": "src/x.py", "md5": "abc"}, {"path": "data/features", "md5": f"rows-{seed}"}]
+        features = [
+            {"path": "src/f.py", "md5": features_code},
+            {"path": "data/settings/features.json", "md5": seed},
+        ]
+        return {"multitask@a": {"deps": multitask}, "features": {"deps": features}}
+
+    def run(name, seed, features_code):
+        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        return Run(name, {"seed": seed}, {"multitask/a": m}, lock(seed, features_code))
+
+    runs = [run("current", 1, "f1"), run("older-features", 2, "f0")]
+    assert [r["seed"] for r in seed_study(runs, params, ["a"], lock(11711))["a"]] == [1]
+
+
 def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(monkeypatch, capsys):
     # `dvc exp run` in the workspace leaves an experiment with no queue state: it counts
     # when it has results; queued, running and failed ones do not, and each is named.

@@ -172,20 +172,34 @@ def _without_seed(params: dict) -> str:
     return json.dumps({k: v for k, v in flat.items() if k != "seed"}, sort_keys=True, default=str)
 
 
+# Deps that hold the seed (the resolved settings) or are made from it (the features of the
+# seed's training rows): never alike across seeds, so not compared; a made one's stage is.
+SEEDED_DEPS = {"data/settings/": None, "data/features": "features"}
+
+
 def same_code(run: Run, lock: dict, stage: str) -> bool:
     """Whether ``run`` ran ``stage`` with the code and data (its deps' hashes) that
-    ``lock`` (the current dvc.lock's stages) records: a run of another commit counts
-    only then. Without a lock to compare against, every run counts."""
+    ``lock`` (the current dvc.lock's stages) records, and so the stages that made its
+    seed-dependent deps: a run of another commit counts only then. Without a lock to
+    compare against, every run counts."""
     if not lock:
         return True
 
-    def deps(stages: dict) -> list:
-        # The resolved settings file holds the seed itself; the params (but the seed) are
-        # compared by the caller.
-        found = stages.get(stage, {}).get("deps", [])
-        return sorted((d["path"], d.get("md5")) for d in found if not d["path"].startswith("data/settings/"))
+    def seeded(path: str) -> bool:
+        return any(path.startswith(prefix) for prefix in SEEDED_DEPS)
 
-    return bool(deps(lock)) and deps(run.lock) == deps(lock)
+    def deps(stages: dict, name: str) -> list:
+        # The params (but the seed) are compared by the caller.
+        found = stages.get(name, {}).get("deps", [])
+        return sorted((d["path"], d.get("md5")) for d in found if not seeded(d["path"]))
+
+    makers = {
+        maker
+        for d in lock.get(stage, {}).get("deps", [])
+        for prefix, maker in SEEDED_DEPS.items()
+        if maker and d["path"].startswith(prefix)
+    }
+    return all(bool(deps(lock, s)) and deps(run.lock, s) == deps(lock, s) for s in (stage, *sorted(makers)))
 
 
 def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | None = None) -> dict:
