@@ -131,6 +131,24 @@ def test_seed_study_takes_only_other_seeds_of_the_same_parameters_from_their_own
         seed_study(runs, params, ["c"])
 
 
+def test_seed_study_ignores_parameters_no_multitask_stage_reads():
+    """A run with MLM pretraining switched on (or another list of study seeds) trained the
+    same configurations: it counts; one with another optimizer does not."""
+    params = {"seed": 11711, "optimizer": "adamw", "mlm": {"pretrain": []}, "seed_study": {"seeds": [1]}}
+
+    def run(name, seed, **changed):
+        p = {**params, "seed": seed, **changed}
+        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        return Run(name, p, {"multitask/a": m})
+
+    runs = [
+        run("mlm-on", 1, mlm={"pretrain": ["continue"]}),
+        run("more-seeds", 2, seed_study={"seeds": [1, 2, 3]}),
+        run("other-optimizer", 3, optimizer="adamaxw"),
+    ]
+    assert [r["seed"] for r in seed_study(runs, params, ["a"])["a"]] == [1, 2]
+
+
 def test_seed_study_counts_a_run_of_another_commit_only_where_its_stage_ran_the_current_code():
     params = {"seed": 11711}
 

@@ -167,9 +167,16 @@ def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[
 # ------------------------------------------------------------------- the seed study
 
 
+# Parameters that no multitask stage reads, besides the seed (what the study varies): the
+# study's own, and MLM pretraining's (its stages run beside the configurations).
+NOT_READ_BY_MULTITASK = ("seed_study.", "mlm.")
+
+
 def _without_seed(params: dict) -> str:
+    """The parameters a multitask stage reads, but the seed."""
     flat = flatten_params(params)
-    return json.dumps({k: v for k, v in flat.items() if k != "seed"}, sort_keys=True, default=str)
+    kept = {k: v for k, v in flat.items() if k != "seed" and not k.startswith(NOT_READ_BY_MULTITASK)}
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 # Deps that hold the seed (the resolved settings) or are made from it (the features of the
