@@ -86,6 +86,7 @@ def make_project(root: Path, shared_data: Path, checkpoint: Path, rows: int, edi
 
 
 def _tiny_scale(params: dict) -> None:
+    params["mlm"]["pretrain"] = ["continue"]  # off in params.yaml (time), on here to be tested
     params["scales"]["cpu"].update(
         max_length={"sst": 64, "cfimdb": 64, "quora": 64, "sts": 64},
         mlm={"max_length": 32, "epochs": 1, "batch_size": 8, "sequences": 200},

@@ -406,6 +406,66 @@ def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
     assert "- `continue-baseline` vs `baseline` (budgets differ: 90 optimizer steps against 180" in section
 
 
+def _mlm_study(root: Path, baseline_then: dict) -> None:
+    """What `minbert mlm-study` commits: the experiment's MLM runs under metrics/mlm-study,
+    their dev predictions beside them, and its provenance."""
+    study = root / "metrics" / "mlm-study"
+    pretraining = {
+        "start": "continue",
+        "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
+        "accuracy": 0.05,
+        "after": {"perplexity": 1200.0},
+        "corpus": {"train_sequences": 100, "heldout_sequences": 5},
+        "head": "freshly initialised",
+    }
+    save(study / "mlm", "continue", pretraining)
+    base = read_result(root / "metrics" / "multitask" / "baseline.json")
+    scores = _write_run(root, "study/continue-baseline", 0.9, seed=CONFIGS.index("best"))
+    tuned = base | scores | {"pretraining": {"start": "continue"}}
+    save(study / "multitask-mlm", "continue-baseline", tuned)
+    (study / "predictions").mkdir()
+    (root / "predictions" / "study").rename(study / "predictions" / "multitask-mlm")
+    provenance = {
+        "command": "minbert mlm-study",
+        "experiment": "mlm-study-abc1234",
+        "experiment_commit": "f" * 40,
+        "how": "`dvc exp run --temp -S 'mlm.pretrain=[continue]' ...` from commit abc1234",
+        "compared_with": {"baseline": baseline_then},
+    }
+    (study / "study.json").write_text(json.dumps(provenance))
+
+
+def test_mlm_section_reads_the_committed_study_when_the_pipeline_ran_none(tmp_path):
+    """The default pipeline leaves MLM off; the section shows the experiment `minbert
+    mlm-study` committed, from its own predictions, and its difference from `baseline`
+    only while `baseline` is the run it was compared with."""
+    root = _outputs(tmp_path, ["baseline"])
+    current = json.loads((root / "metrics" / "multitask" / "baseline.json").read_text())
+    _mlm_study(root, {k: current[k] for k in (*MULTITASK_TASKS, "average")})
+    section = _sections(report(root, tmp_path / "report"))["MLM pretraining before fine-tuning"]
+    assert "`minbert mlm-study` ran it as the experiment `mlm-study-abc1234`" in section
+    assert "| `continue` | 0.000 | 0.050 |" in section
+    rows = [line for line in section.splitlines() if line.startswith("| `baseline`")]
+    delta = rows[1].strip("| ").split(" | ")[-1]
+    assert _excludes_zero(delta), delta  # far better predictions, from the study's own folder
+    # Once `baseline` is retrained, the study's comparison is stale: no difference shown.
+    stale = {k: current[k] for k in (*MULTITASK_TASKS, "average")} | {"average": 0.123}
+    _mlm_study_provenance = root / "metrics" / "mlm-study" / "study.json"
+    provenance = json.loads(_mlm_study_provenance.read_text())
+    provenance["compared_with"]["baseline"] = stale
+    _mlm_study_provenance.write_text(json.dumps(provenance))
+    section = _sections(report(root, tmp_path / "report2"))["MLM pretraining before fine-tuning"]
+    assert "`baseline` has been retrained since the MLM study (then 0.123" in section
+    assert "rerun `minbert mlm-study`" in section
+    assert [line for line in section.splitlines() if line.startswith("| `baseline`")][0].endswith("| — |")
+
+
+def test_mlm_section_without_runs_or_study_says_how_to_run_it(tmp_path):
+    root = _outputs(tmp_path, ["baseline"])
+    section = _sections(report(root, tmp_path / "report"))["MLM pretraining before fine-tuning"]
+    assert "Run it with `minbert mlm-study`" in section
+
+
 def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
     from minbert.report.tables import smart_collapse_section
 

@@ -214,3 +214,48 @@ def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(
     out = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "broken is failed: left out" in out and "waiting is queued: left out" in out
     assert "empty has no metrics files: left out" in out
+
+
+def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_compare_with(tmp_path):
+    """`minbert mlm-study`'s copy out of an experiment's commit: the MLM runs' metrics files
+    and records (not their histories), the fine-tuned runs' dev predictions (read through
+    DVC at that commit), and the metrics of the configuration each is compared with."""
+    from minbert.results import write_result
+    from minbert.tools.mlm_study import keep
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _run(["git", "init", "-q"], repo)
+    _run(["dvc", "init", "-q"], repo)
+    write_result(repo / "metrics" / "mlm", "continue", {"accuracy": 0.05}, {"start": "continue"})
+    (repo / "metrics" / "mlm" / "continue-history.csv").write_text("epoch\n0\n")
+    tuned = {"sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.53}
+    write_result(repo / "metrics" / "multitask-mlm", "continue-baseline", tuned, {"config": "baseline"})
+    baseline = {"sst": 0.41, "quora": 0.69, "sts": 0.52, "average": 0.54}
+    (repo / "metrics" / "multitask").mkdir()
+    (repo / "metrics" / "multitask" / "baseline.json").write_text(json.dumps(baseline))
+    for task in ("sst", "quora", "sts"):
+        path = repo / "predictions" / "multitask-mlm" / "continue-baseline" / f"{task}-dev-out.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"id,Predicted\n{task}-1,1\n")
+    _run(["git", "add", "-A"], repo)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "experiment"], repo)
+    commit = _run(["git", "rev-parse", "HEAD"], repo).strip()
+    # The workspace has moved on since: the copy reads the experiment's commit.
+    (repo / "metrics" / "multitask" / "baseline.json").write_text(json.dumps({**baseline, "average": 0.6}))
+
+    provenance = keep(repo, commit, "mlm-study-x", "how it ran")
+    study = repo / "metrics" / "mlm-study"
+    assert sorted(p.relative_to(study).as_posix() for p in study.rglob("*") if p.is_file()) == [
+        "mlm/continue-run.json",
+        "mlm/continue.json",
+        "multitask-mlm/continue-baseline-run.json",
+        "multitask-mlm/continue-baseline.json",
+        "predictions/multitask-mlm/continue-baseline/quora-dev-out.csv",
+        "predictions/multitask-mlm/continue-baseline/sst-dev-out.csv",
+        "predictions/multitask-mlm/continue-baseline/sts-dev-out.csv",
+        "study.json",
+    ]
+    assert provenance["compared_with"] == {"baseline": baseline}
+    assert provenance["experiment"] == "mlm-study-x" and provenance["experiment_commit"] == commit
+    assert json.loads((study / "study.json").read_text()) == provenance

@@ -358,6 +358,28 @@ def seed_study(
     typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")
 
 
+@command("mlm-study")
+def mlm_study(
+    start: list[str] = typer.Option(
+        ["continue"], "--start", help="MLM starts to pretrain (names under mlm.starts); repeat for several."
+    ),
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
+) -> None:
+    """MLM pretraining, then the configurations of params.yaml's `mlm.finetune` fine-tuned
+    again from its checkpoint: one DVC experiment from the current commit, in a temporary
+    copy (the default pipeline leaves `mlm.pretrain` empty to keep within its time
+    budget). Its metrics files, records and dev predictions are copied to
+    metrics/mlm-study/, which the report's MLM section reads.
+
+    Commit metrics/mlm-study/ and run `dvc repro` afterwards.
+    """
+    from minbert.tools.mlm_study import run_mlm_study
+
+    study = run_mlm_study(repo, list(start))
+    # The command's result goes to stdout (progress and DVC's own output to stderr).
+    typer.echo(f"{repo / 'metrics' / 'mlm-study'}: experiment {study['experiment']}; now run `dvc repro`")
+
+
 # ----------------------------------------------------------------------------- offline GPU nodes
 
 # Defined in minbert.cli_offline; listed last, in its order.

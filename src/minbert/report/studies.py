@@ -1,6 +1,6 @@
 """The report's sections beyond the paper's tables: what chose each run's epoch and
-learning rates (and what those chance-corrected scores are on dev), MLM pretraining
-before fine-tuning, and the seed study."""
+learning rates (and what those chance-corrected scores are on dev), and the seed study
+(MLM pretraining's section: ``minbert.report.pretraining``)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,12 @@ from minbert.metrics import Interval
 from minbert.report.comparisons import (
     MIN_SEEDS,
     POWER,
-    Comparison,
     budget_gap,
-    conclusion,
-    fmt_budget,
-    fmt_difference,
     level,
-    multitask_scored,
     seed_detectable,
     seed_differences,
     seed_interval,
 )
-from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
@@ -29,14 +23,12 @@ from minbert.report.formatting import (
     SELECTION_COLUMNS,
     SELECTION_MEAN,
     fmt,
-    fmt_interval,
     fmt_signed,
     md_header,
     md_row,
     per_task,
 )
 from minbert.report.notes import rates, selection_note, usual
-from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, SELECTION
 
 
@@ -212,93 +204,6 @@ def _used(run: dict | None, scale: str, best: dict | None) -> str:
     if (s["optimizer"], s["lr"], s.get("head_lr")) == (best["optimizer"], best["lr"], best["head_lr"]):
         return "the chosen rates"
     return f"not the chosen rates: {rates(s)}"
-
-
-def mlm_section(
-    pretraining: dict[str, dict], tuned: list[dict], runs: dict[str, dict], evidence: Evidence
-) -> str:
-    """Pretraining metrics, then each configuration fine-tuned from an MLM checkpoint
-    beside the same configuration fine-tuned from the original checkpoint."""
-    if not pretraining:
-        return (
-            "MLM pretraining was not run with these parameters (`mlm.pretrain` is empty). "
-            "Switch it on with `dvc exp run -S 'mlm.pretrain=[continue]'` (or `[scratch]`, "
-            "or both); the configurations in `mlm.finetune` are then fine-tuned a second "
-            "time from the pretrained checkpoint and shown here beside the first."
-        )
-    lines = md_header(
-        [
-            "MLM start",
-            "masked-token accuracy before",
-            "after",
-            "perplexity before",
-            "after",
-            "training sequences",
-            "held-out sequences",
-            "MLM head",
-        ]
-    )
-    for start, m in pretraining.items():
-        b, c = m["before"], m["corpus"]
-        lines.append(
-            md_row(
-                [
-                    f"`{start}`",
-                    f"{b['masked_accuracy']:.3f}",
-                    f"{m[ACCURACY]:.3f}",
-                    f"{b['perplexity']:.1f}",
-                    f"{m['after']['perplexity']:.1f}",
-                    str(c["train_sequences"]),
-                    str(c["heldout_sequences"]),
-                    m["head"],
-                ]
-            )
-        )
-    lines += [
-        "",
-        "Masked-token accuracy and perplexity are measured on held-out sequences of the "
-        "training text (masks drawn once, the same positions before and after); "
-        "no dev or test text is in the pretraining corpus. A checkpoint without an MLM "
-        "head (a sentence-embedding model drops it) starts from a fresh one: its "
-        "'before' is a random head's, and the pretraining mostly trains that head.",
-        "",
-    ]
-    lines += md_header(
-        [
-            "Configuration",
-            "Fine-tuned from",
-            *(f"{COLUMN_TITLES[c]} (ours)" for c in COLUMNS),
-            "Steps / examples",
-            "Δ average vs without MLM",
-        ]
-    )
-    notes = []
-    for m in sorted(tuned, key=lambda m: (m["config"], m["pretraining"]["start"])):
-        name = f"{m['pretraining']['start']}-{m['config']}"
-        scored = multitask_scored(evidence, "multitask-mlm", name, m)
-        base = runs.get(m["config"])
-        base_scored = multitask_scored(evidence, "multitask", m["config"], base) if base else None
-        # Not in the seed study: the sign across seeds is not checked.
-        comparison = Comparison(budget=budget_gap(m, base)) if base else None
-        for run, s, origin in ((base, base_scored, "original"), (m, scored, "MLM")):
-            if run is None:
-                continue
-            cells = [f"`{m['config']}`", f"`{run['checkpoint']['name']}`"]
-            cells += [fmt_interval(evidence.column(s, c)) for c in COLUMNS]
-            cells.append(fmt_budget(run))
-            delta = (
-                "(parent)"
-                if origin == "original"
-                else fmt_difference(evidence.average_difference(s, base_scored), comparison)
-                if base_scored
-                else NO_NUMBER
-            )
-            lines.append(md_row(cells + [delta]))
-        if base_scored:
-            ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
-            notes.append(conclusion(f"{name}", m["config"], ivs, comparison))
-    lead = ["", "Δ: ours minus the same configuration fine-tuned from the original checkpoint."]
-    return "\n".join(lines + lead + (["", *notes] if notes else []))
 
 
 def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, dict]) -> str:

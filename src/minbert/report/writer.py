@@ -20,8 +20,9 @@ from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
 from minbert.report.notes import fill_facts
 from minbert.report.plots import write_plot_tables
+from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import provenance_section, setup_section
-from minbert.report.studies import mlm_section, seed_section, selection_section
+from minbert.report.studies import seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import (
     cross_cpu_section,
@@ -45,6 +46,24 @@ BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task in the last section)."
 )
+
+
+def mlm_runs(metrics_dir: Path) -> MlmRuns:
+    """The pipeline's MLM runs, or, where it ran none (``mlm.pretrain`` empty, the default),
+    those ``minbert mlm-study`` committed under ``metrics/mlm-study``."""
+    pretraining = {m["start"]: m for m in read_results(metrics_dir / "mlm")}
+    if pretraining:
+        return MlmRuns(pretraining, load_runs(metrics_dir / "multitask-mlm"))
+    study = metrics_dir / MLM_STUDY_DIR
+    if not (study / MLM_PROVENANCE).is_file():
+        return MlmRuns({}, [])
+    return MlmRuns(
+        {m["start"]: m for m in read_results(study / "mlm")},
+        load_runs(study / "multitask-mlm"),
+        json.loads((study / MLM_PROVENANCE).read_text(encoding="utf-8")),
+        # Absolute: the evidence reads it in place of its own predictions folder.
+        (study / MLM_PREDICTIONS).resolve(),
+    )
 
 
 def load_runs(directory: Path, keys: tuple[str, ...] = RUN_KEYS) -> list[dict]:
@@ -133,7 +152,7 @@ def write_report(
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
     zero_shot = read_result(zero_shot_file) if zero_shot_file.is_file() else None
     seed_study = seed_runs(_optional_json(metrics_dir / SEED_STUDY_FILE), multitask)
-    tuned = load_runs(metrics_dir / "multitask-mlm")
+    mlm = mlm_runs(metrics_dir)
 
     tables, compared, shown = [], [], set()
     for number, name in enumerate(MULTITASK_TABLES, start=2):
@@ -243,7 +262,7 @@ def write_report(
         "",
         "## MLM pretraining before fine-tuning",
         "",
-        mlm_section({m["start"]: m for m in read_results(metrics_dir / "mlm")}, tuned, multitask, evidence),
+        mlm_section(mlm, multitask, evidence),
         "",
         "## Seed study",
         "",
@@ -258,7 +277,7 @@ def write_report(
             display_dir = multitask_dir.as_posix()
             for spec in paper["figures"]:
                 sections += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
-        named = {**multitask, **{f"{m['pretraining']['start']}-{m['config']}": m for m in tuned}}
+        named = {**multitask, **{f"{m['pretraining']['start']}-{m['config']}": m for m in mlm.tuned}}
         sections += [
             "## How each number was produced",
             "",

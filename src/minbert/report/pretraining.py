@@ -1,0 +1,150 @@
+"""The report's MLM section: pretraining before fine-tuning, from the pipeline's own stages
+or from the experiment ``minbert mlm-study`` committed (the default pipeline leaves
+``mlm.pretrain`` empty to keep within its time budget)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from minbert.report.comparisons import (
+    Comparison,
+    budget_gap,
+    conclusion,
+    fmt_budget,
+    fmt_difference,
+    multitask_scored,
+)
+from minbert.report.evidence import Evidence
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER, fmt_interval, md_header, md_row
+from minbert.results import ACCURACY
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
+
+# What `minbert mlm-study` (minbert.tools.mlm_study) writes under the metrics folder: the
+# experiment's metrics files and records by stage folder, the fine-tuned runs' dev
+# predictions, and where they came from.
+MLM_STUDY_DIR = "mlm-study"
+MLM_PROVENANCE = "study.json"
+MLM_PREDICTIONS = "predictions"
+
+
+@dataclass(frozen=True)
+class MlmRuns:
+    """MLM pretraining's runs as the report reads them: the pipeline's own stages', or those
+    of the experiment ``minbert mlm-study`` ran (``study``: its provenance; ``predictions``:
+    the folder its dev predictions were copied to)."""
+
+    pretraining: dict[str, dict]
+    tuned: list[dict]
+    study: dict | None = None
+    predictions: Path | None = None
+
+
+TASK_KEYS = (*MULTITASK_TASKS, AVERAGE)
+
+
+def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
+    """Pretraining metrics, then each configuration fine-tuned from an MLM checkpoint
+    beside the same configuration fine-tuned from the original checkpoint."""
+    if not mlm.pretraining:
+        return (
+            "MLM pretraining was not run with these parameters (`mlm.pretrain` is empty) and "
+            "no MLM study is committed. Run it with `minbert mlm-study` (an experiment beside "
+            "the default pipeline: MLM pretraining from `continue`, then the configurations in "
+            "`mlm.finetune` fine-tuned again from its checkpoint), or switch it on in the "
+            "pipeline with `dvc exp run -S 'mlm.pretrain=[continue]'`."
+        )
+    pretraining, tuned, study = mlm.pretraining, mlm.tuned, mlm.study
+    intro = []
+    if study is not None:
+        intro = [
+            "Not part of the default `dvc repro`, which leaves `mlm.pretrain` empty to keep "
+            f"within its time budget: `{study['command']}` ran it as the experiment "
+            f"`{study['experiment']}` ({study['how']}) and copied its metrics files and dev "
+            "predictions to `metrics/mlm-study/`.",
+            "",
+        ]
+    lines = intro + md_header(
+        [
+            "MLM start",
+            "masked-token accuracy before",
+            "after",
+            "perplexity before",
+            "after",
+            "training sequences",
+            "held-out sequences",
+            "MLM head",
+        ]
+    )
+    for start, m in pretraining.items():
+        b, c = m["before"], m["corpus"]
+        lines.append(
+            md_row(
+                [
+                    f"`{start}`",
+                    f"{b['masked_accuracy']:.3f}",
+                    f"{m[ACCURACY]:.3f}",
+                    f"{b['perplexity']:.1f}",
+                    f"{m['after']['perplexity']:.1f}",
+                    str(c["train_sequences"]),
+                    str(c["heldout_sequences"]),
+                    m["head"],
+                ]
+            )
+        )
+    lines += [
+        "",
+        "Masked-token accuracy and perplexity are measured on held-out sequences of the "
+        "training text (masks drawn once, the same positions before and after); "
+        "no dev or test text is in the pretraining corpus. A checkpoint without an MLM "
+        "head (a sentence-embedding model drops it) starts from a fresh one: its "
+        "'before' is a random head's, and the pretraining mostly trains that head.",
+        "",
+    ]
+    lines += md_header(
+        [
+            "Configuration",
+            "Fine-tuned from",
+            *(f"{COLUMN_TITLES[c]} (ours)" for c in COLUMNS),
+            "Steps / examples",
+            "Δ average vs without MLM",
+        ]
+    )
+    notes = []
+    for m in sorted(tuned, key=lambda m: (m["config"], m["pretraining"]["start"])):
+        name = f"{m['pretraining']['start']}-{m['config']}"
+        folder = "multitask-mlm" if mlm.predictions is None else str(mlm.predictions / "multitask-mlm")
+        scored = multitask_scored(evidence, folder, name, m)
+        base = runs.get(m["config"])
+        if base and study is not None:
+            then = study["compared_with"].get(m["config"], {})
+            if any(then.get(k) != base[k] for k in TASK_KEYS):
+                # The study's comparison is with a run that is no longer the current one.
+                notes.append(
+                    f"- `{name}`: `{m['config']}` has been retrained since the MLM study "
+                    f"(then {then.get(AVERAGE)}, now {base[AVERAGE]} average): no difference is "
+                    f"shown; rerun `{study['command']}`."
+                )
+                base = None
+        base_scored = multitask_scored(evidence, "multitask", m["config"], base) if base else None
+        # Not in the seed study: the sign across seeds is not checked.
+        comparison = Comparison(budget=budget_gap(m, base)) if base else None
+        for run, s, origin in ((base, base_scored, "original"), (m, scored, "MLM")):
+            if run is None:
+                continue
+            cells = [f"`{m['config']}`", f"`{run['checkpoint']['name']}`"]
+            cells += [fmt_interval(evidence.column(s, c)) for c in COLUMNS]
+            cells.append(fmt_budget(run))
+            delta = (
+                "(parent)"
+                if origin == "original"
+                else fmt_difference(evidence.average_difference(s, base_scored), comparison)
+                if base_scored
+                else NO_NUMBER
+            )
+            lines.append(md_row(cells + [delta]))
+        if base_scored:
+            ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
+            notes.append(conclusion(f"{name}", m["config"], ivs, comparison))
+    lead = ["", "Δ: ours minus the same configuration fine-tuned from the original checkpoint."]
+    return "\n".join(lines + lead + (["", *notes] if notes else []))
