@@ -380,17 +380,20 @@ def test_an_unknown_fact_in_paper_yaml_is_an_error(tmp_path):
         report(root, tmp_path / "report", tmp_path / "paper.yaml")
 
 
+# An MLM stage's metrics file and record: a fresh head, trained a little.
+PRETRAINING = {
+    "start": "continue",
+    "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
+    "accuracy": 0.05,
+    "after": {"perplexity": 1200.0},
+    "corpus": {"train_sequences": 100, "heldout_sequences": 5},
+    "head": "freshly initialised",
+}
+
+
 def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
     root = _outputs(tmp_path, ["baseline"])
-    pretraining = {
-        "start": "continue",
-        "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
-        "accuracy": 0.05,
-        "after": {"perplexity": 1200.0},
-        "corpus": {"train_sequences": 100, "heldout_sequences": 5},
-        "head": "freshly initialised",
-    }
-    save(root / "metrics" / "mlm", "continue", pretraining)
+    save(root / "metrics" / "mlm", "continue", PRETRAINING)
     base = read_result(root / "metrics" / "multitask" / "baseline.json")
     scores = _write_run(root, "multitask-mlm/continue-baseline", 0.9, seed=CONFIGS.index("best"))
     tuned = base | scores | {"pretraining": {"start": "continue"}, "steps": 90}
@@ -410,15 +413,7 @@ def _mlm_study(root: Path, baseline_then: dict) -> None:
     """What `minbert mlm-study` commits: the experiment's MLM runs under metrics/mlm-study,
     their dev predictions beside them, and its provenance."""
     study = root / "metrics" / "mlm-study"
-    pretraining = {
-        "start": "continue",
-        "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
-        "accuracy": 0.05,
-        "after": {"perplexity": 1200.0},
-        "corpus": {"train_sequences": 100, "heldout_sequences": 5},
-        "head": "freshly initialised",
-    }
-    save(study / "mlm", "continue", pretraining)
+    save(study / "mlm", "continue", PRETRAINING)
     base = read_result(root / "metrics" / "multitask" / "baseline.json")
     scores = _write_run(root, "study/continue-baseline", 0.9, seed=CONFIGS.index("best"))
     tuned = base | scores | {"pretraining": {"start": "continue"}}
