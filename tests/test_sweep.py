@@ -230,7 +230,8 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
     write_result(repo / "metrics" / "mlm", "continue", {"accuracy": 0.05}, {"start": "continue"})
     (repo / "metrics" / "mlm" / "continue-history.csv").write_text("epoch\n0\n")
     tuned = {"sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.53}
-    write_result(repo / "metrics" / "multitask-mlm", "continue-baseline", tuned, {"config": "baseline"})
+    record = {"config": "baseline", "pretraining": {"start": "continue"}}
+    write_result(repo / "metrics" / "multitask-mlm", "continue-baseline", tuned, record)
     baseline = {"sst": 0.41, "quora": 0.69, "sts": 0.52, "average": 0.54}
     (repo / "metrics" / "multitask").mkdir()
     (repo / "metrics" / "multitask" / "baseline.json").write_text(json.dumps(baseline))
