@@ -94,11 +94,8 @@ def test_a_number_out_of_range_names_key_value_and_range(committed, path, value,
 
 def _numbers(node, schema, path=()):
     """(key, schema) of every number (or empty number) in ``node``, read against ``schema``."""
-    from minbert.pipeline.schema import LeftOut
     from minbert.settings import Setting
 
-    if isinstance(schema, LeftOut):
-        schema = schema.setting
     if isinstance(schema, Setting):
         schema = schema.allowed
     if isinstance(node, dict):
@@ -341,27 +338,13 @@ def _changed(key, value, configs):
     if isinstance(value, list):
         return [value[:-1], value[1:], [*value, value[0] + 1 if value and isinstance(value[0], int) else "x"]]
     if isinstance(value, str):
-        from minbert.settings import (
-            CARVED_QUORA_BATCH,
-            DEVICES,
-            DROPOUT_MASKS,
-            GRADIENT_MODES,
-            OPTIMIZERS,
-            PAIR_HEADS,
-            POOLINGS,
-            PROJECTIONS,
-            SCHEDULERS,
-            SENTIMENT_MODES,
-            STS_OUTPUTS,
-        )
-        from minbert.tasks import SENTIMENT_TASKS
+        from minbert.pipeline.schema import SCHEMA
 
-        registries = (CARVED_QUORA_BATCH, DEVICES, DROPOUT_MASKS, GRADIENT_MODES, OPTIMIZERS, POOLINGS)
-        registries += (tuple(PAIR_HEADS), PROJECTIONS, SCHEDULERS, SENTIMENT_MODES, STS_OUTPUTS)
-        registries += (SENTIMENT_TASKS,)
-        for names in registries:
-            if value in names:
-                return [n for n in names if n != value]
+        setting = SCHEMA
+        for part in key.split("."):  # the setting the schema places at ``key``
+            setting = setting.get(part, setting.get("*"))
+        if isinstance(setting.allowed, tuple):  # a name of a registry: the others
+            return [n for n in setting.allowed if n != value]
         return [value + "-changed"]
     if value is None:
         return [0.5]

@@ -52,16 +52,18 @@ class Partial(dict):
 
 
 @dataclass(frozen=True)
-class LeftOut:
-    """A key that may be left out where it would not be read (``lr_gamma`` without the
-    exponential schedule)."""
+class LeftOut(Setting):
+    """A parameter that may be left out where it would not be read (``lr_gamma`` without
+    the exponential schedule)."""
 
-    setting: Setting
+    @classmethod
+    def of(cls, setting: Setting) -> LeftOut:
+        return cls(setting.allowed, setting.meaning)
 
 
 def check(value: Any, schema: Any, key: str, source: str) -> None:
-    if isinstance(schema, (Setting, LeftOut)):
-        check(value, schema.allowed if isinstance(schema, Setting) else schema.setting, key, source)
+    if isinstance(schema, Setting):
+        check(value, schema.allowed, key, source)
     elif isinstance(schema, dict):
         if not isinstance(value, dict):
             raise ParamsError(f"{source}: {key} must be a mapping, got {value!r}")
@@ -119,10 +121,9 @@ def _each(keys, setting: Setting) -> dict[str, Setting]:
 
 
 M, W = MultitaskSettings, SentimentSettings
-CONFIG_PARENT = s.CONFIG_PARENT
 DATA_SCHEMA = dict(s.DATA)
 # One optimizer's hyperparameters; lr_gamma is read by the exponential schedule only.
-_LR_GAMMA = {"lr_gamma": LeftOut(s.LR_GAMMA)}
+_LR_GAMMA = {"lr_gamma": LeftOut.of(s.LR_GAMMA)}
 _OPTIMIZER = {**_fields(M, "lr", "head_lr", "lr_schedule", "weight_decay"), **_LR_GAMMA}
 _SCALE = {
     "max_length": _each(TASKS, s.MAX_LENGTH),
@@ -158,7 +159,7 @@ _CONFIG = {
 }
 SCHEMA: dict[str, Any] = {
     **_CONFIG,
-    "configs": {"*": Partial({"from": CONFIG_PARENT, **_CONFIG, "smart": Partial(_SMART)})},
+    "configs": {"*": Partial({"from": s.CONFIG_PARENT, **_CONFIG, "smart": Partial(_SMART)})},
     "multitask": _fields(M, "grad_clip", "compile"),
     "zero_shot": {"quora_train_pairs": s.QUORA_TRAIN_PAIRS},
     "seed_study": {"seeds": s.SEED_STUDY_SEEDS, "configs": s.SEED_STUDY_CONFIGS, "jobs": s.SEED_STUDY_JOBS},
@@ -186,7 +187,7 @@ SCHEMA: dict[str, Any] = {
 def allowed_text(schema: Any) -> str:
     """What a parameter accepts, in words."""
     if isinstance(schema, LeftOut):
-        return allowed_text(schema.setting) + ", only with lr_schedule: exponential"
+        return allowed_text(schema.allowed) + ", only with lr_schedule: exponential"
     allowed = schema.allowed if isinstance(schema, Setting) else schema
     if isinstance(allowed, tuple):
         return " \\| ".join(f"`{name}`" for name in allowed)
@@ -207,7 +208,7 @@ def described(schema: Any = None, key: str = "") -> list[tuple[str, str, str]]:
         where = (f"{key}.{k}" if key else k).replace("*", "<name>")
         if where == "configs":
             rows += [
-                ("configs.<name>.from", allowed_text(CONFIG_PARENT), CONFIG_PARENT.meaning),
+                ("configs.<name>.from", allowed_text(s.CONFIG_PARENT), s.CONFIG_PARENT.meaning),
                 ("configs.<name>.<key>", "as the key at top level", "this configuration's value of "
                  f"a top-level key ({', '.join(_CONFIG)}; smart's one by one)"),
             ]  # fmt: skip
@@ -218,9 +219,7 @@ def described(schema: Any = None, key: str = "") -> list[tuple[str, str, str]]:
         if isinstance(sub, dict):
             rows += described(sub, where)
         else:
-            rows.append(
-                (where, allowed_text(sub), (sub.setting if isinstance(sub, LeftOut) else sub).meaning)
-            )
+            rows.append((where, allowed_text(sub), sub.meaning))
     return rows
 
 
