@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -85,7 +86,7 @@ def _git(root: Path, *args: str) -> str:
 def _here(root: Path, command: str) -> subprocess.CompletedProcess:
     """A command of the DVC machine, `minbert` run from the project's sources."""
     assert command.startswith("minbert "), command
-    args = [sys.executable, "-m", "minbert", *command.split()[1:]]
+    args = [sys.executable, "-m", "minbert", *shlex.split(command)[1:]]
     env = dict(os.environ, PYTHONPATH=str(root / "src"))
     return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
@@ -234,7 +235,8 @@ def test_the_bundle_holds_dvcs_plan_and_an_fp16_checkpoint(project, study, tiny_
     described = read_bundle(project / "offline-bundle")
     assert described["commit"] == _git(project, "rev-parse", "HEAD").strip()
     plan = described["plan"]
-    assert plan["overrides"] == ["scale=gpu"] and plan["params"]["scale"] == "gpu"
+    assert plan["overrides"] == ["scale=gpu", "mlm.pretrain=[continue]"]
+    assert plan["params"]["scale"] == "gpu" and plan["params"]["mlm"]["pretrain"] == ["continue"]
     assert "report" not in [s["name"] for s in plan["stages"]]
     best = next(s for s in plan["stages"] if s["name"] == "multitask@best")
     assert "src/minbert/train/pcgrad.py" in best["sources"]
