@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from minbert import cli_offline
-from minbert.cli_help import Command, Group
+from minbert.cli_help import Command, Group, RepeatedValues
 from minbert.errors import report_errors
 from minbert.progress import console
 from minbert.tasks import MULTITASK_TASKS, TASKS
@@ -141,7 +141,7 @@ def predict(
     task: str = typer.Option(..., "--task", help="sst, quora or sts."),
     out: Path = typer.Option(None, "--out", "-o", help="Where to write the predictions (course format)."),
     text: list[str] = typer.Option(None, "--text", help="A sentence to classify (sst); repeatable."),
-    pair: list[tuple] = typer.Option(
+    pair: RepeatedValues = typer.Option(
         None, "--pair", metavar="FIRST SECOND", help="Two sentences to compare (quora, sts); repeatable."
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),

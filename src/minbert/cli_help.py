@@ -8,8 +8,8 @@ its first sentence, show no type for a flag, a repeatable option's element type
 (``<str>``, not ``<list[str]>``), and arguments in capitals: ``MODEL [FILE]``.
 
 Typer cannot declare a repeatable option of several values each (``list[tuple[str,
-str]]``): an option declared ``list[tuple]`` takes here as many values as its metavar
-names (``--pair FIRST SECOND``, repeatable).
+str]]``): an option declared ``RepeatedValues`` takes here as many values as its metavar
+names (``--pair FIRST SECOND``, repeatable), and each use arrives as a tuple.
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ import inspect
 import re
 
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+# Typer releases differ here. Those that type their options (a ``type_descriptor``)
+# keep a ``list[tuple]`` option's values together; older ones refuse a tuple annotation
+# when the app is built (a GPU node's did, so no command ran there), but pass a
+# ``list[str]`` option's click tuples through unchanged once ``_tidy`` sets its nargs.
+RepeatedValues = (
+    list[tuple] if "type_descriptor" in inspect.signature(TyperOption.__init__).parameters else list[str]
+)
 
 
 def reflow(text: str | None) -> str | None:
@@ -30,7 +38,7 @@ def reflow(text: str | None) -> str | None:
 def _tidy(param) -> None:
     if isinstance(param, TyperArgument) and param.metavar is None:
         param.metavar = param.name.upper()
-    elif getattr(getattr(param, "type_descriptor", None), "annotation", None) == list[tuple]:
+    elif isinstance(param, TyperOption) and param.multiple and len((param.metavar or "").split()) > 1:
         param.nargs = len(param.metavar.split())
     elif isinstance(param, TyperOption) and param.metavar is None:
         if param.is_flag:
