@@ -35,6 +35,14 @@ def reflow(text: str | None) -> str | None:
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
+def _element_type(param) -> str:
+    """``<str>`` for a ``list[str]`` option: typer 0.29 displays its type, 0.27 (a GPU
+    node's) keeps click's (``text`` for a str)."""
+    if hasattr(param, "display_type"):
+        return re.sub(r"^<list\[(.*)\]>$", r"<\1>", param.display_type(None))
+    return f"<{ {'text': 'str', 'integer': 'int'}.get(param.type.name, param.type.name)}>"
+
+
 def _tidy(param) -> None:
     if isinstance(param, TyperArgument) and param.metavar is None:
         param.metavar = param.name.upper()
@@ -44,7 +52,7 @@ def _tidy(param) -> None:
         if param.is_flag:
             param.metavar = ""
         elif param.multiple:
-            param.metavar = re.sub(r"^<list\[(.*)\]>$", r"<\1>", param.display_type(None))
+            param.metavar = _element_type(param)
 
 
 class _Tidy:
