@@ -32,7 +32,7 @@ from minbert.offline.bundle import SEND_LIMIT, call_size, read_bundle, sent_file
 from minbert.offline.calls import SMOKE_COMMAND, Rate, cut
 from minbert.offline.node import NODE_PACKAGES
 from minbert.offline.plan import resolve_plan, returned, select
-from minbert.offline.smoke import CONTROL_TOLERANCE
+from minbert.offline.smoke import CONTROL_TOLERANCE, summary
 from minbert.results import read_result
 
 PAGE, SECTION = REPO / "docs" / "gpu-node.md", "## The commands"
@@ -228,6 +228,25 @@ def test_the_smoke_call_checks_the_gpu_path_and_measures_it(study):
     assert best["measured"]["step"]["ops"] > 3 * baseline["measured"]["step"]["ops"]
     assert smoke["call_start_seconds"] > 0 and smoke["seconds"] < 6 * 60
     assert "the smoke call on cpu" in study["plan"] and "period 1:" in study["plan"]
+
+
+def test_a_smoke_stage_stopped_at_the_deadline_is_reported_not_a_crash():
+    # As an H100 call's smoke.json had it: `best` measured, `baseline` stopped at the
+    # --deadline (no seconds, nothing measured); printing it once raised a TypeError.
+    step = {"seconds": 0.297, "ops": 13542.0, "us_per_op": 21.9}
+    smoke = {
+        "stages": {
+            "multitask@best": {"kind": "PCGrad + SMART", "seconds": 21.5, "measured": {"step": step}},
+            "multitask@baseline": {"kind": "round-robin", "seconds": None},
+        },
+        "seconds": 65.0,
+        "problems": ["multitask@baseline: stopped at the --deadline"],
+        "passed": False,
+    }
+    lines = summary(smoke)
+    assert lines[0] == "  multitask@best (PCGrad + SMART): 21.5 s, a step 297 ms (21.9 us per operator)"
+    assert lines[1] == "  multitask@baseline (round-robin): did not finish"
+    assert lines[2:] == ["smoke.json: FAILED in 65 s", "  multitask@baseline: stopped at the --deadline"]
 
 
 @pytest.mark.slow

@@ -57,20 +57,13 @@ def offline_run(
     --out/smoke.json (`minbert gpu-plan` cuts the study's calls from it); exit status 1
     when a check fails."""
     if smoke:
-        from minbert.offline.smoke import SMOKE_FILE, smoke_call
+        from minbert.offline.smoke import smoke_call, summary
 
         if stage:
             raise typer.BadParameter("--smoke runs its own stages: name none", param_hint="--stage")
         found = smoke_call(Path("."), bundle_dir, out, deadline, log=console.log)
-        for name, ran in found["stages"].items():
-            step = ran.get("measured", {}).get("step")
-            rate = f", a step {step['seconds'] * 1e3:.0f} ms ({step['us_per_op']:.1f} us per operator)"
-            console.print(f"  {name} ({ran['kind']}): {ran['seconds']} s{rate if step else ''}")
-        console.print(
-            f"{out / SMOKE_FILE}: {'passed' if found['passed'] else 'FAILED'} in {found['seconds']:.0f} s"
-        )
-        for problem in found["problems"]:
-            console.print(f"  {problem}")
+        for line in summary(found):
+            console.print(line)
         if not found["passed"]:
             raise typer.Exit(1)
         return

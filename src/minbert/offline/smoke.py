@@ -217,3 +217,18 @@ def smoke_call(repo: Path, bundle: Path, out: Path, deadline_minutes: float | No
     }
     (out / SMOKE_FILE).write_text(json.dumps(smoke, indent=2) + "\n", encoding="utf-8")
     return smoke
+
+
+def summary(smoke: dict) -> list[str]:
+    """What the call prints of ``smoke.json``: each stage with its seconds and, where it
+    finished, a step's seconds and operators; a stage stopped or failed has neither."""
+    lines = []
+    for name, ran in smoke["stages"].items():
+        step = ran.get("measured", {}).get("step")
+        rate = f", a step {step['seconds'] * 1e3:.0f} ms ({step['us_per_op']:.1f} us per operator)" if step else ""
+        took = "did not finish" if ran["seconds"] is None else f"{ran['seconds']} s"
+        lines.append(f"  {name} ({ran['kind']}): {took}{rate}")
+    lines.append(f"{SMOKE_FILE}: {'passed' if smoke['passed'] else 'FAILED'} in {smoke['seconds']:.0f} s")
+    lines += [f"  {problem}" for problem in smoke["problems"]]
+    return lines
+
