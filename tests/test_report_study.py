@@ -581,3 +581,56 @@ def test_the_report_opens_with_the_papers_headline_rows_and_what_the_budget_can_
     for comparison in ("`best` vs `baseline`", "`best-summed` vs `best`", "`best-no-smart` vs `best`"):
         verdict = _row(budget, comparison)[4]
         assert comparison in (measurable if verdict.startswith("measurable") else below), comparison
+
+
+def _gpu_study(root: Path, configs: list[str]) -> None:
+    """``metrics/gpu`` as `minbert gpu-unpack` leaves it after one call: the runs' metrics
+    and predictions under their own metrics/ and predictions/, and provenance.json."""
+    gpu = root / "metrics" / "gpu"
+    for config in configs:
+        for kind in ("metrics", "predictions"):
+            source = root / kind / "multitask"
+            for path in [*source.glob(f"{config}*"), *source.glob(f"{config}/*")]:
+                if path.is_file():
+                    target = gpu / kind / "multitask" / path.relative_to(source)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(path.read_bytes())
+    for config in configs:  # the record's provenance, as `offline-run` adds it
+        _edit(gpu / "metrics" / "multitask", config, offline_run={"device": "NVIDIA H100 80GB HBM3"})
+    call = {
+        "commit": "aebbd8d6cd45d446d679d6a49a0a1a796942ca19", "uncommitted_changes": [],
+        "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0", "python": "3.12.3",
+        "checkpoint": {"name": "all-minilm-l6-v2", "note": "weights stored in fp16"},
+        "seconds": 368.0, "finished": {f"multitask@{c}": 63.0 for c in configs},
+        "failed": [{"stage": "multitask@best", "reason": "stopped at the --deadline", "seconds": 130.6}],
+        "not_run": [],
+    }  # fmt: skip
+    provenance = {
+        "format": "minbert-gpu-results/1", "overrides": ["scale=gpu"],
+        "calls": {"2026-11-26T23:01:34.579+00:00": call}, "stages": {}, "failures": {},
+    }  # fmt: skip
+    (gpu / "provenance.json").write_text(json.dumps(provenance))
+
+
+def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_calls(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best"])
+    section = _sections(report(root, tmp_path / "before"))["On a GPU"]
+    assert section.strip().startswith("No GPU results yet")
+    _gpu_study(root, ["baseline"])
+    section = _sections(report(root, tmp_path / "report"))["On a GPU"]
+    assert "`dvc exp run -S 'scale=gpu'`" in section
+    assert (
+        "| 2026-11-26T23:01:34 | NVIDIA H100 80GB HBM3 | 2.11.0+cu130 / 13.0 | aebbd8d | 368 "
+        "| `multitask@baseline` 63 s | `multitask@best`: stopped at the --deadline |"
+    ) in section
+    # The node's predictions, recomputed here: the same as the CPU study's, whose they are.
+    cpu = _sections(report(root, tmp_path / "report"))
+    cpu_table = cpu["Table 2"]
+    gpu_table = section.split("### GPU Table 2")[1].split("### GPU Table 3")[0]
+    assert _row(gpu_table, "`baseline`")[:5] == _row(cpu_table, "`baseline`")[:5]
+    assert _row(gpu_table, "`best`")[1] == "not run"
+    # The summary's rows beside the paper: `baseline` on the GPU too, `best` not yet.
+    summary = cpu["Summary"]
+    assert _row(summary, "`baseline`, ours on a GPU")[1:] == _row(summary, "`baseline`, ours")[1:]
+    assert not [line for line in summary.splitlines() if "`best`, ours on a GPU" in line]
+    assert "Ours on a GPU:" in summary and "on NVIDIA H100 80GB HBM3" in summary

@@ -40,7 +40,8 @@ def _element_type(param) -> str:
     node's) keeps click's (``text`` for a str)."""
     if hasattr(param, "display_type"):
         return re.sub(r"^<list\[(.*)\]>$", r"<\1>", param.display_type(None))
-    return f"<{ {'text': 'str', 'integer': 'int'}.get(param.type.name, param.type.name)}>"
+    name = {"text": "str", "integer": "int"}.get(param.type.name, param.type.name)
+    return f"<{name}>"
 
 
 def _tidy(param) -> None:

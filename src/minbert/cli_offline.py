@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from minbert.gpu_study import GPU_RESULTS_DIR
 from minbert.progress import console
 
 
@@ -90,7 +91,7 @@ def gpu_plan(
         help="The study's operators per stage (bench/step_ops.py).",
     ),
     into: Path = typer.Option(
-        Path("metrics/gpu"), "--into", help="The GPU results folder: its current stages are done."
+        GPU_RESULTS_DIR, "--into", help="The GPU results folder: its current stages are done."
     ),
 ) -> None:
     """Cut the study's remaining stages into node calls from a measured rate.
@@ -116,7 +117,7 @@ def gpu_plan(
 
 def gpu_unpack(
     index: Path = typer.Argument(..., help="gpu-results.json of a call, with its parts beside it."),
-    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+    into: Path = typer.Option(GPU_RESULTS_DIR, "--into", help="The GPU results folder."),
 ) -> None:
     """Add a call's results to the GPU results folder (a stage brought back again: the
     newest call's wins)."""
@@ -131,7 +132,7 @@ def gpu_unpack(
 
 
 def gpu_status(
-    into: Path = typer.Option(Path("metrics/gpu"), "--into", help="The GPU results folder."),
+    into: Path = typer.Option(GPU_RESULTS_DIR, "--into", help="The GPU results folder."),
 ) -> None:
     """Every stage of the GPU results against the plan DVC resolves now: current, stale
     (what changed) or missing, as `dvc status` does for the CPU results; exit status 1

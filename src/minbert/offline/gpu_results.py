@@ -10,21 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minbert.atomic import atomic_write_text
+from minbert.gpu_study import PROVENANCE_FILE, read_provenance
 from minbert.offline import parts
 from minbert.offline.plan import fingerprint, resolve_plan, returned
-
-PROVENANCE_FILE = "provenance.json"
-PROVENANCE_FORMAT = "minbert-gpu-results/1"
-
-
-def read_provenance(into: Path) -> dict:
-    path = Path(into) / PROVENANCE_FILE
-    if not path.is_file():
-        return {"format": PROVENANCE_FORMAT, "overrides": None, "calls": {}, "stages": {}, "failures": {}}
-    provenance = json.loads(path.read_text(encoding="utf-8"))
-    if provenance.get("format") != PROVENANCE_FORMAT:
-        raise ValueError(f"{path}: format {provenance.get('format')!r}, expected {PROVENANCE_FORMAT!r}")
-    return provenance
 
 
 def unpack(index_file: Path, into: Path) -> dict:

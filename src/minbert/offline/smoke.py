@@ -225,10 +225,13 @@ def summary(smoke: dict) -> list[str]:
     lines = []
     for name, ran in smoke["stages"].items():
         step = ran.get("measured", {}).get("step")
-        rate = f", a step {step['seconds'] * 1e3:.0f} ms ({step['us_per_op']:.1f} us per operator)" if step else ""
+        rate = (
+            f", a step {step['seconds'] * 1e3:.0f} ms ({step['us_per_op']:.1f} us per operator)"
+            if step
+            else ""
+        )
         took = "did not finish" if ran["seconds"] is None else f"{ran['seconds']} s"
         lines.append(f"  {name} ({ran['kind']}): {took}{rate}")
     lines.append(f"{SMOKE_FILE}: {'passed' if smoke['passed'] else 'FAILED'} in {smoke['seconds']:.0f} s")
     lines += [f"  {problem}" for problem in smoke["problems"]]
     return lines
-

@@ -20,10 +20,17 @@ from minbert.report.notes import epoch_count, usual
 from minbert.tasks import SENTIMENT_TASKS, TASKS
 
 
-def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) -> tuple[list[str], str]:
+def beside_the_paper(
+    runs: dict[str, dict],
+    sentiment: list[dict],
+    paper: dict,
+    gpu_runs: dict[str, dict] | None = None,
+    gpu_sentiment: list[dict] | None = None,
+) -> tuple[list[str], str]:
     """The two tables (Table 2's rows with all four published numbers, each the paper's
-    then ours; Table 1's arms) as markdown lines, and the sentence that says what ours and
-    the paper's were made at."""
+    then ours, then ours at the `gpu` scale where ``metrics/gpu`` has it; Table 1's arms)
+    as markdown lines, and the sentence that says what each was made at."""
+    gpu_runs, gpu_sentiment = gpu_runs or {}, gpu_sentiment or []
     shown = [
         row
         for row in paper["table2"]["rows"]
@@ -34,6 +41,9 @@ def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) 
         name = f"`{row['config']}`"
         multitask.append(md_row([f"{name}, the paper", *(fmt(row["paper"][c]) for c in COLUMNS)]))
         multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]][c]) for c in COLUMNS)]))
+        if row["config"] in gpu_runs:
+            on_gpu = gpu_runs[row["config"]]
+            multitask.append(md_row([f"{name}, ours on a GPU", *(fmt(on_gpu[c]) for c in COLUMNS)]))
 
     published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
     arms = [(task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES]
@@ -44,6 +54,9 @@ def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) 
     )
     single.append(md_row(["the paper", *(fmt(published.get(t, {}).get(m)) for t, m in arms)]))
     single.append(md_row(["ours", *(fmt(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)]))
+    on_gpu = {m["run"]: m["accuracy"] for m in gpu_sentiment}
+    if on_gpu:
+        single.append(md_row(["ours on a GPU", *(fmt(on_gpu.get(f"{t}-{m}")) for t, m in arms)]))
 
     used = {row["config"]: runs[row["config"]] for row in shown}
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
@@ -67,7 +80,25 @@ def beside_the_paper(runs: dict[str, dict], sentiment: list[dict], paper: dict) 
             else ""
         )
     )
-    return [*multitask, "", *single], prose
+    return [*multitask, "", *single], prose + _on_gpu(gpu_runs, gpu_sentiment)
+
+
+def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:
+    """What the rows "ours on a GPU" were made at, from their run records."""
+    made = [*runs.values(), *sentiment]
+    if not made:
+        return ""
+    device = usual({m.get("config", m.get("run")): m["offline_run"]["device"] for m in made})
+    what = "the single-task runs"
+    if runs:
+        checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
+        sizes = usual({n: per_task(m["train_examples"]) for n, m in runs.items()})
+        epochs = usual({n: epoch_count(m["epochs"]) for n, m in runs.items()})
+        what = f"{checkpoint} fine-tuned ({sizes} training examples per task, {epochs})"
+    return (
+        f" Ours on a GPU: {what} at the `gpu` scale on {device}; a row without it has not run "
+        'there yet (report/README.md, "On a GPU").'
+    )
 
 
 def _carved_quora(runs: dict[str, dict]) -> int | None:

@@ -2,7 +2,7 @@
 headline numbers, what this budget can show), setup beside the paper's, the notes
 that colour every number, the findings (computed after the tables, placed before), the
 tables, other configurations, controls, choices where the paper is silent, MLM and seed
-studies, figures, and how each run was produced."""
+studies, the GPU study, figures, and how each run was produced."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pathlib import Path
 import yaml
 
 from minbert.atomic import atomic_directory
+from minbert.gpu_study import PROVENANCE_FILE, read_provenance
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section
 from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
+from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
 from minbert.report.notes import fill_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
@@ -80,6 +82,24 @@ def load_runs(directory: Path, keys: tuple[str, ...] = RUN_KEYS) -> list[dict]:
                 f"{', '.join(missing)}: written by an older stage; rerun it (dvc repro)"
             )
     return runs
+
+
+def gpu_study(metrics_dir: Path, prepared_dir: Path) -> GpuStudy | None:
+    """The `gpu` scale's study that ``minbert gpu-unpack`` gathered under
+    ``metrics/gpu`` (its own metrics/ and predictions/), or None before the first call."""
+    if not (metrics_dir / GPU_ROOT / PROVENANCE_FILE).is_file():
+        return None
+    runs = metrics_dir / GPU_METRICS
+    zero_shot = runs / ZERO_SHOT_FILE
+    return GpuStudy(
+        sentiment=load_runs(runs / "sentiment", SENTIMENT_KEYS),
+        multitask={m["config"]: m for m in load_runs(runs / "multitask")},
+        zero_shot=read_result(zero_shot) if zero_shot.is_file() else None,
+        provenance=read_provenance(metrics_dir / GPU_ROOT),
+        # The dev sets are the same at every scale: this machine's prepared labels; every
+        # number is recomputed from the node's predictions and must equal its metrics file's.
+        evidence=Evidence(metrics_dir / GPU_PREDICTIONS, prepared_dir),
+    )
 
 
 def _optional_json(path: Path) -> dict | None:
@@ -175,7 +195,10 @@ def write_report(
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence)
 
-    summary_tables, summary_prose = beside_the_paper(multitask, sentiment, paper)
+    on_gpu = gpu_study(metrics_dir, Path(prepared_dir))
+    summary_tables, summary_prose = beside_the_paper(
+        multitask, sentiment, paper, *((on_gpu.multitask, on_gpu.sentiment) if on_gpu else ())
+    )
     sections = [
         "# minbert results",
         "",
@@ -267,6 +290,10 @@ def write_report(
         "## Seed study",
         "",
         seed_section(seed_study, ablation_parents(paper), multitask),
+        "",
+        "## On a GPU: the `gpu` scale",
+        "",
+        *gpu_section(on_gpu, paper, MULTITASK_TABLES),
         "",
     ]
     with atomic_directory(out_dir) as tmp:

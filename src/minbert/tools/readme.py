@@ -17,6 +17,7 @@ import yaml
 
 from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
+from minbert.report.gpu import GPU_METRICS
 from minbert.report.summary import beside_the_paper
 from minbert.results import read_result, read_results
 
@@ -55,7 +56,14 @@ def results_block(metrics: Path, paper_file: Path) -> str:
     metrics = Path(metrics)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     runs = {m["config"]: m for m in read_results(metrics / "multitask")}
-    tables, prose = beside_the_paper(runs, read_results(metrics / "sentiment"), paper)
+    gpu = metrics / GPU_METRICS
+    tables, prose = beside_the_paper(
+        runs,
+        read_results(metrics / "sentiment"),
+        paper,
+        {m["config"]: m for m in read_results(gpu / "multitask")},
+        read_results(gpu / "sentiment"),
+    )
     link = " Every table with its intervals, the ablations and the controls: "
     link += "[report/README.md](report/README.md)."
     return "\n".join([*tables, "", _wrap(prose + link)])

@@ -1,0 +1,98 @@
+"""The report's GPU section: the `gpu` scale's study as `minbert gpu-unpack` gathered it
+under ``metrics/gpu`` (docs/gpu-node.md), Tables 1-4 beside the paper's, and each call
+that produced it (device, torch, CUDA, commit, command, seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from minbert.gpu_study import GPU_RESULTS_DIR
+from minbert.report.evidence import Evidence
+from minbert.report.formatting import md_header, md_row
+from minbert.report.tables import multitask_table, table1
+from minbert.tasks import TASKS
+
+# Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and
+# predictions/ (minbert.offline.gpu_results).
+GPU_ROOT = Path(GPU_RESULTS_DIR.name)
+GPU_METRICS, GPU_PREDICTIONS = GPU_ROOT / "metrics", GPU_ROOT / "predictions"
+# What the node ran, as docs/gpu-node.md gives it: the plan of `dvc exp run` with these
+# overrides, one `offline-run` call per row of the calls table.
+NODE_COMMAND = "PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out $OUT --stage ..."
+
+
+@dataclass
+class GpuStudy:
+    """What ``metrics/gpu`` holds: the runs (as the report loads the CPU study's) and
+    ``provenance.json``."""
+
+    sentiment: list[dict]
+    multitask: dict[str, dict]
+    zero_shot: dict | None
+    provenance: dict
+    evidence: Evidence
+
+
+def calls_table(provenance: dict) -> list[str]:
+    """One row per call: when, where, from which commit, what it finished and failed."""
+    lines = md_header(
+        ["call (node clock, UTC)", "device", "torch / CUDA", "commit", "seconds", "finished", "failed"]
+    )
+    for started, call in sorted(provenance["calls"].items()):
+        commit = call["commit"][:7] + (" + changes" if call["uncommitted_changes"] else "")
+        finished = ", ".join(f"`{s}` {t:.0f} s" for s, t in call["finished"].items())
+        failed = "; ".join(f"`{f['stage']}`: {f['reason']}" for f in call["failed"] + call["not_run"])
+        lines.append(
+            md_row(
+                [
+                    started[:19],
+                    call["device"],
+                    f"{call['torch']} / {call['cuda']}",
+                    commit,
+                    f"{call['seconds']:.0f}",
+                    finished or "—",
+                    failed or "—",
+                ]
+            )  # fmt: skip
+        )
+    return lines
+
+
+def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]) -> list[str]:
+    """The section's lines; ``None``: no call has been unpacked yet."""
+    if study is None:
+        return [
+            "No GPU results yet: the `gpu` scale's study runs on a GPU node (docs/gpu-node.md) and "
+            "`minbert gpu-unpack` gathers it under `metrics/gpu/`.",
+        ]
+    overrides = " ".join(f"-S '{o}'" for o in study.provenance["overrides"])
+    checkpoints = {c["checkpoint"]["name"]: c["checkpoint"] for c in study.provenance["calls"].values()}
+    sizes = ", ".join(
+        f"{TASKS[t].title} {len(study.evidence.labels(t)):,}"
+        for t in ("sst", "quora", "sts")
+        if any(t in m for m in study.multitask.values())
+    )
+    lines = [
+        f"The study of `dvc exp run {overrides}`: every training row, the paper's epochs where "
+        "the scale says so, scored on every dev example"
+        + (f" ({sizes})" if sizes else "")
+        + ". It ran on a GPU node without DVC, one `offline-run` call at a time "
+        f"(`{NODE_COMMAND}`), and was gathered here from `metrics/gpu/`; `minbert gpu-status` "
+        "says which stages are current for this commit. Checkpoint: "
+        + "; ".join(f"`{name}` ({c['note']})" for name, c in checkpoints.items())
+        + ". A configuration not yet run says so; no seed study covers this scale, so each "
+        "difference is one run's (its interval covers the dev examples, not the seeds).",
+        "",
+        *calls_table(study.provenance),
+        "",
+        f"### GPU Table 1: {paper['table1']['title']}",
+        "",
+        table1(study.sentiment, paper["table1"], study.evidence),
+        "",
+    ]
+    for number, name in enumerate(multitask_tables, start=2):
+        if name in paper:
+            text, _ = multitask_table(paper[name], study.multitask, study.evidence, study.zero_shot)
+            lines += [f"### GPU Table {number}: {paper[name]['title']}", "", text, ""]
+    return lines
