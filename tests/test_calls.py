@@ -92,3 +92,15 @@ def test_only_a_passed_smoke_call_gives_a_rate():
     }
     with pytest.raises(ValueError, match="did not pass: multitask@best: a training loss is not finite"):
         Rate.measured(failed, STAGES)
+
+
+def test_a_later_period_plan_fits_a_shorter_period_without_the_smoke_call():
+    # Once the study has a call, the plan opens with no smoke call; a session lent fewer
+    # device minutes cuts its periods to them.
+    rate = Rate.measured(made_up_smoke(20.0), STAGES)
+    plan = cut(STAGES, rate, period=11.0, smoke_first=False)
+    assert all(sum(c.minutes for c in period) <= 11.0 for period in plan.periods)
+    printed = describe(plan)
+    assert not any(SMOKE_COMMAND in line for line in printed)
+    assert printed[1].startswith("period 1:") and printed[1].endswith("of 11 device minutes")
+    assert len(plan.periods) > len(cut(STAGES, rate).periods)

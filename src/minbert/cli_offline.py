@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from minbert.gpu_study import GPU_RESULTS_DIR
+from minbert.gpu_study import GPU_RESULTS_DIR, read_provenance
+from minbert.offline.calls import PERIOD_MINUTES
 from minbert.progress import console
 
 
@@ -93,12 +94,18 @@ def gpu_plan(
     into: Path = typer.Option(
         GPU_RESULTS_DIR, "--into", help="The GPU results folder: its current stages are done."
     ),
+    period: float = typer.Option(
+        PERIOD_MINUTES,
+        "--period",
+        help="Device minutes a period's calls may spend (the rest: the machine's starts and transfers).",
+    ),
 ) -> None:
     """Cut the study's remaining stages into node calls from a measured rate.
 
     Each stage's operators (counted on the CPU) at the smoke call's seconds per operator,
     with its start-ups, times a margin: each call within its deadline, each period's calls
-    within 24 of its 30 device minutes; the stages already current in --into are left out."""
+    within --period device minutes; the stages already current in --into are left out. The
+    first period opens with the smoke call until --into holds a call of the study."""
     import json
 
     from minbert.offline.calls import Rate, cut, describe
@@ -106,12 +113,13 @@ def gpu_plan(
     measured = json.loads(ops.read_text(encoding="utf-8"))["results"]["stages"]
     rate = Rate.assumed() if smoke is None else Rate.measured(json.loads(smoke.read_text()), measured)
     names = list(measured)
-    if (into / "provenance.json").is_file():
+    ran = bool(read_provenance(into)["calls"])
+    if ran:
         from minbert.offline.gpu_results import status
 
         current = {s.stage for s in status(into) if s.state == "current"}
         names = [n for n in names if n not in current]
-    for line in describe(cut(measured, rate, names)):
+    for line in describe(cut(measured, rate, names, period=period, smoke_first=not ran)):
         typer.echo(line)
 
 

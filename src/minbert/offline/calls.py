@@ -106,6 +106,8 @@ class CallPlan:
     too_long: dict[str, float]  # stages that alone exceed a call's deadline: their worst minutes
     rate: Rate
     deadline: float
+    period: float = PERIOD_MINUTES  # device minutes a period may spend
+    smoke_first: bool = True  # the first period opens with the smoke call
 
 
 def priority_units(names: list[str]) -> list[list[str]]:
@@ -129,11 +131,12 @@ def cut(
     names: list[str] | None = None,
     deadline: float = DEADLINE_MINUTES,
     period: float = PERIOD_MINUTES,
-    spent: float = SMOKE_MINUTES,
+    smoke_first: bool = True,
 ) -> CallPlan:
     """``names`` (default: every stage of ``stages``) cut into calls of at most ``deadline``
     worst minutes each, in priority order, and the calls into periods of at most
-    ``period`` minutes, the first of which has ``spent`` already (the smoke call)."""
+    ``period`` minutes, the first of which opens with the smoke call if ``smoke_first``."""
+    spent = SMOKE_MINUTES if smoke_first else 0.0
     minutes = {s: rate.stage_minutes(stages[s]) for s in (names if names is not None else stages)}
     calls: list[Call] = []
     too_long = {}
@@ -154,7 +157,7 @@ def cut(
             used = 0.0
         periods[-1].append(call)
         used += call.minutes
-    return CallPlan([p for p in periods if p], too_long, rate, deadline)
+    return CallPlan([p for p in periods if p], too_long, rate, deadline, period, smoke_first)
 
 
 def node_command(call: Call, deadline: float = DEADLINE_MINUTES) -> str:
@@ -177,9 +180,9 @@ def describe(plan: CallPlan) -> list[str]:
         f"{rate.stage_start_s:.0f} s, a call in {rate.call_start_s:.0f} s; worst case x{rate.worst:g}"
     ]
     for p, calls in enumerate(plan.periods, 1):
-        opening = SMOKE_MINUTES if p == 1 else 0.0
+        opening = SMOKE_MINUTES if p == 1 and plan.smoke_first else 0.0
         lines.append(
-            f"period {p}: {opening + sum(c.minutes for c in calls):.1f} of {PERIOD_MINUTES:g} device minutes"
+            f"period {p}: {opening + sum(c.minutes for c in calls):.1f} of {plan.period:g} device minutes"
         )
         if opening:
             lines.append(f"  {SMOKE_MINUTES:.1f} min: {SMOKE_COMMAND}")
