@@ -11,15 +11,12 @@ from minbert.gpu_study import GPU_RESULTS_DIR
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.tables import multitask_table, table1
-from minbert.tasks import TASKS
+from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and
 # predictions/ (minbert.offline.gpu_results).
 GPU_ROOT = Path(GPU_RESULTS_DIR.name)
 GPU_METRICS, GPU_PREDICTIONS = GPU_ROOT / "metrics", GPU_ROOT / "predictions"
-# What the node ran, as docs/gpu-node.md gives it: the plan of `dvc exp run` with these
-# overrides, one `offline-run` call per row of the calls table.
-NODE_COMMAND = "PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out $OUT --stage ..."
 
 
 @dataclass
@@ -54,7 +51,7 @@ def calls_table(provenance: dict) -> list[str]:
                     finished or "—",
                     failed or "—",
                 ]
-            )  # fmt: skip
+            )
         )
     return lines
 
@@ -70,15 +67,15 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
     checkpoints = {c["checkpoint"]["name"]: c["checkpoint"] for c in study.provenance["calls"].values()}
     sizes = ", ".join(
         f"{TASKS[t].title} {len(study.evidence.labels(t)):,}"
-        for t in ("sst", "quora", "sts")
+        for t in MULTITASK_TASKS
         if any(t in m for m in study.multitask.values())
     )
     lines = [
         f"The study of `dvc exp run {overrides}`: every training row, the paper's epochs where "
         "the scale says so, scored on every dev example"
         + (f" ({sizes})" if sizes else "")
-        + ". It ran on a GPU node without DVC, one `offline-run` call at a time "
-        f"(`{NODE_COMMAND}`), and was gathered here from `metrics/gpu/`; `minbert gpu-status` "
+        + ". It ran on a GPU node without DVC, one `minbert offline-run` call at a time "
+        "(docs/gpu-node.md), and was gathered here from `metrics/gpu/`; `minbert gpu-status` "
         "says which stages are current for this commit. Checkpoint: "
         + "; ".join(f"`{name}` ({c['note']})" for name, c in checkpoints.items())
         + ". A configuration not yet run says so; no seed study covers this scale, so each "
