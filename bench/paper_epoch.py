@@ -14,7 +14,9 @@ checkpoint directory's ``config.json`` alone (no weights file needed, so the
 benchmark travels without them); ``--checkpoint DIR`` loads real weights.
 
 The epoch runs the pipeline's own training step (``MultitaskStep``), with
-``--compile`` for ``torch.compile`` of the encoder layers. ``--steps N`` times N
+``--compile`` for ``torch.compile`` of the encoder layers and ``--cuda-graphs`` for
+its replay from one CUDA graph per batch shape (``GraphedStep``; each shape's first
+two steps, run eagerly and captured, come before the clock starts). ``--steps N`` times N
 steps after a warm-up and scales to the epoch; ``--steps 0`` times every step after
 the warm-up.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from pathlib import Path
 
 import common
@@ -99,6 +102,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=400, help="timed steps (0: the whole epoch)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder layers")
     p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay each batch shape's step from a CUDA graph (minbert.train.graphed_step)",
+    )
+    p.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
@@ -110,6 +118,8 @@ def main() -> None:
         raise SystemExit(
             "paper_epoch.py measures a GPU: no CUDA device here (--quick runs a tiny smoke test on the CPU)"
         )
+    if args.cuda_graphs and not torch.cuda.is_available():
+        raise SystemExit("--cuda-graphs needs a CUDA device")
 
     from minbert.data.multitask import TaskData, epoch_steps
     from minbert.model.bert import BertConfig, BertModel
@@ -154,12 +164,28 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for rows in plan[: args.warmup]:
-        step(rows)
+    warmup = plan[: args.warmup]
+    timed_plan = plan[args.warmup : args.warmup + timed]
+    run, graphed, capture_steps = step, None, []
+    if args.cuda_graphs:
+        from minbert.train.graphed_step import GraphedStep, shape_key
+
+        run = graphed = GraphedStep(step)
+        # A shape's first step runs eagerly and its second is captured: those steps of
+        # the timed shapes run before the clock starts, so it times replays alone.
+        seen = Counter(shape_key(step.load(rows)) for rows in warmup)
+        for rows in timed_plan:
+            key = shape_key(step.load(rows))
+            if seen[key] < 2:
+                capture_steps.append(rows)
+                seen[key] += 1
+    for rows in warmup + capture_steps:
+        run(rows)
     sync()
+    eager_before = graphed.eager_steps if graphed else 0
     start = time.perf_counter()
-    for rows in plan[args.warmup : args.warmup + timed]:
-        step(rows)
+    for rows in timed_plan:
+        run(rows)
     sync()
     seconds = time.perf_counter() - start
 
@@ -173,8 +199,9 @@ def main() -> None:
                 ) * t
         return total
 
-    timed_flop = sum(flop(r) for r in plan[args.warmup : args.warmup + timed])
-    profile = profile_steps(step, plan[args.warmup : args.warmup + PROFILED_STEPS], device)
+    timed_flop = sum(flop(r) for r in timed_plan)
+    eager_timed = graphed.eager_steps - eager_before if graphed else None
+    profile = profile_steps(run, plan[args.warmup : args.warmup + PROFILED_STEPS], device)
     epoch_seconds = seconds / timed * epoch_steps
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), math.nan)
@@ -212,12 +239,24 @@ def main() -> None:
             else "random (BertConfig defaults: bert-base)"
         ),
         "compile": args.compile,
+        # Graphs: how many shapes the timed steps held, the steps run before the clock to
+        # capture them, and eager steps inside the timed ones (0: replays alone).
+        "cuda_graphs": (
+            {
+                "graphs": len(graphed.graphs),
+                "capture_steps": len(capture_steps),
+                "eager_timed_steps": eager_timed,
+            }
+            if graphed
+            else None
+        ),
         "bf16_autocast": device.type == "cuda",
         # Where the last steps' time went: the host's view and the device's.
         "profile": profile,
     }
+    # One file per variant, so that one call can measure several side by side.
     common.finish(
-        "paper_epoch",
+        "paper_epoch" + "_compile" * args.compile + "_graphs" * args.cuda_graphs,
         args,
         results,
         [common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS)],

@@ -216,6 +216,93 @@ def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_par
     assert moved == {"sst": False, "quora": True, "sts": False}
 
 
+def _graph_pair(tiny_params, tokenized, config="baseline", dropout=0.1):
+    """The same model and data twice: an eager step and, beside it, a second copy."""
+    from minbert.train.multitask_step import MultitaskStep
+
+    settings = params_module.multitask_settings(tiny_params, config)
+    steps = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = MultitaskBert(
+            BertModel.from_pretrained(tiny_params["checkpoint"]),
+            settings.paraphrase_head,
+            settings.sts_head,
+            dropout,
+            "mean",
+        ).train()
+        train = {
+            t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
+            for t in MULTITASK_TASKS
+        }
+        steps.append(MultitaskStep(settings, model, train, torch.device("cpu")))
+    return steps
+
+
+def test_a_graphed_step_trains_as_the_eager_step(tokenized, tiny_params, one_thread):
+    """GraphedStep with a stand-in capture (a replay reruns the step on the graph's own
+    input tensors): a shape's first step eager, its later ones replays refilled with each
+    step's batch; weights, losses and dropout's random numbers as the eager step's, bit
+    for bit. A replay that kept its first batch would train on other rows."""
+    from minbert.train.graphed_step import GraphedStep
+
+    eager, graphed_base = _graph_pair(tiny_params, tokenized)
+    captures = []
+
+    def stand_in(fn):
+        captures.append(fn)
+        return fn  # recording runs nothing; each replay runs the step
+
+    graphed = GraphedStep(graphed_base, capture=stand_in)
+    lengths = eager.train["sst"].lengths
+    longest = int(np.argmax(lengths))
+    others = [i for i in range(len(lengths)) if i != longest]
+    # Two SST batches of one shape (both hold the longest row) and different rows: SST's
+    # graph is captured on `second` (step 2), then replayed refilled with `first` (step 3).
+    first, second = np.array([longest, *others[:3]]), np.array([longest, *others[3:6]])
+    plan = [{"sst": first}, {"quora": np.arange(6)}, {"sst": second}, {"sst": first}, {"quora": np.arange(6)}]
+    # Each run from the same generator state: dropout draws the same masks in both.
+    torch.manual_seed(1)
+    expected = [eager(rows, 0, i)[0] for i, rows in enumerate(plan)]
+    torch.manual_seed(1)
+    got = [graphed(rows, 0, i) for i, rows in enumerate(plan)]
+    for i, ((losses, gram), want) in enumerate(zip(got, expected)):
+        assert gram is None and torch.equal(losses, want), (i, losses, want)
+    eager.flush()
+    graphed.step.flush()
+    assert graphed.eager_steps == 2 and len(graphed.graphs) == len(captures) == 2
+    for (name, a), b in zip(eager.model.named_parameters(), graphed.step.model.parameters()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"config": "best"}, "SMART"),
+        ({"gradient": "pcgrad"}, "PCGrad"),
+        ({"optimizer": "adamaxw"}, "AdamaxW"),
+    ],
+)
+def test_graphed_step_refuses_what_a_graph_cannot_hold(tokenized, tiny_params, change, why):
+    import dataclasses
+
+    from minbert.train.graphed_step import GraphedStep
+    from minbert.train.multitask_step import MultitaskStep
+
+    settings = params_module.multitask_settings(tiny_params, change.get("config", "baseline"))
+    settings = dataclasses.replace(settings, **{k: v for k, v in change.items() if k != "config"})
+    if "optimizer" in change:
+        settings = dataclasses.replace(settings, smart=None, gradient="round-robin")
+    encoder = BertModel.from_pretrained(tiny_params["checkpoint"])
+    model = MultitaskBert(encoder, settings.paraphrase_head, settings.sts_head, 0.0, "mean")
+    train = {
+        t: TaskData(t, TokenizedTable.read(tokenized / "tok" / f"{t}-train.parquet"), model.is_siamese(t))
+        for t in MULTITASK_TASKS
+    }
+    with pytest.raises(ValueError, match=f"CUDA graphs: .*{why}"):
+        GraphedStep(MultitaskStep(settings, model, train, torch.device("cpu")), capture=lambda fn: fn)
+
+
 @pytest.fixture
 def one_thread():
     """A 32-wide model gains nothing from threads, and on a busy machine they spin."""

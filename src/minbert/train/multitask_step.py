@@ -1,16 +1,19 @@
-"""One multitask training step, top to bottom (:meth:`MultitaskStep.__call__`); the loop
-(``minbert.train.multitask``) and the benchmarks in ``bench/`` run the same object."""
+"""One multitask training step: the host loads the batches (:meth:`MultitaskStep.load`),
+the device trains on them, top to bottom (:meth:`MultitaskStep.train_on`). The loop
+(``minbert.train.multitask``), the benchmarks in ``bench/`` and the CUDA-graph replay
+(``minbert.train.graphed_step``) run the same object."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from minbert.data.batches import split_by_tokens
-from minbert.data.multitask import TaskData
+from minbert.data.multitask import Batch, TaskData
 from minbert.device import compute_context, pad_multiple, to_device
 from minbert.distributed import World
 from minbert.model.multitask import MultitaskBert, task_loss
@@ -21,6 +24,22 @@ from minbert.train.loop import NonFiniteGuard
 from minbert.train.optim import build_optimizer
 from minbert.train.pcgrad import PCGrad
 from minbert.train.smart import LOSS_PARTS, EmaTeacher, Smart, TaskObjective
+
+
+@dataclasses.dataclass
+class LoadedPiece:
+    """One task's batch (or a piece of it, ``of`` pieces in all) on the device: ``k`` the
+    task's index in MULTITASK_TASKS, ``rows`` the global batch, ``positions`` this piece's
+    places in it and ``weight`` its share of the mean."""
+
+    k: int
+    task: str
+    rows: np.ndarray
+    positions: np.ndarray
+    weight: float
+    of: int
+    batch: Batch
+    labels: torch.Tensor
 
 
 class MultitaskObserver:
@@ -99,30 +118,52 @@ class MultitaskStep:
         step). Returns the (task, LOSS_PARTS) global means (zeros for untrained tasks) and
         PCGrad's Gram matrix, both on the device; a non-finite loss raises
         ``NonFiniteLoss`` (on a GPU one step late, or at :meth:`flush`)."""
-        objectives, rows_used = [], {}
+        step_losses, _, gram = self.train_on(self.load(rows_by_task), at=(epoch, step))
+        return step_losses, gram
+
+    def load(self, rows_by_task: dict[str, np.ndarray]) -> list[LoadedPiece]:
+        """The host's part of a step: each task's padded batch (in pieces above ``max_tokens``)
+        and labels, sent to the device without waiting for them."""
+        loaded = []
+        for k, task in enumerate(MULTITASK_TASKS):
+            if task in rows_by_task:
+                rows, data = rows_by_task[task], self.train[task]
+                pieces = self.pieces(task, rows)
+                for positions, weight in pieces:
+                    batch = data.batch(rows[positions], self.pad_multiple).to(self.device)
+                    labels = to_device(data.labels(batch.rows), self.device)
+                    loaded.append(LoadedPiece(k, task, rows, positions, weight, len(pieces), batch, labels))
+        return loaded
+
+    def train_on(
+        self, loaded: list[LoadedPiece], at: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The device's part of a step, top to bottom; nothing here waits for the device or
+        reads the host's data, so a CUDA graph can hold it (``GraphedStep``). Returns the
+        global and this rank's (task, LOSS_PARTS) means and PCGrad's Gram matrix. ``at``:
+        the (epoch, step) under which the losses go to the non-finite guard (None: the
+        caller checks them)."""
+        objectives = []
         local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         # Cleared first: a batch cut into pieces backpropagates each piece as it goes.
         self.optimizer.zero_grad(set_to_none=True)
         with self.no_sync():
             # 1. Each task's loss, plus SMART's smoothness and Bregman terms; a batch above
             # `max_tokens` in pieces whose graphs are freed one by one (gradients add up).
-            for k, task in enumerate(MULTITASK_TASKS):
-                if task in rows_by_task:
-                    pieces = self.pieces(task, rows_by_task[task])
-                    for positions, weight in pieces:
-                        terms, used = self.task_objective(task, rows_by_task[task], positions)
-                        self.observer.objective(task, terms, self.model)
-                        if len(pieces) == 1:
-                            objectives.append(weight * terms.objective)
-                        else:
-                            (weight * terms.objective).backward()
-                        local[k] += weight * terms.parts()
-                        rows_used[task] = np.concatenate([rows_used.get(task, used[:0]), used])
+            for piece in loaded:
+                terms = self.task_objective(piece)
+                self.observer.objective(piece.task, terms, self.model)
+                if piece.of == 1:
+                    objectives.append(piece.weight * terms.objective)
+                else:
+                    (piece.weight * terms.objective).backward()
+                local[piece.k] += piece.weight * terms.parts()
 
             # 2. The global batch's mean of each part, for the log and the non-finite check.
             step_losses = local.clone()
             self.world.all_reduce_mean_([step_losses])
-            self.guard.push(step_losses, (epoch, step, rows_used), local)
+            if at is not None:
+                self.guard.push(step_losses, (*at, rows_used(loaded)), local)
 
             # 3. Backward: the sum of the tasks' objectives (one task in a round-robin
             # step), or PCGrad's surgery on the encoder's per-task gradients.
@@ -138,7 +179,7 @@ class MultitaskStep:
         self.optimizer.step()
         if self.smart is not None:
             self.smart.teacher.update(self.model)
-        return step_losses, gram
+        return step_losses, local, gram
 
     def pieces(self, task: str, rows: np.ndarray) -> list[tuple[np.ndarray, float]]:
         """This rank's positions in ``task``'s global batch ``rows`` with the weight that makes
@@ -158,28 +199,31 @@ class MultitaskStep:
             )
         return [(positions[piece], weight * len(piece) / len(positions)) for piece in cut]
 
-    def task_objective(
-        self, task: str, rows: np.ndarray, positions: np.ndarray
-    ) -> tuple[TaskObjective, np.ndarray]:
-        """The objective (SMART's terms added) of the rows at ``positions`` of ``task``'s global
-        batch ``rows``, and those rows."""
-        data, smart, device = self.train[task], self.smart, self.device
-        batch = data.batch(rows[positions], self.pad_multiple).to(device)
-        labels = to_device(data.labels(batch.rows), device)
+    def task_objective(self, piece: LoadedPiece) -> TaskObjective:
+        """The objective (SMART's terms added) of one loaded piece of a task's global batch."""
+        task, batch, labels, smart, device = piece.task, piece.batch, piece.labels, self.smart, self.device
         with compute_context(device):
             embedded = self.model.embed(batch)
         if smart is None:
             with compute_context(device):
                 output = self.net(task, batch, embedded)
-            terms = TaskObjective.without_smart(task_loss(task, output, labels))
-        else:  # the ascent starts from noise drawn for the whole global batch
-            start = smart.start(data, rows, positions, batch)
-            terms = smart(self.net, task, batch, embedded, labels, start)
-        return terms, batch.rows
+            return TaskObjective.without_smart(task_loss(task, output, labels))
+        # The ascent starts from noise drawn for the whole global batch.
+        start = smart.start(self.train[task], piece.rows, piece.positions, batch)
+        return smart(self.net, task, batch, embedded, labels, start)
 
     def flush(self) -> None:
         """Check the last step's losses (at the end of an epoch)."""
         self.guard.check()
+
+
+def rows_used(loaded: list[LoadedPiece]) -> dict[str, np.ndarray]:
+    """Each task's table rows this process trained on in a step (for error messages)."""
+    used: dict[str, np.ndarray] = {}
+    for piece in loaded:
+        rows = piece.batch.rows
+        used[piece.task] = np.concatenate([used.get(piece.task, rows[:0]), rows])
+    return used
 
 
 def _non_finite(world: World, at: tuple, local_losses: torch.Tensor, train: dict[str, TaskData]) -> str:

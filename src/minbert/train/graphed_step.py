@@ -1,0 +1,154 @@
+"""A multitask step replayed from CUDA graphs, one per batch shape: at batches of 2
+sentences the host paces a GPU step (docs/performance.md, "CUDA graphs")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from minbert.tasks import MULTITASK_TASKS
+from minbert.train.multitask_step import LoadedPiece, MultitaskStep, rows_used
+from minbert.train.smart import LOSS_PARTS
+
+# capture(fn) records fn's device work without running it and returns what replays it.
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+class CudaGraphs:
+    """Captures CUDA graphs that share one memory pool (safe in any replay order: see
+    docs/performance.md)."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, fn: Callable[[], None]) -> Callable[[], None]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        return graph.replay
+
+
+@dataclasses.dataclass
+class _Captured:
+    """One shape's graph: the device tensors its replays read and write."""
+
+    replay: Callable[[], None]
+    inputs: list[LoadedPiece]
+    losses: torch.Tensor
+    local: torch.Tensor
+
+    def fill(self, loaded: list[LoadedPiece]) -> None:
+        for static, piece in zip(self.inputs, loaded):
+            static.batch.ids.copy_(piece.batch.ids, non_blocking=True)
+            static.batch.mask.copy_(piece.batch.mask, non_blocking=True)
+            if static.batch.token_types is not None:
+                static.batch.token_types.copy_(piece.batch.token_types, non_blocking=True)
+            static.labels.copy_(piece.labels, non_blocking=True)
+
+
+def shape_key(loaded: list[LoadedPiece]) -> tuple:
+    """What a graph fixes about a step's batches (an unpadded one runs without a mask)."""
+    return tuple(
+        (
+            p.task,
+            tuple(p.batch.ids.shape),
+            p.batch.token_types is not None,
+            p.batch.padded,
+            tuple(p.labels.shape),
+            p.weight,
+            p.of,
+        )
+        for p in loaded
+    )
+
+
+class GraphedStep:
+    """``MultitaskStep``'s device work as CUDA graph replays, called as the step is: a
+    shape's first step eager (its warm-up), its second captured, then replayed. What a
+    graph fixes and what is refused: docs/performance.md, "CUDA graphs"."""
+
+    def __init__(self, step: MultitaskStep, capture: Capture | None = None):
+        why = refusal(step)
+        if why:
+            raise ValueError(f"CUDA graphs: {why}")
+        self.step = step
+        self.capture = capture or CudaGraphs()
+        self.graphs: dict[tuple, _Captured] = {}
+        self.seen: set[tuple] = set()
+        self.eager_steps = 0
+        for group in step.optimizer.param_groups:
+            group["capturable"] = True  # fused AdamW's step counts already live on the device
+
+    def __call__(
+        self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
+    ) -> tuple[torch.Tensor, None]:
+        loaded = self.step.load(rows_by_task)
+        key = shape_key(loaded)
+        if key not in self.seen:
+            self.seen.add(key)
+            losses, local = self._eager(loaded)
+        else:
+            captured = self.graphs.get(key) or self._capture(key, loaded)
+            captured.fill(loaded)
+            captured.replay()
+            # The static outputs are overwritten by the next replay; the guard reads later.
+            losses, local = captured.losses.clone(), captured.local.clone()
+        self.step.guard.push(losses, (epoch, step, rows_used(loaded)), local)
+        return losses, None
+
+    def reset(self) -> None:
+        """Forget every graph (after the learning rate changes)."""
+        self.graphs.clear()
+        self.seen.clear()
+
+    def _eager(self, loaded: list[LoadedPiece]) -> tuple[torch.Tensor, torch.Tensor]:
+        self.eager_steps += 1
+        if self.step.device.type != "cuda":
+            losses, local, _ = self.step.train_on(loaded)
+            return losses, local
+        side = torch.cuda.Stream(self.step.device)
+        side.wait_stream(torch.cuda.current_stream(self.step.device))
+        with torch.cuda.stream(side):
+            losses, local, _ = self.step.train_on(loaded)
+        torch.cuda.current_stream(self.step.device).wait_stream(side)
+        return losses, local
+
+    def _capture(self, key: tuple, loaded: list[LoadedPiece]) -> _Captured:
+        inputs = [_static_copy(p) for p in loaded]
+        shape = (len(MULTITASK_TASKS), len(LOSS_PARTS))
+        losses = torch.zeros(shape, device=self.step.device)
+        local = torch.zeros(shape, device=self.step.device)
+
+        def step() -> None:
+            step_losses, step_local, _ = self.step.train_on(inputs)
+            losses.copy_(step_losses)
+            local.copy_(step_local)
+
+        captured = _Captured(self.capture(step), inputs, losses, local)
+        self.graphs[key] = captured
+        return captured
+
+
+def refusal(step: MultitaskStep) -> str | None:
+    """Why ``step`` cannot run from graphs, or None."""
+    if step.smart is not None:
+        return "SMART draws its noise from its own generator, which a graph would replay unchanged"
+    if step.pcgrad is not None:
+        return "PCGrad draws its task order on the host"
+    if step.world.distributed:
+        return "several processes: DDP's communication is not captured here"
+    optimizer = step.optimizer
+    if not (isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused")):
+        return f"the optimizer is {type(optimizer).__name__}; only fused AdamW is captured"
+    return None
+
+
+def _static_copy(piece: LoadedPiece) -> LoadedPiece:
+    """``piece`` with device tensors of its own, which each replay refills."""
+    batch = piece.batch
+    types = None if batch.token_types is None else batch.token_types.clone()
+    static = dataclasses.replace(batch, ids=batch.ids.clone(), mask=batch.mask.clone(), token_types=types)
+    return dataclasses.replace(piece, batch=static, labels=piece.labels.clone())
