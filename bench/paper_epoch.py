@@ -269,7 +269,6 @@ PROFILED_STEPS = 6
 def profile_steps(step, plan: list[dict], device) -> dict:
     """torch.profiler over a few steps: the operators that take the most host time and
     the most device time, and how many kernels a step launches."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -278,34 +277,52 @@ def profile_steps(step, plan: list[dict], device) -> dict:
             step(rows)
         if device.type == "cuda":
             torch.cuda.synchronize()
-    events = prof.key_averages()
-    steps = max(1, len(plan))
+    return profile_summary(prof.key_averages(), max(1, len(plan)), device.type == "cuda")
 
-    def top(key: str, n: int = 12) -> list[dict]:
-        ranked = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:n]
+
+def device_events(events) -> list:
+    """The events the device ran (kernels, copies, memsets), as torch's own table totals
+    them: an operator's self device time repeats its kernels' and a user annotation
+    (``Optimizer.step``) spans them, so adding those too counts a kernel two or three times."""
+    from torch.autograd import DeviceType
+
+    return [
+        e for e in events if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+    ]
+
+
+def profile_summary(events, steps: int, on_device: bool) -> dict:
+    """Per step: host and device milliseconds, kernels and aten operators, and the costliest
+    operators and kernels, from a profiler's ``key_averages()`` over ``steps`` steps."""
+    from torch.autograd import DeviceType
+
+    def top(ranked_events, key: str, n: int = 12) -> list[dict]:
+        ranked = sorted(ranked_events, key=lambda e: getattr(e, key), reverse=True)[:n]
         return [
             {"name": e.key, "calls_per_step": e.count / steps, "ms_per_step": getattr(e, key) / 1e3 / steps}
             for e in ranked
         ]
 
-    device_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    device = device_events(events) if on_device else []
     return {
         "steps": steps,
         "host_ms_per_step": sum(e.self_cpu_time_total for e in events) / 1e3 / steps,
         "device_ms_per_step": (
-            sum(getattr(e, device_key) for e in events) / 1e3 / steps if device.type == "cuda" else None
+            sum(e.self_device_time_total for e in device) / 1e3 / steps if on_device else None
         ),
         # Kernels the device ran (its own events), whatever API launched them: graph
         # replays and library kernels included, unlike counting cudaLaunchKernel calls.
-        "device_kernels_per_step": (
-            sum(e.count for e in events if e.device_type == DeviceType.CUDA) / steps
-            if device.type == "cuda"
-            else None
-        ),
+        "device_kernels_per_step": sum(e.count for e in device) / steps if on_device else None,
         # Operators the host dispatched (the CPU-measurable proxy for launch overhead).
         "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
-        "top_host": top("self_cpu_time_total"),
-        "top_device": top(device_key) if device.type == "cuda" else [],
+        "top_host": top(events, "self_cpu_time_total"),
+        # The costliest kernels, and the operators that launched the most device time.
+        "top_device": top(device, "self_device_time_total") if on_device else [],
+        "top_device_ops": (
+            top([e for e in events if e.device_type == DeviceType.CPU], "self_device_time_total")
+            if on_device
+            else []
+        ),
     }
 
 

@@ -104,3 +104,46 @@ def test_a_later_period_plan_fits_a_shorter_period_without_the_smoke_call():
     assert not any(SMOKE_COMMAND in line for line in printed)
     assert printed[1].startswith("period 1:") and printed[1].endswith("of 11 device minutes")
     assert len(plan.periods) > len(cut(STAGES, rate).periods)
+
+
+def made_up_calls(
+    us_per_op: float, stage_start_s: float, finished: list[str], stopped: dict[str, float]
+) -> dict:
+    """A provenance's calls: each finished stage took ``stage_start_s`` plus its operators
+    at ``us_per_op``; ``stopped``: stages cut short at the deadline after so many seconds;
+    15 s outside the study's stages (prepare, resolve, tokenize, features)."""
+    ran = {n: stage_start_s + STAGES[n]["ops"] * us_per_op * 1e-6 for n in finished}
+    failed = [{"stage": n, "reason": "stopped at the --deadline", "seconds": s} for n, s in stopped.items()]
+    failed.append({"stage": "multitask@concatenation", "reason": "exit status 1", "seconds": 1.0})
+    outside = {"prepare": 1.0, "resolve": 0.5, "tokenize": 7.5, "features": 6.0}
+    seconds = sum(ran.values()) + sum(f["seconds"] for f in failed) + sum(outside.values())
+    return {
+        "2026-11-26T23:01:34": {
+            "device": "a made-up GPU",
+            "seconds": seconds,
+            "finished": {**outside, **ran},
+            "failed": failed,
+            "not_run": [],
+        }
+    }
+
+
+FINISHED = ["zero-shot", "sentiment@sst-full", "sentiment@cfimdb-full", "multitask@baseline"]
+
+
+def test_the_study_calls_give_the_rate_and_start_up_they_ran_at():
+    rate = Rate.from_calls(made_up_calls(20.0, 12.0, FINISHED, {}), STAGES)
+    assert rate.train_us_per_op == pytest.approx(20.0) and rate.scoring_us_per_op == pytest.approx(20.0)
+    assert rate.stage_start_s == pytest.approx(12.0) and rate.call_start_s == pytest.approx(15.0)
+    assert rate.worst > 1 and "1 call(s) on a made-up GPU: 4 finished stages" in rate.source
+    # A stage cut short at the deadline after longer than the line gives for its whole
+    # run raises the rate to what it had at least (a crash's seconds say nothing).
+    slow = STAGES["multitask@best"]["ops"] * 50e-6 + 12.0
+    raised = Rate.from_calls(made_up_calls(20.0, 12.0, FINISHED, {"multitask@best": slow}), STAGES)
+    assert raised.train_us_per_op == pytest.approx(50.0)
+    assert rate.stage_minutes(STAGES["multitask@best"]) < raised.stage_minutes(STAGES["multitask@best"])
+
+
+def test_one_finished_stage_is_too_few_for_a_rate():
+    with pytest.raises(ValueError, match="finished 1 stage"):
+        Rate.from_calls(made_up_calls(20.0, 12.0, ["multitask@baseline"], {}), STAGES)

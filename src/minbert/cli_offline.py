@@ -84,7 +84,9 @@ def offline_run(
 
 def gpu_plan(
     smoke: Path | None = typer.Option(
-        None, "--smoke", help="smoke.json of a smoke call (default: the assumed rate, 10 us per operator)."
+        None,
+        "--smoke",
+        help="smoke.json of a smoke call (default: the study's calls in --into, else 10 us per operator).",
     ),
     ops: Path = typer.Option(
         Path("bench/results/gpu_study_ops.json"),
@@ -102,18 +104,23 @@ def gpu_plan(
 ) -> None:
     """Cut the study's remaining stages into node calls from a measured rate.
 
-    Each stage's operators (counted on the CPU) at the smoke call's seconds per operator,
-    with its start-ups, times a margin: each call within its deadline, each period's calls
-    within --period device minutes; the stages already current in --into are left out. The
-    first period opens with the smoke call until --into holds a call of the study."""
+    Each stage's operators (counted on the CPU) at a measured rate (the smoke call's, or
+    one fitted to the study's calls in --into), with its start-ups, times a margin: each
+    call within its deadline, each period's calls within --period device minutes; the
+    stages already current in --into are left out. The first period opens with the smoke
+    call until --into holds a call of the study."""
     import json
 
     from minbert.offline.calls import Rate, cut, describe
 
     measured = json.loads(ops.read_text(encoding="utf-8"))["results"]["stages"]
-    rate = Rate.assumed() if smoke is None else Rate.measured(json.loads(smoke.read_text()), measured)
+    calls = read_provenance(into)["calls"]
+    if smoke is not None:
+        rate = Rate.measured(json.loads(smoke.read_text()), measured)
+    else:
+        rate = Rate.from_calls(calls, measured) if calls else Rate.assumed()
     names = list(measured)
-    ran = bool(read_provenance(into)["calls"])
+    ran = bool(calls)
     if ran:
         from minbert.offline.gpu_results import status
 

@@ -3,11 +3,16 @@ back, each call at most its ``--deadline`` at the worst estimate, the calls into
 of at most ``PERIOD_MINUTES`` of device time (the first opening with the smoke call). A
 stage's estimate is its aten operators, counted on the CPU at the study's scale
 (``bench/results/<scale>_study_ops.json``, ``python bench/step_ops.py --study gpu``), at
-a rate: assumed before a GPU was measured, then the smoke call's (``smoke.json``)."""
+a rate: assumed before a GPU was measured, then the smoke call's (``smoke.json``) or the
+study's own calls'."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from minbert.offline.runner import STOPPED_AT_DEADLINE
 
 # The order a GPU period should bring the study back: zero-shot, Table 1, `baseline`,
 # `best` and its ablations (Table 4), Table 3, then MLM (whose models never leave the
@@ -81,6 +86,37 @@ class Rate:
             smoke["call_start_seconds"],
             WORST,
             f"the smoke call on {smoke['device']}, torch {smoke['torch']} ({smoke['started'][:16]})",
+        )
+
+    @classmethod
+    def from_calls(cls, calls: dict[str, dict], stages: dict[str, dict]) -> Rate:
+        """From the study's own calls (``provenance.json``'s ``calls``): a least-squares line
+        through the finished stages' seconds against their operators counted on the CPU
+        gives a stage's start-up and the seconds per operator (training and scoring
+        alike), the rate raised where a stage stopped at the deadline would be estimated
+        faster than it ran; a call's start is its longest time outside the study's stages
+        (prepare, resolve, tokenize, features, the interpreter)."""
+        points, stopped, starts = [], [], []
+        for call in calls.values():
+            ran = {n: s for n, s in call["finished"].items() if n in stages}
+            points += [(stages[n]["ops"], s) for n, s in ran.items()]
+            cut_short = [f for f in call["failed"] if f["reason"] == STOPPED_AT_DEADLINE]
+            stopped += [(stages[f["stage"]]["ops"], f["seconds"]) for f in cut_short if f["stage"] in stages]
+            starts.append(call["seconds"] - sum(ran.values()) - sum(f["seconds"] for f in call["failed"]))
+        if len({ops for ops, _ in points}) < 2:
+            raise ValueError(f"the study's calls finished {len(points)} stage(s): too few to fit a rate")
+        ops, seconds = (np.array(v, dtype=float) for v in zip(*points))
+        slope, start = np.polyfit(ops, seconds, 1)
+        start = max(float(start), 0.0)
+        per_op = max([float(slope), *((s - start) / o for o, s in stopped)])
+        devices = sorted({call["device"] for call in calls.values()})
+        return cls(
+            per_op * 1e6,
+            per_op * 1e6,
+            start,
+            max(starts),
+            WORST,
+            f"the study's {len(calls)} call(s) on {', '.join(devices)}: {len(points)} finished stages",
         )
 
     def stage_minutes(self, stage: dict) -> float:

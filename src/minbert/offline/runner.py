@@ -24,6 +24,8 @@ from minbert.offline.node import require_node_packages
 from minbert.offline.plan import by_name, fingerprint, returned, select
 from minbert.results import is_record
 
+STOPPED_AT_DEADLINE = "stopped at the --deadline"  # a failure's reason (a stage cut short)
+
 STOP_GRACE_S = 30  # after SIGTERM at the deadline, before SIGKILL
 
 
@@ -74,7 +76,7 @@ def _run_stage(repo: Path, cmd: str, env: dict, seconds_left: float | None) -> s
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        return "stopped at the --deadline"
+        return STOPPED_AT_DEADLINE
     return None if code == 0 else f"exit status {code}"
 
 
