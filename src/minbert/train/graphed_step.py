@@ -79,8 +79,9 @@ class GraphedStep:
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: set[tuple] = set()
         self.eager_steps = 0
-        for group in step.optimizer.param_groups:
-            group["capturable"] = True  # fused AdamW's step counts already live on the device
+        # One side stream for every eager step: the allocator reuses a stream's blocks only
+        # on that stream.
+        self.side = torch.cuda.Stream(step.device) if step.device.type == "cuda" else None
 
     def __call__(
         self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
@@ -106,14 +107,13 @@ class GraphedStep:
 
     def _eager(self, loaded: list[LoadedPiece]) -> tuple[torch.Tensor, torch.Tensor]:
         self.eager_steps += 1
-        if self.step.device.type != "cuda":
+        if self.side is None:
             losses, local, _ = self.step.train_on(loaded)
             return losses, local
-        side = torch.cuda.Stream(self.step.device)
-        side.wait_stream(torch.cuda.current_stream(self.step.device))
-        with torch.cuda.stream(side):
+        self.side.wait_stream(torch.cuda.current_stream(self.step.device))
+        with torch.cuda.stream(self.side):
             losses, local, _ = self.step.train_on(loaded)
-        torch.cuda.current_stream(self.step.device).wait_stream(side)
+        torch.cuda.current_stream(self.step.device).wait_stream(self.side)
         return losses, local
 
     def _capture(self, key: tuple, loaded: list[LoadedPiece]) -> _Captured:
@@ -127,7 +127,17 @@ class GraphedStep:
             losses.copy_(step_losses)
             local.copy_(step_local)
 
-        captured = _Captured(self.capture(step), inputs, losses, local)
+        # Optimizers refuse capture unless marked capturable; fused AdamW's step counts live
+        # on the device either way, and its kernel is the same (the mark is off again after,
+        # as PyTorch warns of capturable steps run eagerly).
+        groups = self.step.optimizer.param_groups
+        for group in groups:
+            group["capturable"] = True
+        try:
+            captured = _Captured(self.capture(step), inputs, losses, local)
+        finally:
+            for group in groups:
+                group["capturable"] = False
         self.graphs[key] = captured
         return captured
 
