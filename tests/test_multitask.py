@@ -275,6 +275,32 @@ def test_a_graphed_step_trains_as_the_eager_step(tokenized, tiny_params, one_thr
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("replays", ["the step", "nothing"])
+def test_compare_with_eager_passes_a_true_replay_and_fails_an_empty_one(
+    tokenized, tiny_params, one_thread, replays
+):
+    """The check a GPU run makes before timing graphs (bench/paper_epoch.py): a stand-in
+    graph that reruns the step trains as the eager step, to the bit; one whose replay does
+    nothing is caught. Either way the weights are as before the check."""
+    from minbert.train.graphed_step import GraphedStep, compare_with_eager
+
+    _, base = _graph_pair(tiny_params, tokenized)
+    capture = (lambda fn: fn) if replays == "the step" else (lambda fn: lambda: None)
+    graphed = GraphedStep(base, capture=capture)
+    for task, n in (("sst", 8), ("quora", 6), ("sts", 4)):  # every head trained once
+        graphed({task: np.arange(n)})
+    before = [p.detach().clone() for p in base.model.parameters()]
+    plan = [{"sst": np.arange(8)}, {"quora": np.arange(6)}, {"sst": np.arange(8)}, {"sst": np.arange(8)}]
+    check = compare_with_eager(graphed, plan)
+    assert check.steps == 4 and check.eager_loss_difference == 0 and check.eager_weight_difference == 0
+    if replays == "the step":
+        assert check.passed and check.loss_difference == 0 and check.weight_difference == 0
+    else:
+        assert not check.passed and check.loss_difference > 0.01 and check.weight_difference > 0
+    assert base.model.training and not graphed.graphs
+    assert all(torch.equal(a, b) for a, b in zip(before, base.model.parameters()))
+
+
 @pytest.mark.parametrize(
     "change, why",
     [

@@ -162,3 +162,60 @@ def _static_copy(piece: LoadedPiece) -> LoadedPiece:
     types = None if batch.token_types is None else batch.token_types.clone()
     static = dataclasses.replace(batch, ids=batch.ids.clone(), mask=batch.mask.clone(), token_types=types)
     return dataclasses.replace(piece, batch=static, labels=piece.labels.clone())
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCheck:
+    """Graphed against eager training on the same steps from the same state: the largest
+    relative difference of a step's loss and of the weights after (each over the largest
+    weight), and the same between two eager runs (the device's own nondeterminism)."""
+
+    steps: int
+    loss_difference: float
+    weight_difference: float
+    eager_loss_difference: float
+    eager_weight_difference: float
+
+    @property
+    def passed(self) -> bool:
+        # Within ten times what the device's own nondeterminism moves, or float32's rounding.
+        return self.loss_difference <= max(10 * self.eager_loss_difference, 1e-5) and (
+            self.weight_difference <= max(10 * self.eager_weight_difference, 1e-6)
+        )
+
+
+def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) -> GraphCheck:
+    """Train ``plan`` three times from one state with dropout off (eval mode, so no run
+    draws random numbers): through ``graphed``, eagerly, eagerly again. The weights,
+    optimizer state and mode are restored after, and the graphs dropped."""
+    step, model = graphed.step, graphed.step.model
+    state = [p for p in model.parameters()] + [
+        t for s in step.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+    saved = [t.detach().clone() for t in state]
+    training = model.training
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(state, saved):
+                t.copy_(s)
+        graphed.reset()
+
+    def run(train) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        restore()
+        model.eval()
+        losses = torch.stack([train(rows)[0].sum(dim=1) for rows in plan])
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    runs = [run(graphed), run(step), run(step)]
+    step.flush()
+    restore()
+    model.train(training)
+
+    def differences(a, b) -> tuple[float, float]:
+        loss = ((a[0] - b[0]).abs().max() / b[0].abs().max().clamp_min(1e-12)).item()
+        scale = max(p.abs().max().item() for p in b[1])
+        weight = max((p - q).abs().max().item() for p, q in zip(a[1], b[1])) / scale
+        return loss, weight
+
+    return GraphCheck(len(plan), *differences(runs[0], runs[1]), *differences(runs[2], runs[1]))
