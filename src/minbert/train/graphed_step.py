@@ -166,9 +166,8 @@ def _static_copy(piece: LoadedPiece) -> LoadedPiece:
 
 @dataclasses.dataclass(frozen=True)
 class GraphCheck:
-    """Graphed against eager training on the same steps from the same state: the largest
-    relative difference of a step's loss and of the weights after (each over the largest
-    weight), and the same between two eager runs (the device's own nondeterminism)."""
+    """Graphed against eager training from one state (docs/performance.md, "CUDA graphs"):
+    largest relative differences of the losses and weights, and of two eager runs."""
 
     steps: int
     loss_difference: float
@@ -185,9 +184,8 @@ class GraphCheck:
 
 
 def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) -> GraphCheck:
-    """Train ``plan`` three times from one state with dropout off (eval mode, so no run
-    draws random numbers): through ``graphed``, eagerly, eagerly again. The weights,
-    optimizer state and mode are restored after, and the graphs dropped."""
+    """``plan`` trained three times from one state, dropout off: graphed, eager, eager
+    again; the state is restored after and the graphs dropped."""
     step, model = graphed.step, graphed.step.model
     state = [p for p in model.parameters()] + [
         t for s in step.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
