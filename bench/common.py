@@ -196,7 +196,10 @@ def table(title: str, header: list[str], rows: list[list]) -> None:
 
 
 def finish(name: str, args: argparse.Namespace, results: dict, targets: list[dict]) -> Path:
-    """Print the targets, write ``bench/results/<name>.json``; returns its path."""
+    """Print the targets, write ``bench/results/<name>.json`` (``<name>_cuda.json`` for a
+    ``--device cuda`` run, beside the CPU's); returns its path."""
+    if getattr(args, "device", "cpu") == "cuda":
+        name += "_cuda"
     table(
         "targets",
         ["target", "measured", "required", "met", "slack"],
