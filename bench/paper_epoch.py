@@ -276,7 +276,7 @@ def main() -> None:
                     "graphed step's loss, relative difference from eager",
                     check.loss_difference,
                     "<=",
-                    max(10 * check.eager_loss_difference, 1e-5),
+                    check.loss_tolerance,
                 )
             ]
             if check
