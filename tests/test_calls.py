@@ -11,14 +11,14 @@ from conftest import REPO
 
 from minbert.offline.calls import (
     DEADLINE_MINUTES,
-    PERIOD_MINUTES,
+    LANES_TOLERANCE,
     SMOKE_COMMAND,
-    SMOKE_MINUTES,
     Rate,
     cut,
     describe,
-    priority_units,
+    study_needs,
 )
+from minbert.offline.lanes import ASSUMED_SHARING
 from minbert.offline.smoke import SMOKE_STAGES
 
 STAGES = json.loads((REPO / "bench" / "results" / "gpu_study_ops.json").read_text())["results"]["stages"]
@@ -55,26 +55,66 @@ def made_up_smoke(us_per_op: float, stage_start_s: float = 20.0, call_start_s: f
     }
 
 
-def test_a_plan_re_cut_at_20_us_per_operator_keeps_every_call_and_period_within_bounds():
+def _every_call(plan) -> list:
+    return [c for period in plan.periods for c in period]
+
+
+def test_a_plan_re_cut_at_20_us_per_operator_holds_the_whole_study_in_one_call_of_lanes():
     rate = Rate.measured(made_up_smoke(20.0), STAGES)
     assert rate.train_us_per_op == pytest.approx(20.0) and rate.scoring_us_per_op == pytest.approx(20.0)
     assert rate.stage_start_s == pytest.approx(20.0) and rate.call_start_s == 60.0
+    assert rate.sharing == ASSUMED_SHARING
     plan = cut(STAGES, rate)
     assert not plan.too_long
-    calls = [c for period in plan.periods for c in period]
-    for call in calls:  # each call's worst case, its start-up included, within its deadline
-        worst = rate.call_start_minutes + sum(rate.stage_minutes(STAGES[s]) for s in call.stages)
-        assert call.minutes == pytest.approx(worst) and worst <= DEADLINE_MINUTES
-    for p, period in enumerate(plan.periods):
-        assert (SMOKE_MINUTES if p == 0 else 0) + sum(c.minutes for c in period) <= PERIOD_MINUTES
-    ordered = [s for c in calls for s in c.stages]
-    assert sorted(ordered) == sorted(STAGES)  # every stage once
-    assert ordered == [s for unit in priority_units(list(STAGES)) for s in unit]  # priority order
-    assert ordered[:3] == ["zero-shot", "sentiment@sst-last-layer", "sentiment@sst-full"]
-    mlm = [c for c in calls if any(s.startswith("mlm@") for s in c.stages)]
+    (call,) = _every_call(plan)
+    assert call.whole and sorted(call.stages) == sorted(STAGES) and call.lanes == plan.lanes > 1
+    # Its worst case: the call's start, then the longest lane, every stage slowed by sharing.
+    longest = max(rate.stage_minutes(STAGES[s]) for s in STAGES) * rate.sharing
+    assert longest + rate.call_start_minutes <= call.minutes <= DEADLINE_MINUTES
+    assert call.minutes == pytest.approx(plan.by_lanes[plan.lanes])
+    # The fewest lanes within the tolerance of the soonest; fewer end later than that.
+    soonest = min(plan.by_lanes.values())
+    assert plan.by_lanes[plan.lanes] <= (1 + LANES_TOLERANCE) * soonest
+    assert all(plan.by_lanes[k] > (1 + LANES_TOLERANCE) * soonest for k in range(1, plan.lanes))
+    printed = describe(plan)
+    assert printed[3].endswith(SMOKE_COMMAND) and "period 1" in printed[2]
+    assert printed[4].endswith(f"--deadline 9 --lanes {plan.lanes}")  # no --stage: every stage
+
+
+def test_a_study_that_does_not_fit_one_call_says_which_stages_go_to_the_next_and_why():
+    rate = Rate(30.0, 30.0, 13.0, 25.0, 1.25, "made up: 30 us per operator")
+    plan = cut(STAGES, rate, smoke_first=False)
+    calls = _every_call(plan)
+    assert len(calls) > 1 and not calls[0].whole and not plan.too_long
+    ran = [s for call in calls for s in call.stages]
+    assert sorted(ran) == sorted(STAGES)  # every stage once
+    for call in calls:
+        assert call.minutes <= DEADLINE_MINUTES
+    # The first call leaves each of the PCGrad + SMART stages to a later one: sharing the
+    # GPU, its worst estimate exceeds what is left of the deadline.
+    assert "multitask@best" in calls[0].left and "multitask@best" not in calls[0].stages
+    assert calls[0].left["multitask@best"].startswith("not started: its worst estimate in")
+    mlm = [c for c in calls if "mlm@continue" in c.stages]
     assert len(mlm) == 1 and "multitask-mlm@continue-baseline" in mlm[0].stages  # its model stays there
     printed = describe(plan)
-    assert printed[2].endswith(SMOKE_COMMAND) and "period 1" in printed[1]
+    assert any(line.startswith("    left to the next call: multitask@best: not started") for line in printed)
+    assert any("--stage multitask@best" in line for line in printed)
+
+
+def test_mlm_fine_tuning_left_to_a_later_call_takes_its_mlm_stage_along():
+    rate = Rate(20.0, 20.0, 13.0, 25.0, 1.25, "made up")
+    names = ["mlm@continue", "multitask-mlm@continue-baseline"]
+    assert study_needs([*names, "zero-shot"]) == {"multitask-mlm@continue-baseline": ["mlm@continue"]}
+    minutes = [rate.stage_minutes(STAGES[n]) for n in names]
+    # A deadline that holds both in one lane: a call's worth, both in it.
+    plan = cut(STAGES, rate, names, deadline=sum(minutes) + rate.call_start_minutes, smoke_first=False)
+    assert [c.stages for c in _every_call(plan)] == [names] and not plan.too_long
+    # A deadline that holds each alone but not one after the other: the fine-tuning is too
+    # long for any call (its MLM model never leaves the node), MLM's own results come back.
+    each = max(minutes) + rate.call_start_minutes + 0.01
+    plan = cut(STAGES, rate, names, deadline=each, smoke_first=False, lanes=1)
+    assert [c.stages for c in _every_call(plan)] == [["mlm@continue"]]
+    assert plan.too_long == {names[1]: pytest.approx(sum(minutes))}
 
 
 def test_a_stage_too_long_for_any_call_is_named_not_planned():
@@ -98,16 +138,20 @@ def test_a_later_period_plan_fits_a_shorter_period_without_the_smoke_call():
     # Once the study has a call, the plan opens with no smoke call; a session lent fewer
     # device minutes cuts its periods to them.
     rate = Rate.measured(made_up_smoke(20.0), STAGES)
-    plan = cut(STAGES, rate, period=11.0, smoke_first=False)
+    plan = cut(STAGES, rate, period=11.0, smoke_first=False, lanes=1)
     assert all(sum(c.minutes for c in period) <= 11.0 for period in plan.periods)
     printed = describe(plan)
     assert not any(SMOKE_COMMAND in line for line in printed)
     assert printed[1].startswith("period 1:") and printed[1].endswith("of 11 device minutes")
-    assert len(plan.periods) > len(cut(STAGES, rate).periods)
+    assert len(plan.periods) > len(cut(STAGES, rate, lanes=1).periods)
 
 
 def made_up_calls(
-    us_per_op: float, stage_start_s: float, finished: list[str], stopped: dict[str, float]
+    us_per_op: float,
+    stage_start_s: float,
+    finished: list[str],
+    stopped: dict[str, float],
+    shared: dict[str, float] | None = None,
 ) -> dict:
     """A provenance's calls: each finished stage took ``stage_start_s`` plus its operators
     at ``us_per_op``; ``stopped``: stages cut short at the deadline after so many seconds;
@@ -117,7 +161,7 @@ def made_up_calls(
     failed.append({"stage": "multitask@concatenation", "reason": "exit status 1", "seconds": 1.0})
     outside = {"prepare": 1.0, "resolve": 0.5, "tokenize": 7.5, "features": 6.0}
     seconds = sum(ran.values()) + sum(f["seconds"] for f in failed) + sum(outside.values())
-    return {
+    calls = {
         "2026-11-26T23:01:34": {
             "device": "a made-up GPU",
             "seconds": seconds,
@@ -126,6 +170,18 @@ def made_up_calls(
             "not_run": [],
         }
     }
+    if shared:  # a lane call: these stages side by side, each slowed by its factor
+        slowed = {n: f * (stage_start_s + STAGES[n]["ops"] * us_per_op * 1e-6) for n, f in shared.items()}
+        calls["2026-11-27T10:00:00"] = {
+            "device": "a made-up GPU",
+            "seconds": 15.0 + max(slowed.values()),
+            "lanes": len(shared),
+            "finished": {**outside, **slowed},
+            "shared_with": {n: sorted(set(shared) - {n}) for n in shared},
+            "failed": [],
+            "not_run": [],
+        }
+    return calls
 
 
 FINISHED = ["zero-shot", "sentiment@sst-full", "sentiment@cfimdb-full", "multitask@baseline"]
@@ -147,3 +203,14 @@ def test_the_study_calls_give_the_rate_and_start_up_they_ran_at():
 def test_one_finished_stage_is_too_few_for_a_rate():
     with pytest.raises(ValueError, match="finished 1 stage"):
         Rate.from_calls(made_up_calls(20.0, 12.0, ["multitask@baseline"], {}), STAGES)
+
+
+def test_a_lane_call_measures_the_slowdown_of_sharing_the_gpu():
+    shared = {"multitask@best": 1.8, "multitask@best-adamw": 2.0, "multitask@concatenation": 2.2}
+    rate = Rate.from_calls(made_up_calls(20.0, 12.0, FINISHED, {}, shared), STAGES)
+    # The line through the stages that ran alone; the median of the shared stages' factors.
+    assert rate.train_us_per_op == pytest.approx(20.0) and rate.stage_start_s == pytest.approx(12.0)
+    assert rate.sharing == pytest.approx(2.0) and rate.sharing_source.startswith("measured: 3 stages")
+    alone = cut(STAGES, Rate.from_calls(made_up_calls(20.0, 12.0, FINISHED, {}), STAGES))
+    slower = cut(STAGES, rate)
+    assert slower.by_lanes[4] > alone.by_lanes[4] and slower.by_lanes[1] == pytest.approx(alone.by_lanes[1])

@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from test_pipeline import _slice, _tiny_scale
 from minbert.model.bert import BertModel
 from minbert.offline import parts
 from minbert.offline.bundle import SEND_LIMIT, call_size, read_bundle, sent_files
-from minbert.offline.calls import SMOKE_COMMAND, Rate, cut
+from minbert.offline.calls import NODE_RUN, SMOKE_COMMAND, Rate, cut, node_command
 from minbert.offline.node import NODE_PACKAGES
 from minbert.offline.plan import resolve_plan, returned, select
 from minbert.offline.smoke import CONTROL_TOLERANCE, summary
@@ -117,8 +118,8 @@ def project(tmp_path_factory, shared_data, tiny_checkpoint) -> Path:
 def imitation_node(base: Path, packages: list[str], without: tuple[str, ...] = ()) -> dict:
     """The environment of an imitation node whose Python holds only ``packages`` (and what
     they require, less ``without``; no DVC, nothing of the test tools): `python3` only on
-    PATH, and a stage that fails (exit 3) or hangs when its command names FAIL_ARG or
-    HANG_ARG."""
+    PATH, and a stage that fails (exit 3), hangs or raises when its command names FAIL_ARG,
+    HANG_ARG or RAISE_ARG."""
     (base / "bin").mkdir(parents=True)
     interpreter = node_python(base / "python", packages, without)
     python3 = base / "bin" / "python3"
@@ -129,6 +130,10 @@ def imitation_node(base: Path, packages: list[str], without: tuple[str, ...] = (
         "import os, sys, time\n"
         "if os.environ.get('FAIL_ARG') in sys.argv: os._exit(3)\n"
         "if os.environ.get('HANG_ARG') in sys.argv: time.sleep(600)\n"
+        "class _Raise:  # a bug in the stage's code: it ends in a traceback\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'minbert.pipeline.multitask': raise RuntimeError('made to fail')\n"
+        "if os.environ.get('RAISE_ARG') in sys.argv: sys.meta_path.insert(0, _Raise())\n"
     )
     return {"PATH": str(base / "bin"), "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8"}
 
@@ -149,8 +154,11 @@ def _node(project: Path, node: Path) -> Path:
     return node
 
 
-def _on_node(node: Path, out: Path, command: str, env: dict, **extra) -> subprocess.CompletedProcess:
-    """A node command of the page, verbatim, in the node's repository root; ``$OUT`` comes back."""
+def _on_node(
+    node: Path, out: Path, command: str, env: dict, one_core: bool = False, **extra
+) -> subprocess.CompletedProcess:
+    """A node command of the page, verbatim, in the node's repository root; ``$OUT`` comes
+    back. ``one_core``: the node has one core (every lane one thread, however many lanes)."""
     out.mkdir(parents=True)
     return subprocess.run(
         ["/bin/bash", "-c", command],
@@ -158,14 +166,26 @@ def _on_node(node: Path, out: Path, command: str, env: dict, **extra) -> subproc
         env={**env, "OUT": str(out), **extra},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})) if one_core else None,
     )
+
+
+def one_lane(command: str) -> str:
+    return re.sub(r"--lanes \d+", "--lanes 1", command)
+
+
+# A second call, one of whose stages has a bug (RAISE_ARG): its traceback comes back.
+SECOND_CALL = f"{NODE_RUN} --deadline 9 " + " ".join(
+    f"--stage multitask@{c}" for c in ("best-round-robin", "best-adamw", "best-no-smart")
+)
 
 
 @pytest.fixture(scope="module")
 def study(project, node_env, tmp_path_factory) -> dict:
-    """The page's bundle, its first two node calls (the second with a failing stage),
-    both unpacked."""
+    """The page's bundle, smoke call and plan; its one call for the whole study in its
+    lanes and again in one lane (on one core: one thread a stage either way), and a
+    second call with a stage that raises; the first and the second unpacked."""
     work = tmp_path_factory.mktemp("study")
     made = _here(project, here_command("bundle"))
     assert made.returncode == 0, made.stdout + made.stderr
@@ -174,11 +194,14 @@ def study(project, node_env, tmp_path_factory) -> dict:
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     planned = _here(project, here_command("gpu-plan").replace("gpu-out", str(work / "gpu-out")))
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    first = _on_node(_node(project, work / "node1"), work / "out1", node_calls()[0], node_env)
-    assert first.returncode == 0, first.stdout + first.stderr
-    second = _on_node(
-        _node(project, work / "node2"), work / "out2", node_calls()[1], node_env, FAIL_ARG=FAILING
-    )
+    (call,) = node_calls()
+    seconds = {}
+    for out, command in (("out1", call), ("out1-one-lane", one_lane(call))):
+        began = time.monotonic()
+        ran = _on_node(_node(project, work / out.replace("out", "node")), work / out, command, node_env, True)
+        seconds[out] = time.monotonic() - began
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    second = _on_node(_node(project, work / "node2"), work / "out2", SECOND_CALL, node_env, RAISE_ARG=FAILING)
     assert second.returncode == 1, second.stdout + second.stderr
     for out in ("out1", "out2"):
         unpacked = _here(project, here_command("gpu-unpack").replace("gpu-out", str(work / out)))
@@ -188,6 +211,8 @@ def study(project, node_env, tmp_path_factory) -> dict:
         "status": here_command("gpu-status"),
         "bundle": " ".join((made.stdout + made.stderr).split()),
         "plan": planned.stdout,
+        "seconds": seconds,
+        "second": second.stdout + second.stderr,
     }
 
 
@@ -203,11 +228,8 @@ def test_the_readme_calls_cover_the_plan_once(project):
 def test_the_readme_calls_are_gpu_plans_at_the_assumed_rate():
     stages = json.loads((REPO / STUDY_OPS).read_text())["results"]["stages"]
     plan = cut(stages, Rate.assumed())
-    assert not plan.too_long
-    printed = [c.stages for period in plan.periods for c in period]
-    named = [re.findall(r"--stage (\S+)", c) for c in node_calls()]
-    expanded = [[s for n in names for s in stages if s == n or s.startswith(f"{n}@")] for names in named]
-    assert expanded == printed
+    assert not plan.too_long and plan.lanes > 1
+    assert node_calls() == [node_command(c) for period in plan.periods for c in period]
     assert smoke_command() == SMOKE_COMMAND
 
 
@@ -268,6 +290,14 @@ def test_the_bundle_holds_dvcs_plan_and_an_fp16_checkpoint(project, study, tiny_
     for (name, a), b in zip(original.state_dict().items(), copied.state_dict().values()):
         assert b.dtype == torch.float32 and torch.allclose(a, b, atol=1e-3, rtol=1e-3), name
     assert "MiB" in study["bundle"] and "a call sends" in study["bundle"]
+    # The call plan: lanes and every study stage's estimate, as `minbert gpu-plan` cuts
+    # them at the rate of the bundle's time (assumed: the project had no call yet).
+    results = [s["name"] for s in plan["stages"] if returned(s)]
+    assert sorted(described["call_plan"]["estimates"]) == sorted(results)
+    stages = json.loads((REPO / STUDY_OPS).read_text())["results"]["stages"]
+    assert described["call_plan"]["lanes"] == cut(stages, Rate.assumed()).lanes
+    best = Rate.assumed().estimate(stages["multitask@best"])
+    assert described["call_plan"]["estimates"]["multitask@best"] == vars(best)
 
 
 @pytest.mark.slow
@@ -277,13 +307,58 @@ def test_each_call_brings_back_what_it_finished(study):
         assert len(files) <= parts.MAX_FILES and all(f.stat().st_size <= parts.MAX_BYTES for f in files)
     index, files = parts.read(study["work"] / "out2" / parts.INDEX_FILE)
     assert [f["stage"] for f in index["failed"]] == ["multitask@best-round-robin"]
-    assert index["failed"][0]["reason"] == "exit status 3"
-    finished = [s["stage"] for s in index["stages"]]
-    assert finished == [
+    assert index["failed"][0]["reason"] == "exit status 1"
+    finished = {s["stage"] for s in index["stages"]}
+    assert finished == {
         "prepare", "resolve", "tokenize", "features", "multitask@best-adamw", "multitask@best-no-smart"
-    ]  # fmt: skip
+    }  # fmt: skip
     assert not any(f.startswith(("data/", "models/")) for f in files)
     assert index["torch"] == torch.__version__
+
+
+@pytest.mark.slow
+def test_a_failed_stage_brings_back_its_traceback_and_every_stage_its_log(project, study):
+    index, files = parts.read(study["work"] / "out2" / parts.INDEX_FILE)
+    (failed,) = index["failed"]
+    assert failed["traceback"].startswith("Traceback (most recent call last):")
+    assert failed["traceback"].endswith("RuntimeError: made to fail")
+    assert "RuntimeError: made to fail" in study["second"]  # printed on the node too
+    assert "made to fail" in files[failed["log"]].decode()
+    for stage in index["stages"]:
+        assert stage["log"] in files, stage["stage"]
+    # Unpacked: the failure's log and traceback are kept beside the results.
+    gpu = project / "metrics" / "gpu"
+    provenance = json.loads((gpu / "provenance.json").read_text())
+    failure = provenance["failures"]["multitask@best-round-robin"]
+    assert failure["traceback"] == failed["traceback"] and (gpu / failure["log"]).is_file()
+    assert (gpu / provenance["stages"]["multitask@best"]["log"]).is_file()
+
+
+def _without_how_it_ran(name: str, data: bytes) -> bytes:
+    """A returned file less the runner's note of how its stage ran (seconds, lanes)."""
+    if not name.endswith("-run.json") and not name.endswith("zero-shot-run.json"):
+        return data
+    record = json.loads(data)
+    del record["offline_run"]["ran"]
+    return json.dumps(record).encode()
+
+
+@pytest.mark.slow
+def test_lanes_return_what_one_lane_returns(study):
+    lanes, in_lanes = parts.read(study["work"] / "out1" / parts.INDEX_FILE)
+    one, in_one = parts.read(study["work"] / "out1-one-lane" / parts.INDEX_FILE)
+    assert lanes["lanes"] > 1 and one["lanes"] == 1 and lanes["threads"] == one["threads"] == 1
+    results = {n for n in in_one if not n.startswith("logs/")}
+    assert results == {n for n in in_lanes if not n.startswith("logs/")} and len(results) > 50
+    for name in sorted(results):
+        assert _without_how_it_ran(name, in_lanes[name]) == _without_how_it_ran(name, in_one[name]), name
+    # Stages shared the GPU (here the core) in lanes, never in one lane; each record says so.
+    shared = {s["stage"]: s["shared_with"] for s in lanes["stages"]}
+    assert any(shared.values()) and not any(s["shared_with"] for s in one["stages"])
+    record = json.loads(in_lanes["metrics/multitask/best-run.json"])
+    ran = record["offline_run"]["ran"]
+    assert ran["lanes"] == lanes["lanes"] and ran["shared_with"] == shared["multitask@best"]
+    assert ran["seconds"] > 0 and ran["threads"] == 1 and ran["peak_device_memory_bytes"] is None
 
 
 @pytest.mark.slow
@@ -311,15 +386,19 @@ def test_a_third_call_sends_what_the_node_takes(project, study):
 
 
 @pytest.mark.slow
-def test_gpu_status_lists_both_calls_and_the_failed_stage(project, study):
-    done = _here(project, study["status"])
-    assert done.returncode == 1, done.stdout + done.stderr
+def test_gpu_status_needs_no_course_data_and_names_what_changed(project, study, tmp_path):
+    # Every stage came back from the whole-study call; the second call's failure is newer
+    # than `best-round-robin`'s result, which stands (and is current).
+    data = Path(yaml.safe_load((project / "params.yaml").read_text())["data"]["source"])
+    hidden = tmp_path / "elsewhere"
+    data.rename(hidden)  # no course files: the status resolves from the call's manifest
+    try:
+        done = _here(project, study["status"])
+    finally:
+        hidden.rename(data)
+    assert done.returncode == 0, done.stdout + done.stderr
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
-    for stage in ("zero-shot", "sentiment@sst-full", "multitask@baseline", "multitask@best"):
-        assert lines[stage] == "current", (stage, done.stdout)
-    assert lines["multitask@best-round-robin"].startswith("missing: failed in the call of")
-    assert lines["multitask@best-round-robin"].endswith("exit status 3")
-    assert lines["mlm@continue"] == "missing: not run yet"
+    assert set(lines.values()) == {"current"} and "mlm@continue" in lines and "zero-shot" in lines
     params = project / "params.yaml"
     saved = params.read_text()
     try:
@@ -370,6 +449,21 @@ def test_the_node_refuses_other_code_and_stops_at_the_deadline(project, study, n
         "prepare": "the --deadline was reached",
         **blocked,
     }
+
+
+@pytest.mark.slow
+def test_a_stage_whose_worst_estimate_exceeds_the_time_left_is_not_started(
+    project, study, node_env, tmp_path
+):
+    # `best` at the assumed rate: 140 worst seconds alone, 210 sharing the GPU; 180 in all.
+    command = f"{NODE_RUN} --deadline 3 --stage multitask@best --stage zero-shot"
+    done = _on_node(_node(project, tmp_path / "node"), tmp_path / "out", command, node_env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    index, files = parts.read(tmp_path / "out" / parts.INDEX_FILE)
+    refused = {s["stage"]: s["reason"] for s in index["not_run"]}
+    assert refused["multitask@best"].startswith("not started: its worst estimate in")
+    assert "multitask@best" not in {s["stage"] for s in index["stages"] + index["failed"]}
+    assert "logs/multitask@best.log" not in files
 
 
 def _call_index(out: Path, started: str, files: dict[str, bytes], overrides=("scale=gpu",)) -> Path:

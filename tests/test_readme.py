@@ -4,6 +4,7 @@ that rewrites them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -51,6 +52,12 @@ def _copy(tmp_path):
             shutil.copy(path, tmp_path / "metrics" / folder / path.name)
     for path in (REPO / "metrics").glob("zero-shot*.json"):
         shutil.copy(path, tmp_path / "metrics" / path.name)
+    # The GPU study's provenance and the code its rows ran with, which marks them stale.
+    shutil.copy(
+        REPO / "metrics" / "gpu" / "provenance.json", tmp_path / "metrics" / "gpu" / "provenance.json"
+    )
+    for folder in ("src", "stages"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -88,7 +95,7 @@ def test_readme_rewrites_the_model_block_when_another_configuration_ranks_first(
 def test_readme_rewrites_the_results_block_from_the_metrics_and_the_paper(tmp_path):
     repo = _copy(tmp_path)
     before = (repo / "README.md").read_text(encoding="utf-8")
-    block = _block(before, "results")
+    block = _block(before, "results", "metrics/ and src/")
     best = json.loads((REPO / "metrics" / "multitask" / "best.json").read_text())
     assert f"| `best`, ours | {best['sst']:.3f} | {best['quora']:.3f} | {best['sts']:.3f} |" in block
     assert "| `best`, the paper | 0.542 | 0.878 | 0.877 | 0.766 |" in block  # reference/paper.yaml
@@ -101,10 +108,11 @@ def test_readme_rewrites_the_results_block_from_the_metrics_and_the_paper(tmp_pa
     assert _readme("--check", "--repo", str(repo)).exit_code == 1
     assert _readme("--repo", str(repo)).exit_code == 0
     after = (repo / "README.md").read_text(encoding="utf-8")
-    block = _block(after, "results")
+    block = _block(after, "results", "metrics/ and src/")
     assert f"| `best`, ours | {best['sst']:.3f} | {best['quora']:.3f} | 0.812 |" in block
     assert re.search(r"\| ours \| [\d.]+ \| 0\.501 \|", block), block
-    assert after[: after.index(begin("results"))] == before[: before.index(begin("results"))]
+    results = begin("results", "metrics/ and src/")
+    assert after[: after.index(results)] == before[: before.index(results)]
     assert after[after.index(end("results")) :] == before[before.index(end("results")) :]
 
 
@@ -174,3 +182,25 @@ def test_the_parameter_table_follows_the_declarations(tmp_path):
     (repo / "docs" / "parameters.md").write_text(stale)
     stale = _readme("--check", "--repo", str(repo))
     assert stale.exit_code == 1 and "parameters.md" in stale.output
+
+
+def test_a_gpu_row_is_marked_stale_when_the_code_it_ran_with_changes(tmp_path):
+    repo = _copy(tmp_path)
+    provenance_file = repo / "metrics" / "gpu" / "provenance.json"
+    provenance = json.loads(provenance_file.read_text())
+    stage = provenance["stages"]["multitask@baseline"]
+    # As if every file it ran with were this checkout's: current, then one changed.
+    for name in [n for n in stage["fingerprint"] if n.startswith(("src/", "stages/"))]:
+        path = repo / name
+        stage["fingerprint"][name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "x"
+    provenance_file.write_text(json.dumps(provenance))
+    assert _readme("--repo", str(repo)).exit_code == 0
+    block = _block((repo / "README.md").read_text(encoding="utf-8"), "results", "metrics/ and src/")
+    commit = provenance["calls"][stage["call"]]["commit"][:7]
+    assert f"| `baseline`, ours on a GPU ({commit}) |" in block
+    step = repo / "src" / "minbert" / "train" / "multitask_step.py"
+    step.write_text(step.read_text() + "# changed\n")
+    assert _readme("--check", "--repo", str(repo)).exit_code == 1
+    assert _readme("--repo", str(repo)).exit_code == 0
+    block = _block((repo / "README.md").read_text(encoding="utf-8"), "results", "metrics/ and src/")
+    assert f"| `baseline`, ours on a GPU ({commit}, stale) |" in block

@@ -309,7 +309,8 @@ def save(directory: Path, name: str, run: dict) -> None:
 
 
 def report(root: Path, out: Path, paper: Path = PAPER) -> str:
-    write_report(root / "metrics", root / "predictions", root / "prepared", paper, out)
+    """The report of ``root``'s results (its own src/ the code the GPU results ran with)."""
+    write_report(root / "metrics", root / "predictions", root / "prepared", paper, out, sources=root)
     return (out / "README.md").read_text(encoding="utf-8")
 
 

@@ -5,6 +5,7 @@ tests/test_report.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import statistics
@@ -605,11 +606,24 @@ def _gpu_study(root: Path, configs: list[str]) -> None:
         "failed": [{"stage": "multitask@best", "reason": "stopped at the --deadline", "seconds": 130.6}],
         "not_run": [],
     }  # fmt: skip
+    # Each stage ran with one file of code, as it stands in `root` then.
+    code = root / GPU_CODE
+    code.parent.mkdir(parents=True, exist_ok=True)
+    code.write_text("# the step as it ran on the GPU\n")
+    fingerprint = {GPU_CODE: hashlib.sha256(code.read_bytes()).hexdigest(), "cmd of prepare": "0" * 64}
+    stages = {
+        f"multitask@{c}": {"call": CALL, "seconds": 63.0, "files": [], "fingerprint": fingerprint}
+        for c in configs
+    }
     provenance = {
         "format": "minbert-gpu-results/1", "overrides": ["scale=gpu"],
-        "calls": {"2026-11-26T23:01:34.579+00:00": call}, "stages": {}, "failures": {},
+        "calls": {CALL: call}, "stages": stages, "failures": {},
     }  # fmt: skip
     (gpu / "provenance.json").write_text(json.dumps(provenance))
+
+
+CALL = "2026-11-26T23:01:34.579+00:00"
+GPU_CODE = "src/minbert/train/multitask_step.py"  # under the test's root
 
 
 def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_calls(tmp_path):
@@ -634,3 +648,23 @@ def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_call
     assert _row(summary, "`baseline`, ours on a GPU")[1:] == _row(summary, "`baseline`, ours")[1:]
     assert not [line for line in summary.splitlines() if "`best`, ours on a GPU" in line]
     assert "Ours on a GPU:" in summary and "on NVIDIA H100 80GB HBM3" in summary
+
+
+def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
+    root = _outputs(tmp_path, ["baseline", "best"])
+    _gpu_study(root, ["baseline"])
+    sections = _sections(report(root, tmp_path / "current"))
+    assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | none |" in sections["On a GPU"]
+    assert "Stale" not in sections["On a GPU"] and "stale" not in sections["Summary"]
+    assert _row(sections["Summary"], "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d)"
+    (root / GPU_CODE).write_text("# the step as it is now\n")  # its hash is not the one it ran with
+    sections = _sections(report(root, tmp_path / "stale"))
+    section, summary = sections["On a GPU"], sections["Summary"]
+    assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | `multitask_step.py` |" in section
+    table = section.split("### GPU Table 2")[1].split("### GPU Table 3")[0]
+    label = _row(table, "(`baseline`)")[0]
+    note = re.search(r"\[(\d+)\]$", label).group(1)
+    assert f"- [{note}] " in table and "Stale: `multitask@baseline` ran at aebbd8d; since then " in table
+    assert "`multitask_step.py` changed" in table
+    assert _row(summary, "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d, stale)"
+    assert "A GPU row marked stale ran at the commit it names" in summary

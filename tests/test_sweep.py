@@ -10,7 +10,8 @@ import pytest
 from conftest import tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
-from minbert.tools.sweep import Run, aggregate, seed_study
+from minbert.cores import threads_each
+from minbert.tools.sweep import Run, aggregate, collect_runs, seed_study
 
 
 def _run_of(name, seed, optimizer, average, acc):
@@ -54,6 +55,7 @@ def _one_config_one_run(params: dict) -> None:
     params["configs"] = {"baseline": {}}
     params["seed_study"]["configs"] = ["baseline"]
     params["seed_study"]["seeds"] = [1, 2]
+    params["seed_study"]["jobs"] = 2  # side by side: each stage takes its share of the cores
     params["mlm"]["pretrain"] = []
     params["sentiment"]["runs"] = {"sst-last-layer": params["sentiment"]["runs"]["sst-last-layer"]}
     params["scales"]["cpu"]["max_length"] = {"sst": 32, "cfimdb": 32, "quora": 32, "sts": 32}
@@ -92,6 +94,11 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     assert study["command"] == "minbert seed-study" and study["seeds"] == [1, 2]
     runs = study["configs"]["baseline"]
     assert [r["seed"] for r in runs] == [1, 2] and runs[0]["average"] != runs[1]["average"]
+    # Two experiments at once: each stage ran with the cores ÷ 2 threads (its record says).
+    experiments = [r for r in collect_runs(root, ["HEAD"]) if r.name != "workspace"]
+    assert len(experiments) == 2
+    for run in experiments:
+        assert run.metrics["multitask/baseline"]["device"] == f"cpu ({threads_each(2)} threads)", run.name
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
     # two seeds make up the one group.

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from minbert.gpu_study import GPU_RESULTS_DIR, read_provenance
-from minbert.offline.calls import PERIOD_MINUTES
+from minbert.offline.calls import PERIOD_MINUTES, STUDY_OPS
 from minbert.progress import console
 
 
@@ -48,10 +48,18 @@ def offline_run(
     smoke: bool = typer.Option(
         False, "--smoke", help="The smoke call instead: check the GPU path, measure, write smoke.json."
     ),
+    lanes: int | None = typer.Option(
+        None,
+        "--lanes",
+        min=1,
+        help="Stages run side by side, each with the cores / lanes threads (default: the bundle's plan).",
+    ),
 ) -> None:
     """Run a bundle's plan without DVC (an offline GPU node), packing each stage's results
-    into --out as it finishes. Runs in the repository root, nothing installed:
-    `PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out OUT --stage zero-shot`.
+    and log into --out as it finishes. Runs in the repository root, nothing installed:
+    `PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out OUT --deadline 9`.
+    Up to --lanes stages whose inputs are ready run at once, the longest expected first; a
+    stage whose worst estimate exceeds the time left before --deadline is not started.
     Exit status 1 when a stage failed or was not run.
 
     With --smoke: a PCGrad + SMART stage and a round-robin stage on a slice, their losses
@@ -71,10 +79,13 @@ def offline_run(
         return
     from minbert.offline.runner import run_call
 
-    index = run_call(Path("."), bundle_dir, out, stage, deadline, log=console.log)
+    def log(text: str) -> None:  # a traceback is printed as it is, not as markup
+        console.log(text, markup=False, highlight=False)
+
+    index = run_call(Path("."), bundle_dir, out, stage, deadline, log=log, lanes=lanes)
     console.print(
-        f"{out}: {len(index['stages'])} stages finished in {index['seconds']:.0f} s on {index['device']}, "
-        f"{len(index['parts'])} part(s)"
+        f"{out}: {len(index['stages'])} stages finished in {index['seconds']:.0f} s on {index['device']} "
+        f"in {index['lanes']} lane(s) of {index['threads']} thread(s), {len(index['parts'])} part(s)"
     )
     for left in index["failed"] + index["not_run"]:
         console.print(f"  {left['stage']}: {left['reason']}")
@@ -88,45 +99,44 @@ def gpu_plan(
         "--smoke",
         help="smoke.json of a smoke call (default: the study's calls in --into, else 10 us per operator).",
     ),
-    ops: Path = typer.Option(
-        Path("bench/results/gpu_study_ops.json"),
-        "--ops",
-        help="The study's operators per stage (bench/step_ops.py).",
-    ),
-    into: Path = typer.Option(
-        GPU_RESULTS_DIR, "--into", help="The GPU results folder: its current stages are done."
-    ),
+    ops: Path = typer.Option(STUDY_OPS, "--ops", help="The study's operators per stage (bench/step_ops.py)."),
+    into: Path = typer.Option(GPU_RESULTS_DIR, "--into", help="The GPU results folder."),
     period: float = typer.Option(
         PERIOD_MINUTES,
         "--period",
         help="Device minutes a period's calls may spend (the rest: the machine's starts and transfers).",
     ),
+    lanes: int | None = typer.Option(
+        None, "--lanes", min=1, help="Lanes a call runs (default: the fewest that end the study soonest)."
+    ),
+    not_current: bool = typer.Option(
+        False, "--not-current", help="Leave out the stages current in --into (default: every stage)."
+    ),
 ) -> None:
-    """Cut the study's remaining stages into node calls from a measured rate.
+    """Cut the gpu study into node calls run in lanes, from a measured rate.
 
     Each stage's operators (counted on the CPU) at a measured rate (the smoke call's, or
-    one fitted to the study's calls in --into), with its start-ups, times a margin: each
-    call within its deadline, each period's calls within --period device minutes; the
-    stages already current in --into are left out. The first period opens with the smoke
-    call until --into holds a call of the study."""
+    one fitted to the study's calls in --into), with its start-up, times a margin and,
+    in lanes, the slowdown of sharing the GPU (measured by the study's lane calls, else
+    assumed x1.5). Every stage of the study goes in as few calls as hold it, each within
+    its 9-minute deadline at the worst estimate, so that every GPU result comes from one
+    commit; a stage left to a later call is named with why. The first period opens with
+    the smoke call until --into holds a call of the study."""
     import json
 
-    from minbert.offline.calls import Rate, cut, describe
+    from minbert.offline.calls import cut, describe, read_ops, study_rate
 
-    measured = json.loads(ops.read_text(encoding="utf-8"))["results"]["stages"]
+    _, measured = read_ops(ops)
     calls = read_provenance(into)["calls"]
-    if smoke is not None:
-        rate = Rate.measured(json.loads(smoke.read_text()), measured)
-    else:
-        rate = Rate.from_calls(calls, measured) if calls else Rate.assumed()
+    rate = study_rate(calls, measured, json.loads(smoke.read_text()) if smoke is not None else None)
     names = list(measured)
-    ran = bool(calls)
-    if ran:
+    if not_current and calls:
         from minbert.offline.gpu_results import status
 
         current = {s.stage for s in status(into) if s.state == "current"}
         names = [n for n in names if n not in current]
-    for line in describe(cut(measured, rate, names, period=period, smoke_first=not ran)):
+    plan = cut(measured, rate, names, period=period, smoke_first=not calls, lanes=lanes)
+    for line in describe(plan):
         typer.echo(line)
 
 

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from minbert.cores import threads_each
+
 
 @dataclass(frozen=True)
 class World:
@@ -73,7 +75,7 @@ class World:
 
 def start(device_name: str = "auto") -> tuple[World, torch.device]:
     """Join ``torchrun``'s process group, if any, and pick this rank's device (CUDA: one per
-    rank with NCCL; CPUs: gloo)."""
+    rank with NCCL; CPUs: gloo, each rank with its share of the cores)."""
     from minbert.device import choose_device
 
     size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -89,6 +91,10 @@ def start(device_name: str = "auto") -> tuple[World, torch.device]:
             )
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
+    if device.type == "cpu" and world.distributed:
+        # The ranks on this machine share its cores (torchrun's own default is one thread
+        # each, whatever the cores): each takes cores ÷ ranks here.
+        torch.set_num_threads(threads_each(int(os.environ.get("LOCAL_WORLD_SIZE", size))))
     if world.distributed and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return world, device

@@ -1,10 +1,12 @@
 """Where the `gpu` scale's study lies on the DVC machine: ``minbert gpu-unpack`` gathers
 each GPU node call under ``GPU_RESULTS_DIR`` as its own metrics/ and predictions/, with
 ``provenance.json`` (every call, each stage's newest results, the failures;
-``minbert.offline.gpu_results`` writes it, the report reads it)."""
+``minbert.offline.gpu_results`` writes it, the report reads it); which of those results
+ran with code that has changed since (``changed_code``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -22,3 +24,36 @@ def read_provenance(gpu_results: Path) -> dict:
     if provenance.get("format") != PROVENANCE_FORMAT:
         raise ValueError(f"{path}: format {provenance.get('format')!r}, expected {PROVENANCE_FORMAT!r}")
     return provenance
+
+
+# A stage's code, among the files its fingerprint names (minbert.offline.plan): the rest
+# are its settings files, params values and command, which `minbert gpu-status` resolves.
+CODE = ("src/", "stages/")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+
+
+def changed_code(provenance: dict, repo: Path) -> dict[str, list[str]]:
+    """Each stage with GPU results: the code files (``CODE``) it ran with that differ in
+    ``repo`` now, or are gone."""
+    now: dict[str, str] = {}
+    found = {}
+    for stage, known in provenance["stages"].items():
+        code = {n: d for n, d in known["fingerprint"].items() if n.startswith(CODE)}
+        for name in code.keys() - now.keys():
+            now[name] = _sha256(Path(repo) / name)
+        found[stage] = sorted(n for n, d in code.items() if now[n] != d)
+    return found
+
+
+def ran_at(provenance: dict, stage: str) -> str:
+    """The commit a stage's GPU results ran at (its call's), shortened."""
+    return provenance["calls"][provenance["stages"][stage]["call"]]["commit"][:7]
+
+
+def named_files(files: list[str], at_most: int = 3) -> str:
+    """``files`` by their names, the first ``at_most`` of them and how many more."""
+    shown = ", ".join(f"`{Path(f).name}`" for f in files[:at_most])
+    return shown + (f" and {len(files) - at_most} more" if len(files) > at_most else "")

@@ -1,6 +1,7 @@
 """The bundle an offline node needs besides the repository's files: ``data/`` (the course
 CSV files), ``checkpoint/`` (its weights as an fp16 copy) and ``bundle.json`` (commit,
-changed files, checkpoint, plan, every file's sha256). ``call_size`` is what a call sends."""
+changed files, checkpoint, plan, the call plan's lanes and estimates, every file's
+sha256). ``call_size`` is what a call sends."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 BUNDLE_FILE = "bundle.json"
-BUNDLE_FORMAT = "minbert-offline-bundle/2"
+BUNDLE_FORMAT = "minbert-offline-bundle/3"
 CHECKPOINT_COPY = "fp16"  # how the bundle's weights differ from the checkpoint's
 SEND_LIMIT = 64 * 2**20  # what one call may send to the node: the repository's files and the bundle
 
@@ -82,8 +83,11 @@ def fp16_checkpoint(source: Path, dest: Path) -> dict:
     }
 
 
-def make_bundle(repo: Path, out: Path, data_dir: Path, checkpoint_dir: Path, plan: dict) -> dict:
-    """Write the bundle of ``plan`` to ``out`` (a new directory); returns ``bundle.json``'s content."""
+def make_bundle(
+    repo: Path, out: Path, data_dir: Path, checkpoint_dir: Path, plan: dict, call_plan: dict
+) -> dict:
+    """Write the bundle of ``plan`` to ``out`` (a new directory), with ``call_plan``
+    (``minbert.offline.calls.bundle_call_plan``); returns ``bundle.json``'s content."""
     repo, out = Path(repo), Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: already exists; the bundle is written to a new directory")
@@ -107,6 +111,7 @@ def make_bundle(repo: Path, out: Path, data_dir: Path, checkpoint_dir: Path, pla
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": checkpoint,
         "plan": plan,
+        "call_plan": call_plan,
         "files": _files(out),
     }
     (out / BUNDLE_FILE).write_text(json.dumps(described, indent=2) + "\n", encoding="utf-8")
@@ -118,14 +123,20 @@ def bundle_study(repo: Path, out: Path, overrides: list[str], data_dir: Path | N
     with the course files and the checkpoint; refused (and removed) when one call would
     send the node more than SEND_LIMIT. Returns the line to print."""
     from minbert.data.prepare import resolve_source
+    from minbert.gpu_study import GPU_RESULTS_DIR, read_provenance
     from minbert.model.checkpoint import resolve_checkpoint
-    from minbert.offline.plan import resolve_plan
+    from minbert.offline.calls import STUDY_OPS, bundle_call_plan
+    from minbert.offline.plan import resolve_plan, returned
 
     plan = resolve_plan(repo, overrides)
     data_dir = data_dir or resolve_source(plan["params"]["data"]["source"])
     if data_dir is None:
         raise FileNotFoundError("no local course files to bundle: give --data DIR")
-    described = make_bundle(repo, out, data_dir, resolve_checkpoint(plan["params"]["checkpoint"]), plan)
+    results = [s["name"] for s in plan["stages"] if returned(s)]
+    calls = read_provenance(Path(repo) / GPU_RESULTS_DIR)["calls"]
+    call_plan = bundle_call_plan(results, plan["params"]["scale"], calls, Path(repo) / STUDY_OPS)
+    checkpoint = resolve_checkpoint(plan["params"]["checkpoint"])
+    described = make_bundle(repo, out, data_dir, checkpoint, plan, call_plan)
     size = call_size(repo, out)
     sends = (
         f"a call sends {size['total'] / 2**20:.1f} MiB: the repository's files "
@@ -137,7 +148,7 @@ def bundle_study(repo: Path, out: Path, overrides: list[str], data_dir: Path | N
     return (
         f"{out}: {len(plan['stages'])} stages at scale {plan['params']['scale']}, "
         f"commit {described['commit'][:12]} and {len(described['uncommitted_changes'])} changed files; "
-        + sends
+        f"{call_plan['lanes']} lanes by default ({len(call_plan['estimates'])} stages estimated); " + sends
     )
 
 

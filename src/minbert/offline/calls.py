@@ -1,38 +1,18 @@
-"""The study cut into node calls: its stages in the order a GPU period should bring them
-back, each call at most its ``--deadline`` at the worst estimate, the calls into periods
-of at most ``PERIOD_MINUTES`` of device time (the first opening with the smoke call). A
-stage's estimate is its aten operators, counted on the CPU at the study's scale
-(``bench/results/<scale>_study_ops.json``, ``python bench/step_ops.py --study gpu``), at
-a rate: assumed before a GPU was measured, then the smoke call's (``smoke.json``) or the
-study's own calls'."""
+"""The study cut into node calls run in lanes (``minbert.offline.lanes``), each within its
+``--deadline`` at the worst estimate, the calls into periods of device time. A stage's
+estimate: its aten operators counted on the CPU (``bench/results/gpu_study_ops.json``) at
+a rate (assumed, the smoke call's, or fitted to the study's calls). docs/gpu-node.md."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from minbert.offline.runner import STOPPED_AT_DEADLINE
+from minbert.offline.lanes import ASSUMED_SHARING, STOPPED_AT_DEADLINE, Estimate, Lanes, simulate
 
-# The order a GPU period should bring the study back: zero-shot, Table 1, `baseline`,
-# `best` and its ablations (Table 4), Table 3, then MLM (whose models never leave the
-# node, so `mlm@*` and `multitask-mlm@*` share a call).
-PRIORITY = [
-    "zero-shot",
-    "sentiment",
-    "multitask@baseline",
-    "multitask@best",
-    "multitask@best-round-robin",
-    "multitask@best-adamw",
-    "multitask@best-no-smart",
-    "multitask@best-summed",
-    "multitask@best-round-robin-equal",
-    "multitask@siamese-diff",
-    "multitask@siamese-diff-prod",
-    "multitask@cosine-sts",
-    "multitask@concatenation",
-    "mlm",
-]
 # A call's --deadline: a node command runs at most 10 minutes; one is left for the
 # interpreter's start, the SIGTERM grace and packing what finished.
 DEADLINE_MINUTES = 9.0
@@ -41,13 +21,17 @@ DEADLINE_MINUTES = 9.0
 PERIOD_MINUTES = 24.0
 SMOKE_MINUTES = 6.0  # the smoke call's --deadline: the first call of the first period
 WORST = 1.25  # the worst case over an estimate from a measured rate
+NODE_CORES = 16  # the GPU node's (docs/gpu-node.md): at most this many lanes
+LANES_TOLERANCE = 0.05  # more lanes only where they end the study at least this much sooner
+STUDY_OPS = Path("bench/results/gpu_study_ops.json")  # the gpu study's operators per stage
 
 
 @dataclass(frozen=True)
 class Rate:
     """What a stage costs on the node: microseconds per operator counted on the CPU (of a
-    training step, of a scoring batch), a stage's start-up, and the stages every call
-    reruns before its own (prepare, resolve, tokenize, features)."""
+    training step, of a scoring batch), a stage's start-up, the stages every call reruns
+    before its own (prepare, resolve, tokenize, features), and a stage's slowdown while
+    lanes share the GPU."""
 
     train_us_per_op: float
     scoring_us_per_op: float
@@ -55,6 +39,8 @@ class Rate:
     call_start_s: float
     worst: float  # the worst case's factor over the estimate
     source: str
+    sharing: float = ASSUMED_SHARING
+    sharing_source: str = "assumed"
 
     @classmethod
     def assumed(cls, us_per_op: float = 10.0) -> Rate:
@@ -91,24 +77,42 @@ class Rate:
     @classmethod
     def from_calls(cls, calls: dict[str, dict], stages: dict[str, dict]) -> Rate:
         """From the study's own calls (``provenance.json``'s ``calls``): a least-squares line
-        through the finished stages' seconds against their operators counted on the CPU
-        gives a stage's start-up and the seconds per operator (training and scoring
-        alike), the rate raised where a stage stopped at the deadline would be estimated
-        faster than it ran; a call's start is its longest time outside the study's stages
-        (prepare, resolve, tokenize, features, the interpreter)."""
-        points, stopped, starts = [], [], []
+        through the seconds of the stages that ran alone against their operators (raised
+        where a stage stopped at the deadline ran slower); the sharing factor, the median
+        of the shared stages' seconds over the line's (with no stage alone: the line is
+        fitted to the shared ones, sharing x1); a call's start, its longest time outside
+        the study's stages."""
+        alone, shared, stopped, starts, lanes = [], [], [], [], set()
         for call in calls.values():
             ran = {n: s for n, s in call["finished"].items() if n in stages}
-            points += [(stages[n]["ops"], s) for n, s in ran.items()]
+            sharing = call.get("shared_with", {})
+            for name, seconds in ran.items():
+                (shared if sharing.get(name) else alone).append((stages[name]["ops"], seconds))
+            lanes.update([call.get("lanes", 1)] if any(sharing.get(n) for n in ran) else [])
             cut_short = [f for f in call["failed"] if f["reason"] == STOPPED_AT_DEADLINE]
-            stopped += [(stages[f["stage"]]["ops"], f["seconds"]) for f in cut_short if f["stage"] in stages]
+            stopped += [
+                (stages[f["stage"]]["ops"], f["seconds"])
+                for f in cut_short
+                if f["stage"] in stages and not f.get("shared_with")
+            ]
             starts.append(call["seconds"] - sum(ran.values()) - sum(f["seconds"] for f in call["failed"]))
+        points = alone if len({ops for ops, _ in alone}) >= 2 else shared
         if len({ops for ops, _ in points}) < 2:
-            raise ValueError(f"the study's calls finished {len(points)} stage(s): too few to fit a rate")
+            raise ValueError(
+                f"the study's calls finished {len(alone) + len(shared)} stage(s): too few to fit a rate"
+            )
         ops, seconds = (np.array(v, dtype=float) for v in zip(*points))
         slope, start = np.polyfit(ops, seconds, 1)
         start = max(float(start), 0.0)
         per_op = max([float(slope), *((s - start) / o for o, s in stopped)])
+        if points is alone and shared:
+            sharing = float(np.median([s / (start + o * per_op) for o, s in shared]))
+            counts = ", ".join(map(str, sorted(lanes)))
+            sharing_source = f"measured: {len(shared)} stages sharing the GPU in {counts} lanes"
+        elif shared:
+            sharing, sharing_source = 1.0, "in the rate: every stage measured shared the GPU"
+        else:
+            sharing, sharing_source = ASSUMED_SHARING, "assumed: no call has shared the GPU yet"
         devices = sorted({call["device"] for call in calls.values()})
         return cls(
             per_op * 1e6,
@@ -117,23 +121,45 @@ class Rate:
             max(starts),
             WORST,
             f"the study's {len(calls)} call(s) on {', '.join(devices)}: {len(points)} finished stages",
+            sharing,
+            sharing_source,
         )
 
-    def stage_minutes(self, stage: dict) -> float:
-        """The worst minutes of a stage of ``<scale>_study_ops.json``."""
+    def estimate(self, stage: dict) -> Estimate:
+        """A stage of ``<scale>_study_ops.json`` alone on the GPU: expected and worst seconds."""
         training = (stage["ops"] - stage["scoring_ops"]) * self.train_us_per_op
         scoring = stage["scoring_ops"] * self.scoring_us_per_op
-        return self.worst * ((training + scoring) / 1e6 + self.stage_start_s) / 60
+        expected = (training + scoring) / 1e6 + self.stage_start_s
+        return Estimate(round(expected, 1), round(self.worst * expected, 1))
+
+    def stage_minutes(self, stage: dict) -> float:
+        """The worst minutes of a stage alone on the GPU."""
+        return self.estimate(stage).worst_s / 60
 
     @property
     def call_start_minutes(self) -> float:
         return self.worst * self.call_start_s / 60
 
 
+def study_needs(names: list[str]) -> dict[str, list[str]]:
+    """What each stage needs among ``names`` beyond the call's start: a fine-tuning from an
+    MLM model (``multitask-mlm@<start>-<config>``) needs ``mlm@<start>``, whose model
+    stays on the node, so the two share a call."""
+    mlm = [n for n in names if n.startswith("mlm@")]
+    return {
+        n: [m for m in mlm if n.startswith(f"multitask-mlm@{m.split('@', 1)[1]}-")]
+        for n in names
+        if n.startswith("multitask-mlm@")
+    }
+
+
 @dataclass
 class Call:
     stages: list[str] = field(default_factory=list)
     minutes: float = 0.0  # the worst case, the call's start included
+    lanes: int = 1
+    whole: bool = False  # every stage of the study: the node command names none
+    left: dict[str, str] = field(default_factory=dict)  # stages left to a later call, and why
 
 
 @dataclass
@@ -144,21 +170,26 @@ class CallPlan:
     deadline: float
     period: float = PERIOD_MINUTES  # device minutes a period may spend
     smoke_first: bool = True  # the first period opens with the smoke call
+    lanes: int = 1
+    by_lanes: dict[int, float] = field(default_factory=dict)  # the whole study's worst minutes
 
 
-def priority_units(names: list[str]) -> list[list[str]]:
-    """The stages in priority order, as what must share a call: MLM and the fine-tuning
-    that starts from its model; every other stage on its own."""
-    units = []
-    for first in PRIORITY:
-        group = [s for s in names if s == first or s.startswith(f"{first}@")]
-        if first == "mlm":
-            group = [s for s in names if s.startswith(("mlm@", "multitask-mlm@"))]
-            units += [group] if group else []
-        else:
-            units += [[s] for s in group]
-    listed = {s for unit in units for s in unit}
-    return units + [[s] for s in names if s not in listed]  # a stage PRIORITY does not name: last
+def _estimates(stages: dict[str, dict], rate: Rate, names: list[str]) -> dict[str, Estimate]:
+    return {n: rate.estimate(stages[n]) for n in names}
+
+
+def study_minutes(stages: dict[str, dict], rate: Rate, names: list[str], lanes: int) -> float:
+    """Worst minutes of ``names`` in one call of ``lanes`` lanes with no deadline."""
+    found = simulate(names, study_needs(names), _estimates(stages, rate, names), Lanes(lanes, rate.sharing))
+    return (rate.worst * rate.call_start_s + found.seconds) / 60
+
+
+def choose_lanes(stages: dict[str, dict], rate: Rate, names: list[str]) -> tuple[int, dict[int, float]]:
+    """The fewest lanes (up to ``NODE_CORES``) whose study ends within ``LANES_TOLERANCE`` of
+    the soonest, and the worst minutes at each number of lanes."""
+    by_lanes = {k: study_minutes(stages, rate, names, k) for k in range(1, NODE_CORES + 1)}
+    soonest = min(by_lanes.values())
+    return min(k for k, m in by_lanes.items() if m <= (1 + LANES_TOLERANCE) * soonest), by_lanes
 
 
 def cut(
@@ -168,37 +199,49 @@ def cut(
     deadline: float = DEADLINE_MINUTES,
     period: float = PERIOD_MINUTES,
     smoke_first: bool = True,
+    lanes: int | None = None,
 ) -> CallPlan:
-    """``names`` (default: every stage of ``stages``) cut into calls of at most ``deadline``
-    worst minutes each, in priority order, and the calls into periods of at most
-    ``period`` minutes, the first of which opens with the smoke call if ``smoke_first``."""
-    spent = SMOKE_MINUTES if smoke_first else 0.0
-    minutes = {s: rate.stage_minutes(stages[s]) for s in (names if names is not None else stages)}
+    """``names`` (default: every stage) in as few calls of ``lanes`` lanes (default:
+    ``choose_lanes``) as hold them within ``deadline`` worst minutes: each call runs what the
+    runner would start at the worst estimates, the rest (with the MLM stages they need) go
+    to the next; the calls go into periods of ``period`` minutes (smoke call first)."""
+    names = list(stages if names is None else names)
+    by_lanes = {}
+    if lanes is None:
+        lanes, by_lanes = choose_lanes(stages, rate, names) if names else (1, {})
+    needs, start_s = study_needs(names), rate.worst * rate.call_start_s
+    # A stage's worst minutes alone in a call, after the stages it needs there.
+    alone = {n: sum(rate.stage_minutes(stages[m]) for m in (*needs.get(n, ()), n)) for n in names}
+    too_long = {n: m for n, m in alone.items() if rate.call_start_minutes + m > deadline}
+    left = [n for n in names if n not in too_long and not any(m in too_long for m in needs.get(n, ()))]
     calls: list[Call] = []
-    too_long = {}
-    for unit in priority_units(list(minutes)):
-        cost = sum(minutes[s] for s in unit)
-        if rate.call_start_minutes + cost > deadline:
-            too_long.update({s: minutes[s] for s in unit})
-        elif calls and calls[-1].minutes + cost <= deadline:
-            calls[-1].stages += unit
-            calls[-1].minutes += cost
+    while left:
+        estimates = _estimates(stages, rate, left)
+        for k in (lanes, 1):  # one lane where shared lanes would finish nothing for good
+            found = simulate(left, needs, estimates, Lanes(k, rate.sharing), start_s, deadline * 60)
+            later = set(found.not_started) | {m for n in found.not_started for m in needs.get(n, ())}
+            if any(n not in later for n in found.ran):
+                break
         else:
-            calls.append(Call(list(unit), rate.call_start_minutes + cost))
+            raise ValueError(f"no call can finish {', '.join(left)} within {deadline:g} minutes")
+        ran = [n for n in left if n in found.ran]
+        calls.append(Call(ran, found.seconds / 60, k, ran == names, found.not_started))
+        left = [n for n in left if n in later]
     periods: list[list[Call]] = [[]]
-    used = spent
+    used = SMOKE_MINUTES if smoke_first else 0.0
     for call in calls:
         if used + call.minutes > period:
             periods.append([])
             used = 0.0
         periods[-1].append(call)
         used += call.minutes
-    return CallPlan([p for p in periods if p], too_long, rate, deadline, period, smoke_first)
+    return CallPlan([p for p in periods if p], too_long, rate, deadline, period, smoke_first, lanes, by_lanes)
 
 
 def node_command(call: Call, deadline: float = DEADLINE_MINUTES) -> str:
     """The node's command line of ``call`` (docs/gpu-node.md)."""
-    return f"{NODE_RUN} --deadline {deadline:g} " + " ".join(f"--stage {s}" for s in call.stages)
+    named = "" if call.whole else " " + " ".join(f"--stage {s}" for s in call.stages)
+    return f"{NODE_RUN} --deadline {deadline:g} --lanes {call.lanes}{named}"
 
 
 NODE_RUN = 'PYTHONPATH=src python3 -m minbert offline-run offline-bundle --out "$OUT"'
@@ -206,15 +249,25 @@ SMOKE_COMMAND = f"{NODE_RUN} --deadline {SMOKE_MINUTES:g} --smoke"
 
 
 def describe(plan: CallPlan) -> list[str]:
-    """The plan as ``minbert gpu-plan`` prints it: the rate, then each period's calls with
-    their worst minutes and node commands (the first period opens with the smoke call),
-    then the stages no call can hold."""
+    """The plan as ``minbert gpu-plan`` prints it: the rate and sharing, the lanes chosen,
+    then each period's calls with their worst minutes and node commands (the first period
+    opens with the smoke call), what each leaves to the next and why, then the stages no
+    call can hold."""
     rate = plan.rate
     lines = [
         f"rate ({rate.source}): training {rate.train_us_per_op:.1f} us, scoring "
         f"{rate.scoring_us_per_op:.1f} us per operator counted on the CPU; a stage starts in "
-        f"{rate.stage_start_s:.0f} s, a call in {rate.call_start_s:.0f} s; worst case x{rate.worst:g}"
+        f"{rate.stage_start_s:.0f} s, a call in {rate.call_start_s:.0f} s; worst case x{rate.worst:g}; "
+        f"sharing the GPU x{rate.sharing:.2f} ({rate.sharing_source})"
     ]
+    if plan.by_lanes:
+        tried = ", ".join(
+            f"{k}: {m:.1f}" for k, m in plan.by_lanes.items() if k in (1, 2, 4, 8, 16, plan.lanes)
+        )
+        lines.append(
+            f"lanes: {plan.lanes}, the fewest within {LANES_TOLERANCE:.0%} of the soonest end of the "
+            f"whole study (worst minutes by lanes: {tried})"
+        )
     for p, calls in enumerate(plan.periods, 1):
         opening = SMOKE_MINUTES if p == 1 and plan.smoke_first else 0.0
         lines.append(
@@ -223,9 +276,49 @@ def describe(plan: CallPlan) -> list[str]:
         if opening:
             lines.append(f"  {SMOKE_MINUTES:.1f} min: {SMOKE_COMMAND}")
         for call in calls:
-            lines.append(f"  {call.minutes:.1f} min: {node_command(call, plan.deadline)}")
+            held = "every stage" if call.whole else f"{len(call.stages)} stages"
+            command = node_command(call, plan.deadline)
+            lines.append(f"  {call.minutes:.1f} min, {held} in {call.lanes} lane(s): {command}")
+            lines += [f"    left to the next call: {name}: {why}" for name, why in call.left.items()]
     for name, minutes in plan.too_long.items():
         lines.append(
             f"too long for one call: {name}, {minutes:.1f} worst minutes (a call has {plan.deadline:g})"
         )
     return lines
+
+
+def read_ops(ops_file: Path = STUDY_OPS) -> tuple[str, dict[str, dict]]:
+    """The scale and the stages' operators of ``<scale>_study_ops.json``."""
+    results = json.loads(Path(ops_file).read_text(encoding="utf-8"))["results"]
+    return results["scale"], results["stages"]
+
+
+def study_rate(calls: dict[str, dict], stages: dict[str, dict], smoke: dict | None = None) -> Rate:
+    """The rate a plan uses: the smoke call's if given, else the study's calls', else assumed."""
+    if smoke is not None:
+        return Rate.measured(smoke, stages)
+    return Rate.from_calls(calls, stages) if calls else Rate.assumed()
+
+
+def bundle_call_plan(
+    names: list[str], scale: str, calls: dict[str, dict], ops_file: Path = STUDY_OPS
+) -> dict:
+    """What ``bundle.json`` tells the runner: the lanes the plan chooses, the sharing factor
+    and every stage's estimate (none when the operators were counted at another scale)."""
+    counted_scale, stages = read_ops(ops_file)
+    if counted_scale != scale:
+        return {
+            "lanes": 1,
+            "sharing": ASSUMED_SHARING,
+            "estimates": {},
+            "rate": f"none: operators counted at {counted_scale}",
+        }
+    rate = study_rate(calls, stages)
+    known = [n for n in names if n in stages]
+    lanes, _ = choose_lanes(stages, rate, known) if known else (1, {})
+    return {
+        "lanes": lanes,
+        "sharing": rate.sharing,
+        "rate": rate.source,
+        "estimates": {n: vars(rate.estimate(stages[n])) for n in known},
+    }

@@ -34,10 +34,27 @@ def unpack(index_file: Path, into: Path) -> dict:
         **{k: index[k] for k in ("commit", "uncommitted_changes", "device", "torch", "cuda", "python")},
         "checkpoint": index["checkpoint"],
         "seconds": index["seconds"],
+        "lanes": index.get("lanes", 1),
+        "threads": index.get("threads"),
         "finished": {s["stage"]: s["seconds"] for s in index["stages"]},
-        "failed": index["failed"],
+        "shared_with": {s["stage"]: s.get("shared_with", []) for s in index["stages"]},
+        "peak_device_memory_bytes": {
+            s["stage"]: s.get("peak_device_memory_bytes") for s in index["stages"] if s["files"]
+        },
+        "failed": [{k: v for k, v in f.items() if k != "traceback"} for f in index["failed"]],
         "not_run": index["not_run"],
     }
+    if index.get("manifest") is not None:  # the data stage's, which the call's plan resolved from
+        provenance["manifest"] = index["manifest"]
+
+    def keep_log(entry: dict) -> str | None:
+        """The stage's log of this call, in place of an older one's."""
+        if entry.get("log") not in files:
+            return None
+        (into / entry["log"]).parent.mkdir(parents=True, exist_ok=True)
+        (into / entry["log"]).write_bytes(files[entry["log"]])
+        return entry["log"]
+
     changed = {"added": [], "kept": [], "failed": []}
     for stage in index["stages"]:
         name, known = stage["stage"], provenance["stages"].get(stage["stage"])
@@ -57,13 +74,19 @@ def unpack(index_file: Path, into: Path) -> dict:
             "seconds": stage["seconds"],
             "files": stage["files"],
             "fingerprint": stage["fingerprint"],
+            "log": keep_log(stage),
         }
         provenance["failures"].pop(name, None)
         changed["added"].append(name)
     for failed in index["failed"]:
         known = provenance["stages"].get(failed["stage"])
         if known is None or known["call"] < call:
-            provenance["failures"][failed["stage"]] = {"call": call, "reason": failed["reason"]}
+            provenance["failures"][failed["stage"]] = {
+                "call": call,
+                "reason": failed["reason"],
+                "log": keep_log(failed),
+                "traceback": failed.get("traceback"),
+            }
             changed["failed"].append(failed["stage"])
     provenance["calls"] = dict(sorted(provenance["calls"].items()))
     provenance["stages"] = dict(sorted(provenance["stages"].items()))
@@ -97,7 +120,8 @@ def status(into: Path, repo: Path = Path(".")) -> list[StageStatus]:
         raise FileNotFoundError(
             f"{Path(into) / PROVENANCE_FILE}: no GPU results here (`minbert gpu-unpack` writes them)"
         )
-    plan = resolve_plan(repo, provenance["overrides"])
+    # The manifest the study's plan was resolved from: no data needed here.
+    plan = resolve_plan(repo, provenance["overrides"], provenance.get("manifest"))
     planned = [s["name"] for s in plan["stages"] if returned(s)]
     found = []
     for name in planned + sorted(set(provenance["stages"]) - set(planned)):

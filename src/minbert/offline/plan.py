@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-PLAN_FORMAT = "minbert-offline-plan/1"
+PLAN_FORMAT = "minbert-offline-plan/2"
 # Stages that never run on the node, and why.
 OFF_NODE = {"report": "the report is built on the DVC machine from the unpacked results"}
 # The stage that writes every stage's settings from params.yaml: run here, for the inputs.
@@ -60,9 +60,10 @@ def _record(stage, needs: list[str], repo: Path, written: list[str], settings: d
     }
 
 
-def resolve_plan(repo: Path, overrides: list[str]) -> dict:
+def resolve_plan(repo: Path, overrides: list[str], manifest: dict | None = None) -> dict:
     """The stages of ``repo`` for params.yaml with ``overrides`` (``KEY.PATH=VALUE``, as
-    ``dvc exp run -S`` takes them), resolved and ordered by DVC."""
+    ``dvc exp run -S`` takes them), resolved and ordered by DVC; the settings from the
+    data stage's ``manifest`` (default: as ``write_settings`` finds one), kept in the plan."""
     from dvc.repo import Repo
     from dvc.repo.reproduce import get_active_graph, plan_repro
 
@@ -75,7 +76,7 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
         params = read(scratch / "params.yaml")
         with Repo(str(scratch)) as dvc:
             stage = next(s for s in dvc.index.stages if s.name == SETTINGS_STAGE)
-            write_settings(repo, scratch, stage, scratch / "settings")
+            manifest = write_settings(repo, scratch, stage, scratch / "settings", manifest)
             graph = get_active_graph(dvc.index.graph)
             ordered = [s for s in plan_repro(graph) if s.name not in OFF_NODE]
             (out,) = [o.def_path for s in ordered if s.name == SETTINGS_STAGE for o in s.outs]
@@ -89,7 +90,13 @@ def resolve_plan(repo: Path, overrides: list[str]) -> dict:
                 _record(s, sorted(p.name for p in graph.successors(s)), repo, written, settings)
                 for s in ordered
             ]
-    return {"format": PLAN_FORMAT, "overrides": list(overrides), "params": params, "stages": stages}
+    return {
+        "format": PLAN_FORMAT,
+        "overrides": list(overrides),
+        "params": params,
+        "manifest": manifest,
+        "stages": stages,
+    }
 
 
 # ----------------------------------------------------------------------------- no DVC below

@@ -181,7 +181,7 @@ def smoke_call(repo: Path, bundle: Path, out: Path, deadline_minutes: float | No
         index = run_call(
             work, linked, Path(scratch) / "packed", list(SMOKE_STAGES),
             None if deadline_minutes is None else max(deadline_minutes - MEASURE_MINUTES, 0), log=log,
-            params_edit=slice_params,
+            params_edit=slice_params, lanes=1, estimated=False,
         )  # fmt: skip
         seconds = {s["stage"]: s["seconds"] for s in index["stages"]}
         stages = {}

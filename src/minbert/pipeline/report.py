@@ -4,6 +4,8 @@ says what chose the learning rates and epochs of the scales the runs were not ma
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from minbert.errors import reported
 from minbert.pipeline.entry import paths
 from minbert.report import write_report
@@ -13,7 +15,8 @@ from minbert.report import write_report
 def main(argv: list[str]) -> None:
     """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
     scales the runs were not made at, for "What chose what"; ``--smart-measurement``:
-    ``bench/smart_collapse.py``'s result; ``--cross-cpu``: ``bench/cross_cpu.py``'s)."""
+    ``bench/smart_collapse.py``'s result; ``--cross-cpu``: ``bench/cross_cpu.py``'s;
+    ``--sources``: the repository root, whose code the GPU results ran with or not)."""
     given = paths(
         argv,
         "metrics",
@@ -21,7 +24,7 @@ def main(argv: list[str]) -> None:
         "prepared",
         "paper",
         "out",
-        optional=("params", "smart-measurement", "cross-cpu"),
+        optional=("params", "smart-measurement", "cross-cpu", "sources"),
     )
     write_report(
         given["metrics"],
@@ -32,4 +35,5 @@ def main(argv: list[str]) -> None:
         given["params"],
         given["smart_measurement"],
         given["cross_cpu"],
+        given["sources"] or Path("."),
     )

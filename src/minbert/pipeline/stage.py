@@ -1,10 +1,13 @@
 """The preamble of every stage that runs a model (sentiment, zero-shot, multitask, MLM):
 pin the CPU code paths, join the data-parallel group (or refuse to run as several
-processes), choose the device, find the checkpoint and say what it is."""
+processes), choose the device, find the checkpoint and say what it is; at its end, what
+the stage measured of itself for a runner that asks (``MEASURES_ENV``)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +20,10 @@ from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
 from minbert.progress import console
 from minbert.settings import RunContext
 from minbert.train.resume import ResumePoint, fingerprint
+
+# A file the GPU node's runner names (minbert.offline.runner): the stage writes there its
+# peak device memory and its threads, which its run records do not hold.
+MEASURES_ENV = "MINBERT_STAGE_MEASURES"
 
 
 @dataclass(frozen=True)
@@ -78,5 +85,12 @@ def started(
             named = f"{stage} {context.name}" if context.name else stage
             console.log(f"{named}: {begun.device_name}, checkpoint {begun.checkpoint['name']}")
         yield begun
+        if os.environ.get(MEASURES_ENV) and world.is_main:
+            cuda = device.type == "cuda"
+            measured = {
+                "peak_device_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+                "torch_threads": torch.get_num_threads(),
+            }
+            Path(os.environ[MEASURES_ENV]).write_text(json.dumps(measured) + "\n", encoding="utf-8")
     finally:
         distributed.stop(world)

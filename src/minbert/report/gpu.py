@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.gpu_study import GPU_RESULTS_DIR
+from minbert.gpu_study import GPU_RESULTS_DIR, named_files, ran_at
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.tables import multitask_table, table1
@@ -29,6 +29,17 @@ class GpuStudy:
     zero_shot: dict | None
     provenance: dict
     evidence: Evidence
+    stale: dict[str, list[str]]  # each stage's code files changed since it ran (gpu_study.changed_code)
+
+    def stale_note(self, stage: str) -> str | None:
+        """What a row of ``stage`` says when its code changed after it ran."""
+        if not self.stale.get(stage):
+            return None
+        return (
+            f"Stale: `{stage}` ran at {ran_at(self.provenance, stage)}; since then "
+            f"{named_files(self.stale[stage])} changed (`minbert gpu-status`), so this row is not what "
+            "the code gives now until a call runs it again."
+        )
 
 
 def calls_table(provenance: dict) -> list[str]:
@@ -56,6 +67,17 @@ def calls_table(provenance: dict) -> list[str]:
     return lines
 
 
+def results_table(study: GpuStudy) -> list[str]:
+    """One row per stage with results: the call and commit it ran at, and the code files
+    that changed since (none: current)."""
+    lines = md_header(["stage", "call (node clock, UTC)", "commit", "code changed since"])
+    for stage, known in sorted(study.provenance["stages"].items()):
+        changed = study.stale.get(stage)
+        cells = [f"`{stage}`", known["call"][:19], ran_at(study.provenance, stage)]
+        lines.append(md_row([*cells, named_files(changed, 6) if changed else "none"]))
+    return lines
+
+
 def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]) -> list[str]:
     """The section's lines; ``None``: no call has been unpacked yet."""
     if study is None:
@@ -64,6 +86,12 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
             "`minbert gpu-unpack` gathers it under `metrics/gpu/`.",
         ]
     overrides = " ".join(f"-S '{o}'" for o in study.provenance["overrides"])
+    stages = study.provenance["stages"]
+    config_notes = {s.split("@", 1)[1]: study.stale_note(s) for s in stages if s.startswith("multitask@")}
+    task_notes = {
+        task: " ".join(n for s in stages if s.startswith(f"sentiment@{task}-") if (n := study.stale_note(s)))
+        for task in {m["task"] for m in study.sentiment}
+    }
     checkpoints = {c["checkpoint"]["name"]: c["checkpoint"] for c in study.provenance["calls"].values()}
     sizes = ", ".join(
         f"{TASKS[t].title} {len(study.evidence.labels(t)):,}"
@@ -83,13 +111,21 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
         "",
         *calls_table(study.provenance),
         "",
+        "Each stage's results, the commit they ran at, and the code files (its own and its "
+        "upstream stages') that differ in this commit: a row of a table below whose code changed "
+        "is marked stale there.",
+        "",
+        *results_table(study),
+        "",
         f"### GPU Table 1: {paper['table1']['title']}",
         "",
-        table1(study.sentiment, paper["table1"], study.evidence),
+        table1(study.sentiment, paper["table1"], study.evidence, task_notes),
         "",
     ]
     for number, name in enumerate(multitask_tables, start=2):
         if name in paper:
-            text, _ = multitask_table(paper[name], study.multitask, study.evidence, study.zero_shot)
+            text, _ = multitask_table(
+                paper[name], study.multitask, study.evidence, study.zero_shot, row_notes=config_notes
+            )
             lines += [f"### GPU Table {number}: {paper[name]['title']}", "", text, ""]
     return lines

@@ -4,6 +4,7 @@ arms), the budget ours were made at, and what that budget can and cannot show.""
 
 from __future__ import annotations
 
+from minbert.gpu_study import ran_at
 from minbert.report.comparisons import UNEQUAL, Compared
 from minbert.report.controls import Starts
 from minbert.report.detectable import MEASURABLE, NOT_MEASURABLE, NOT_STUDIED, at_this_budget
@@ -26,11 +27,21 @@ def beside_the_paper(
     paper: dict,
     gpu_runs: dict[str, dict] | None = None,
     gpu_sentiment: list[dict] | None = None,
+    gpu_provenance: dict | None = None,
+    gpu_stale: dict[str, list[str]] | None = None,
 ) -> tuple[list[str], str]:
     """The two tables (Table 2's rows with all four published numbers, each the paper's
-    then ours, then ours at the `gpu` scale where ``metrics/gpu`` has it; Table 1's arms)
-    as markdown lines, and the sentence that says what each was made at."""
-    gpu_runs, gpu_sentiment = gpu_runs or {}, gpu_sentiment or []
+    then ours, then ours at the `gpu` scale where ``metrics/gpu`` has it, with the commit
+    it ran at and whether its code changed since, ``gpu_stale``; Table 1's arms) as
+    markdown lines, and the sentence that says what each was made at."""
+    gpu_runs, gpu_sentiment, gpu_stale = gpu_runs or {}, gpu_sentiment or [], gpu_stale or {}
+
+    def on_gpu_label(stages: list[str]) -> str:
+        known = [s for s in stages if gpu_provenance and s in gpu_provenance["stages"]]
+        commits = sorted({ran_at(gpu_provenance, s) for s in known})
+        stale = ", stale" if any(gpu_stale.get(s) for s in stages) else ""
+        return f"ours on a GPU ({', '.join(commits)}{stale})" if commits else "ours on a GPU"
+
     shown = [
         row
         for row in paper["table2"]["rows"]
@@ -43,7 +54,8 @@ def beside_the_paper(
         multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]][c]) for c in COLUMNS)]))
         if row["config"] in gpu_runs:
             on_gpu = gpu_runs[row["config"]]
-            multitask.append(md_row([f"{name}, ours on a GPU", *(fmt(on_gpu[c]) for c in COLUMNS)]))
+            label = f"{name}, {on_gpu_label(['multitask@' + row['config']])}"
+            multitask.append(md_row([label, *(fmt(on_gpu[c]) for c in COLUMNS)]))
 
     published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
     arms = [(task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES]
@@ -56,7 +68,8 @@ def beside_the_paper(
     single.append(md_row(["ours", *(fmt(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)]))
     on_gpu = {m["run"]: m["accuracy"] for m in gpu_sentiment}
     if on_gpu:
-        single.append(md_row(["ours on a GPU", *(fmt(on_gpu.get(f"{t}-{m}")) for t, m in arms)]))
+        label = on_gpu_label([f"sentiment@{run}" for run in on_gpu])
+        single.append(md_row([label, *(fmt(on_gpu.get(f"{t}-{m}")) for t, m in arms)]))
 
     used = {row["config"]: runs[row["config"]] for row in shown}
     checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
@@ -80,7 +93,16 @@ def beside_the_paper(
             else ""
         )
     )
-    return [*multitask, "", *single], prose + _on_gpu(gpu_runs, gpu_sentiment)
+    shown_on_gpu = [f"multitask@{row['config']}" for row in shown if row["config"] in gpu_runs]
+    shown_on_gpu += [f"sentiment@{run}" for run in on_gpu]
+    stale = ""
+    if any(gpu_stale.get(s) for s in shown_on_gpu):
+        stale = (
+            " A GPU row marked stale ran at the commit it names, and code its stages depend on has "
+            'changed since (the report\'s "On a GPU" names the files): it stands until a call runs '
+            "it again (`minbert gpu-status`)."
+        )
+    return [*multitask, "", *single], prose + _on_gpu(gpu_runs, gpu_sentiment) + stale
 
 
 def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:

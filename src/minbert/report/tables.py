@@ -35,9 +35,12 @@ from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
-def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
+def table1(
+    metrics: list[dict], spec: dict, evidence: Evidence, row_notes: dict[str, str] | None = None
+) -> str:
     """Table 1: each arm (last layer only, full fine-tuning) with its budget beside the
-    references, and full minus last layer, paired (no seed study covers it: † or ‡)."""
+    references, and full minus last layer, paired (no seed study covers it: † or ‡);
+    ``row_notes``: a footnote on a task's row."""
     by_cell = {(m["task"], m["mode"]): m for m in metrics}
     scored = {
         key: evidence.scored(
@@ -54,9 +57,12 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
         header.append(f"{mode_name} steps / examples")
         header.append(f"{mode_name} training accuracy / epochs run")
     header.append("Δ full − last layer (ours, paired)")
-    lines, gaps = md_header(header), []
+    lines, gaps, footnotes = md_header(header), [], []
     for task in SENTIMENT_TASKS:
         name = f"{TASKS[task].title} ({TASKS[task].num_classes} classes)"
+        if (row_notes or {}).get(task):
+            footnotes.append(row_notes[task])
+            name += f" [{len(footnotes)}]"
         row = [name]
         for mode in MODE_NAMES:
             ours = scored.get((task, mode))
@@ -88,6 +94,8 @@ def table1(metrics: list[dict], spec: dict, evidence: Evidence) -> str:
     if not by_cell:
         notes.append("No sentiment run has been made (stage `sentiment`).")
     notes += [""] + [f'Reference column "{r["name"]}": {r["source"].strip()}' for r in refs]
+    if footnotes:
+        notes += [""] + [f"- [{i}] {n}" for i, n in enumerate(footnotes, start=1)]
     return "\n".join(lines + notes)
 
 
@@ -106,10 +114,12 @@ def multitask_table(
     evidence: Evidence,
     zero_shot: dict | None = None,
     seed_study: dict | None = None,
+    row_notes: dict[str, str] | None = None,
 ) -> tuple[str, list[Compared]]:
     """One of Tables 2-4: ours (with intervals) beside the paper's, each row's training
     budget, and the paired difference of each row from the table's parent (judged with
-    the seed study, ``Comparison``); with the comparisons, for the findings."""
+    the seed study, ``Comparison``); with the comparisons, for the findings.
+    ``row_notes``: a further footnote on a configuration's row."""
     parent_name = spec["parent"]
     parent_run = runs.get(parent_name)
     parent = multitask_scored(evidence, "multitask", parent_name, parent_run) if parent_run else None
@@ -154,7 +164,8 @@ def multitask_table(
         lines.append(md_row(cells + ["0 / 0", NO_NUMBER]))
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
-        cells = [label_of(f"{row['label']} (`{config}`)", row.get("note"))]
+        note = " ".join(n for n in (row.get("note"), (row_notes or {}).get(config)) if n)
+        cells = [label_of(f"{row['label']} (`{config}`)", note or None)]
         if m is None:
             cells += [c for p in _paper_cells(row.get("paper")) for c in ("not run", p)[: 1 + with_paper]]
             lines.append(md_row(cells + ["not run", NO_NUMBER]))

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from minbert.atomic import atomic_directory
-from minbert.gpu_study import PROVENANCE_FILE, read_provenance
+from minbert.gpu_study import PROVENANCE_FILE, changed_code, read_provenance
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section
@@ -84,21 +84,24 @@ def load_runs(directory: Path, keys: tuple[str, ...] = RUN_KEYS) -> list[dict]:
     return runs
 
 
-def gpu_study(metrics_dir: Path, prepared_dir: Path) -> GpuStudy | None:
+def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy | None:
     """The `gpu` scale's study that ``minbert gpu-unpack`` gathered under
-    ``metrics/gpu`` (its own metrics/ and predictions/), or None before the first call."""
+    ``metrics/gpu`` (its own metrics/ and predictions/), with the code each stage ran with
+    compared to ``sources``' (the repository root), or None before the first call."""
     if not (metrics_dir / GPU_ROOT / PROVENANCE_FILE).is_file():
         return None
     runs = metrics_dir / GPU_METRICS
     zero_shot = runs / ZERO_SHOT_FILE
+    provenance = read_provenance(metrics_dir / GPU_ROOT)
     return GpuStudy(
         sentiment=load_runs(runs / "sentiment", SENTIMENT_KEYS),
         multitask={m["config"]: m for m in load_runs(runs / "multitask")},
         zero_shot=read_result(zero_shot) if zero_shot.is_file() else None,
-        provenance=read_provenance(metrics_dir / GPU_ROOT),
+        provenance=provenance,
         # The dev sets are the same at every scale: this machine's prepared labels; every
         # number is recomputed from the node's predictions and must equal its metrics file's.
         evidence=Evidence(metrics_dir / GPU_PREDICTIONS, prepared_dir),
+        stale=changed_code(provenance, sources),
     )
 
 
@@ -152,10 +155,12 @@ def write_report(
     params_file: Path | None = None,
     smart_file: Path | None = None,
     cross_cpu_file: Path | None = None,
+    sources: Path = Path("."),
 ) -> None:
     """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
     the scales not run, ``smart_file`` ``bench/smart_collapse.py``'s result, ``cross_cpu_file``
-    ``bench/cross_cpu.py``'s."""
+    ``bench/cross_cpu.py``'s; ``sources``: the repository root, whose code the GPU
+    results are compared with."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)
@@ -195,9 +200,12 @@ def write_report(
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence)
 
-    on_gpu = gpu_study(metrics_dir, Path(prepared_dir))
+    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
     summary_tables, summary_prose = beside_the_paper(
-        multitask, sentiment, paper, *((on_gpu.multitask, on_gpu.sentiment) if on_gpu else ())
+        multitask,
+        sentiment,
+        paper,
+        *((on_gpu.multitask, on_gpu.sentiment, on_gpu.provenance, on_gpu.stale) if on_gpu else ()),
     )
     sections = [
         "# minbert results",

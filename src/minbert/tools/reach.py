@@ -6,6 +6,7 @@ params or settings files differ from the lock, and those downstream. Nothing is 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import tempfile
@@ -46,22 +47,27 @@ def scratch_repo(repo: Path, overrides: list[str], files=("dvc.yaml", "params.ya
         yield scratch
 
 
-def write_settings(repo: Path, scratch: Path, stage, out: Path) -> None:
+def write_settings(repo: Path, scratch: Path, stage, out: Path, manifest: dict | None = None) -> dict:
     """The settings files of ``scratch``'s params.yaml, written under ``out`` by
     ``resolve``'s own code (``stage``: DVC's ``resolve`` stage) from the data stage's
-    manifest: ``repo``'s own where it has one and the ``data`` section is unchanged, else
-    the data stage's own code run on the scratch's params.yaml."""
+    manifest: ``manifest`` if given, ``repo``'s own where it has one and the ``data``
+    section is unchanged, else the data stage's own code run on the scratch's
+    params.yaml. Returns the manifest used."""
     from minbert.pipeline import prepare, resolve
     from minbert.pipeline.schema import read
 
-    manifest = Path(re.search(r"--manifest (\S+)", stage.cmd).group(1))
+    name = Path(re.search(r"--manifest (\S+)", stage.cmd).group(1))
     params = read(scratch / "params.yaml")
-    ours = Path(repo) / manifest
-    if not ours.is_file() or read(Path(repo) / "params.yaml").get("data") != params["data"]:
+    ours = Path(repo) / name
+    if manifest is not None:
+        ours = scratch / name.name
+        ours.write_text(json.dumps(manifest), encoding="utf-8")
+    elif not ours.is_file() or read(Path(repo) / "params.yaml").get("data") != params["data"]:
         prepared = scratch / "prepared"
         prepare.main(["--params", str(scratch / "params.yaml"), "--out", str(prepared)])
-        ours = prepared / manifest.name
+        ours = prepared / name.name
     resolve.run(scratch / "params.yaml", ours, out)
+    return json.loads(ours.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import yaml
 
+from minbert.gpu_study import changed_code, read_provenance
 from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
-from minbert.report.gpu import GPU_METRICS
+from minbert.report.gpu import GPU_METRICS, GPU_ROOT
 from minbert.report.summary import beside_the_paper
 from minbert.results import read_result, read_results
 
@@ -51,18 +52,22 @@ def strongest(metrics: Path) -> str:
     return ranked({m["config"]: m for m in read_results(Path(metrics) / "multitask")})[0][0]
 
 
-def results_block(metrics: Path, paper_file: Path) -> str:
-    """Ours beside the paper's, as the report's summary opens (``minbert.report.summary``)."""
+def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
+    """Ours beside the paper's, as the report's summary opens (``minbert.report.summary``);
+    a GPU row marked stale where its code differs in ``sources`` (the repository root)."""
     metrics = Path(metrics)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     runs = {m["config"]: m for m in read_results(metrics / "multitask")}
     gpu = metrics / GPU_METRICS
+    provenance = read_provenance(metrics / GPU_ROOT)
     tables, prose = beside_the_paper(
         runs,
         read_results(metrics / "sentiment"),
         paper,
         {m["config"]: m for m in read_results(gpu / "multitask")},
         read_results(gpu / "sentiment"),
+        provenance,
+        changed_code(provenance, sources),
     )
     link = " Every table with its intervals, the ablations and the controls: "
     link += "[report/README.md](report/README.md)."
@@ -166,7 +171,11 @@ def parameters_block() -> str:
 # Each document's blocks: name -> (what it is made from, how it is made from the repository).
 DOCUMENTS = {
     Path("README.md"): {
-        "results": ("metrics/", lambda repo: results_block(repo / "metrics", repo / PAPER)),
+        # A GPU row is marked stale by the code it ran with: src/ and stages/ too.
+        "results": (
+            "metrics/ and src/",
+            lambda repo: results_block(repo / "metrics", repo / PAPER, repo),
+        ),
         "model": ("metrics/", lambda repo: model_block(repo / "metrics")),
     },
     Path("docs") / "parameters.md": {

@@ -266,6 +266,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     write their full-dev metrics per seed to ``out``; ``baselines``: earlier commits
     whose experiments count too."""
     from minbert.atomic import atomic_write_text
+    from minbert.cores import side_by_side
     from minbert.pipeline.params import load
     from minbert.progress import console
 
@@ -277,7 +278,12 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
             subprocess.run(
                 [*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *targets], cwd=repo, check=True
             )
-        subprocess.run([*DVC, "queue", "start", "--jobs", str(study["jobs"])], cwd=repo, check=True)
+        # The experiments run side by side: each of their stages takes its share of the cores
+        # (a queue worker started earlier keeps the threads it was started with).
+        jobs = study["jobs"]
+        subprocess.run(
+            [*DVC, "queue", "start", "--jobs", str(jobs)], cwd=repo, check=True, env=side_by_side(jobs)
+        )
         failed = {name: state for name, state in wait_for_queue(repo).items() if state != "Success"}
         if failed:
             console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
