@@ -172,3 +172,23 @@ def test_compare_fits_the_terminal_and_keeps_the_parent(project):
         tables = result.stdout[: result.stdout.index("Each experiment's difference")]
         assert max(map(len, tables.splitlines())) <= columns, result.output
         assert "master" in tables and "workspace (Δ from master)" in tables  # the parent kept
+
+
+def test_compare_in_a_fresh_clone_names_what_is_missing_and_shows_the_rest(project, tmp_path):
+    # A clone without a DVC remote, rebuilt on "another CPU" (the same inputs, other
+    # numbers, so other output hashes than the lock's): the baseline's predictions are in
+    # no cache here. An experiment then changes `a`.
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(project), str(clone)], tmp_path)
+    done = subprocess.run(
+        ["dvc", "repro", "-q"], cwd=clone, env={**tool_env(), "JITTER": "1"}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    _run(["dvc", "exp", "run", "-q", "-n", "clone-a", "-S", "configs.a.noise=0.05"], clone)
+    result = CliRunner().invoke(app, ["compare", "--repo", str(clone)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and result.exception is None, result.output
+    text = " ".join(result.stdout.split())
+    assert "clone-a (Δ from master)" in text  # the tables are there, differences without intervals
+    assert "no interval for multitask/a in clone-a: master has no dev predictions" in text
+    assert "missing: predictions/multitask/a/ at master: not in this clone's DVC cache" in text
+    assert "`dvc push` them to a DVC remote and `dvc pull` here" in text

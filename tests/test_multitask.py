@@ -27,6 +27,7 @@ from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.settings import PAIR_HEADS
 from minbert.tasks import MULTITASK_TASKS, SELECTION
+from minbert.train.multitask import LOSS_LOG_STEPS
 
 
 def run_stage(params: dict, config: str, tokenized: Path, manifest: Path, *args, **kwargs) -> dict:
@@ -498,6 +499,14 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
         set(metrics["examples_seen"]) == set(MULTITASK_TASKS)
         and min(metrics["examples_seen"].values()) >= 2 * 18
     )
+    # The training loss every LOSS_LOG_STEPS steps: here an epoch is shorter than one
+    # window, so each epoch's one row is that epoch's mean loss, as the history has it.
+    steps = pd.read_csv(tmp_path / "metrics" / f"{config}-steps.csv")
+    assert metrics["steps"] // 2 < LOSS_LOG_STEPS
+    assert steps.epoch.tolist() == [1, 2] and steps.step.tolist() == [metrics["steps"] // 2, metrics["steps"]]
+    for task in MULTITASK_TASKS:
+        column = f"train_loss_{task}"
+        assert steps[column].tolist() == pytest.approx(trained[column].tolist(), abs=1e-4), task
     for task in MULTITASK_TASKS:
         assert (tmp_path / "pred" / config / f"{task}-dev-out.csv").is_file()
     assert not (tmp_path / "pred" / config / "quora-test-out.csv").exists()

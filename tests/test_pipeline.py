@@ -279,6 +279,37 @@ def test_experiment_changes_results_and_metrics_diff_shows_it(experiment):
     assert "metrics/multitask/baseline.json" in text and "average" in text
 
 
+def test_after_the_experiment_every_view_says_what_ran(experiment):
+    """The ablation workflow's other views: the report's row titles name the optimizer
+    each run used; `dvc exp show --only-changed` shows the changed numbers in 200
+    columns; `dvc plots diff HEAD` tells the revisions apart and draws the training loss
+    as a curve within the one epoch's steps."""
+    pipeline = experiment
+    report = (pipeline / "report" / "README.md").read_text(encoding="utf-8")
+    titles = [line.split(" | ")[0] for line in report.splitlines() if "(`baseline`)" in line.split(" | ")[0]]
+    assert titles and all("AdamaxW" in t and not re.search(r"\bAdamW\b", t) for t in titles), titles
+    env = {**tool_env(), "COLUMNS": "200"}
+    shown = subprocess.run(
+        ["dvc", "exp", "show", "--no-pager", "--only-changed"],
+        cwd=pipeline,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert re.search(r"metrics/multitask/baseline\.json:\w+", shown), shown
+    assert len(re.findall(r"\d\.\d{3,}", shown)) >= 2, shown  # numbers, not "…"
+    plots = json.loads(_run(["dvc", "plots", "diff", "HEAD", "--json"], pipeline))["data"]
+    for name in ("dev-average", "sst-loss"):
+        (render,) = plots[name]
+        content = render["content"]
+        assert content["encoding"]["strokeDash"]["field"] == "rev"
+        values = content["data"]["values"]
+        assert {v["rev"] for v in values} == {"HEAD", "workspace"}, name
+    losses = [v for v in plots["sst-loss"][0]["content"]["data"]["values"] if v["config"] == "baseline"]
+    steps = {v["step"] for v in losses if v["rev"] == "workspace"}
+    assert plots["sst-loss"][0]["content"]["encoding"]["x"]["field"] == "step" and len(steps) > 2, steps
+
+
 def test_compare_renders_every_configuration_within_a_terminal(experiment):
     """`minbert compare` (the README's ablation recipe; docs/experiments.md) after the experiment: a table
     per metric, every configuration's average for each experiment, 120 columns. (Without
@@ -408,6 +439,7 @@ def test_reach_lists_what_a_setting_reruns_before_it_runs(pipeline, setting, edi
     assert first.startswith(f"-S {setting}: {len(listed)} stages rerun"), out
     reached = _stages_a_change_reaches(pipeline, edit)
     assert "multitask-mlm@continue-baseline" in reached  # the one a newcomer does not expect
+    assert "zero-shot" not in reached and "features" not in reached  # they read no optimizer
     assert listed[0] == "resolve" and listed[-1] == "report", out
     assert set(listed) == reached | {"resolve", "report"}, out
 

@@ -38,6 +38,22 @@ def test_reach_lists_the_configurations_a_setting_reaches_and_changes_nothing():
     assert {name: (REPO / name).read_bytes() for name in before} == before
 
 
+def test_the_default_optimizer_reaches_only_the_runs_that_use_it():
+    # The zero-shot row's SST probe reads the run's start alone (RunStart), not the
+    # optimizer: it is not rerun; nor are the configurations that set their own.
+    result = _reach("optimizer=adamaxw")
+    assert result.exit_code == 0, result.output
+    stages = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    changed = {**params, "optimizer": "adamaxw"}
+    default = {
+        c for c in params["configs"] if multitask_settings(params, c) != multitask_settings(changed, c)
+    }
+    assert default and "best" not in default
+    assert set(stages) == {"resolve", "report"} | {f"multitask@{c}" for c in default}, result.stdout
+    assert "zero-shot" not in stages and "features" not in stages
+
+
 def test_reach_refuses_a_rejected_value_or_an_unknown_key_in_one_line():
     for setting, said in (
         ("optimizer=sgd", "error: params.yaml with optimizer=sgd: optimizer = 'sgd' is not one of"),

@@ -668,3 +668,24 @@ def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     assert "`multitask_step.py` changed" in table
     assert _row(summary, "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d, stale)"
     assert "A GPU row marked stale ran at the commit it names" in summary
+
+
+def test_a_row_titled_for_settings_its_run_did_not_have_is_titled_by_what_ran(tmp_path):
+    # As after `dvc exp run -S optimizer=adamaxw`: `baseline` ran with AdamaxW, which its
+    # row's title in the paper ("... round-robin, AdamW") does not say.
+    root = _outputs(tmp_path, ["baseline", "best"])
+    directory = root / "metrics" / "multitask"
+    settings = read_result(directory / "baseline.json")["settings"]
+    _edit(directory, "baseline", settings={**settings, "optimizer": "adamaxw"})
+    text = report(root, tmp_path / "report")
+    titles = [
+        line.split(" | ")[0]
+        for line in text.splitlines()
+        if line.startswith("| ") and "(`baseline`)" in line.split(" | ")[0]
+    ]
+    assert len(titles) == 2  # Tables 2 and 3
+    for title in titles:
+        assert "AdamaxW" in title and "AdamW" not in title, title
+    assert "this run differs: optimizer adamaxw (the row stands for adamw)" in text
+    summary = _sections(text)["Summary"]
+    assert "(ours ran as siamese concat(u, v), round-robin, AdamaxW, no SMART)" in summary

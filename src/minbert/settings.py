@@ -295,6 +295,39 @@ class MultitaskSettings:
 
 
 @dataclass(frozen=True)
+class RunStart:
+    """What a multitask run's start reads (``minbert.train.start``: its model, its rows and
+    the head warm-up), and nothing else: the zero-shot row's SST probe is resolved with
+    these alone, so that a setting it never reads (the optimizer, SMART) never reruns it.
+    ``MultitaskSettings`` holds every one of them under the same name."""
+
+    paraphrase_head: str
+    sts_head: str
+    sts_output: str
+    pooling: str
+    dropout: float
+    compile: bool
+    seed: int
+    train_examples: dict[str, int]
+    validation_examples: dict[str, int]
+    history_examples: dict[str, int]
+    test_predictions: bool
+    eval_batch_size: int
+    weight_decay: float
+    head_warmup: HeadWarmup
+
+    @classmethod
+    def of(cls, settings: MultitaskSettings) -> RunStart:
+        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> RunStart:
+        """Back from its ``asdict`` form (a resolved settings file)."""
+        warmup = {k: tuple(v) if k == "tasks" else v for k, v in values["head_warmup"].items()}
+        return cls(**{**values, "head_warmup": HeadWarmup(**warmup)})
+
+
+@dataclass(frozen=True)
 class SentimentSettings:
     task: str = Setting(SENTIMENT_TASKS, "the task").field()
     mode: str = Setting(

@@ -21,7 +21,7 @@ from minbert.results import write_result
 from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import MULTITASK_TASKS, SPLITS
 from minbert.train.head_warmup import ProbeFeatures
-from minbert.train.multitask import CONFLICT_COLUMNS, train_multitask
+from minbert.train.multitask import CONFLICT_COLUMNS, STEP_LOSS_COLUMNS, train_multitask
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 
 # The model directory's record of the training and validation rows' ids, per task.
@@ -120,6 +120,7 @@ def _write(name, run, max_length, result, tables, stage, metrics_dir, prediction
             (written / TRAINING_IDS).write_bytes(gzip.compress(ids, mtime=0))
     outputs.write_history(metrics_dir / f"{name}-history.csv", [epoch.row() for epoch in result.history])
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
+    outputs.write_step_losses(metrics_dir / f"{name}-steps.csv", result.step_losses, STEP_LOSS_COLUMNS)
     write_result(metrics_dir, name, run.metrics(), run.record())
 
 

@@ -16,6 +16,7 @@ from minbert.data.predictions import write_predictions
 __all__ = [
     "history_csv",
     "write_conflicts",
+    "write_step_losses",
     "write_history",
     "write_predictions",
 ]
@@ -36,6 +37,11 @@ def history_csv(rows: Sequence[dict]) -> str:
 
 def write_history(path: Path, rows: Sequence[dict]) -> None:
     atomic_write_text(path, history_csv(rows))
+
+
+def write_step_losses(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    """The training loss every few steps (``minbert.train.multitask.LOSS_LOG_STEPS``)."""
+    atomic_write_text(path, pd.DataFrame(list(rows), columns=list(columns)).to_csv(index=False))
 
 
 def write_conflicts(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ from minbert.settings import (
     HeadWarmup,
     MlmSettings,
     MultitaskSettings,
+    RunStart,
     SentimentSettings,
     SmartSettings,
 )
@@ -194,7 +195,7 @@ def resolve_zero_shot(params: dict, quora_split: dict) -> dict:
         "pooling": scale(params)["pooling"],
         "quora_train_pairs": params["zero_shot"]["quora_train_pairs"],
         "eval_batch_size": scale(params)["multitask"]["eval_batch_size"],
-        "sst_probe": asdict(multitask_settings(params, None, quora_split)),
+        "sst_probe": asdict(RunStart.of(multitask_settings(params, None, quora_split))),
     }
 
 

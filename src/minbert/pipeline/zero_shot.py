@@ -18,7 +18,7 @@ from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.results import write_result
-from minbert.settings import MultitaskSettings, RunContext
+from minbert.settings import RunContext, RunStart
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.start import start
@@ -37,7 +37,7 @@ def run(
     predictions (under ``predictions``). ``manifest``: the data stage's; ``features``: the
     head warm-up's vectors, which SST's probe is fitted on."""
     tokenized_dir, predictions_dir, metrics_file = map(Path, (tokenized, predictions, metrics))
-    probe_settings = MultitaskSettings.from_dict(resolved["sst_probe"])
+    probe_settings = RunStart.from_dict(resolved["sst_probe"])
     context = RunContext.of(resolved)
     with started(context, "zero-shot") as stage:
         tables = {

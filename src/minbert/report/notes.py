@@ -33,6 +33,45 @@ def rates(s: dict) -> str:
     return f"{s['optimizer']} lr {s['lr']:g}{heads}, {schedule}"
 
 
+# What a row's settings say in words: the pair heads, how the tasks share a step, the
+# optimizer, SMART (the keys a table row of reference/paper.yaml states under `stands_for`).
+HEAD_WORDS = {
+    "siamese-concat": "siamese concat(u, v)",
+    "siamese-concat-diff": "siamese concat(u, v, |u − v|)",
+    "siamese-concat-diff-prod": "siamese concat(u, v, |u − v|, u ∗ v)",
+    "siamese-cosine": "cos-sim(u, v)",
+    "cross-encoder": "sentence concatenation",
+}
+GRADIENT_WORDS = {"round-robin": "round-robin", "summed": "summed losses", "pcgrad": "PCGrad"}
+OPTIMIZER_WORDS = {"adamw": "AdamW", "adamaxw": "AdamaxW"}
+ROW_SETTINGS = ("paraphrase_head", "sts_head", "gradient", "optimizer", "smart")
+
+
+def row_settings(settings: dict) -> dict:
+    """The run settings a table row's title speaks of (``ROW_SETTINGS``), SMART as on/off."""
+    return {k: settings[k] is not None if k == "smart" else settings[k] for k in ROW_SETTINGS}
+
+
+def in_words(settings: dict) -> str:
+    """``row_settings`` as a row title: the heads, the steps, the optimizer, SMART."""
+    quora, sts = HEAD_WORDS[settings["paraphrase_head"]], HEAD_WORDS[settings["sts_head"]]
+    heads = quora if quora == sts else f"Quora {quora}, STS {sts}"
+    smart = " + SMART" if settings["smart"] else ", no SMART"
+    return f"{heads}, {GRADIENT_WORDS[settings['gradient']]}, {OPTIMIZER_WORDS[settings['optimizer']]}{smart}"
+
+
+def row_title(row: dict, run: dict) -> tuple[str, str | None]:
+    """A table row's title and a note: the paper's label where the run's record has the
+    settings the row stands for (``stands_for``), else what the run was, in words, and a
+    note naming each difference, so that no title names what its run did not do."""
+    ran = row_settings(run["settings"])
+    differ = {k: v for k, v in row.get("stands_for", {}).items() if ran[k] != v}
+    if not differ:
+        return row["label"], None
+    said = "; ".join(f"{k} {ran[k]} (the row stands for {v})" for k, v in differ.items())
+    return in_words(ran), f'The paper\'s row is "{row["label"]}"; this run differs: {said}.'
+
+
 # ----------------------------------------------------------------------------- facts
 
 

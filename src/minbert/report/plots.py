@@ -1,7 +1,7 @@
 """The long tables behind dvc.yaml's top-level plots, a row per configuration and epoch (or
 step), coloured by ``config``: ``epochs.csv`` (averages on validation, dev and training
-slices, dev losses), ``losses.csv`` (training losses), ``conflicts.csv`` (PCGrad runs
-only). Every row has every value its plots draw, so no plot is drawn empty or at 0."""
+slices, dev losses), ``losses.csv`` (training losses every few steps), ``conflicts.csv``
+(PCGrad runs only). Every row has every value its plots draw, so no plot is drawn empty or at 0."""
 
 from __future__ import annotations
 
@@ -40,7 +40,16 @@ def epochs_table(multitask_dir: Path) -> pd.DataFrame:
 
 
 def losses_table(multitask_dir: Path) -> pd.DataFrame:
-    return _history_table(multitask_dir, LOSS_COLUMNS, trained_only=True)
+    """The training loss every few optimizer steps (each run's ``-steps.csv``), so that a
+    run of one epoch draws a curve too."""
+    frames = [
+        log.reindex(columns=["epoch", "step", *LOSS_COLUMNS]).assign(config=config)
+        for config, log in _configs(multitask_dir, "-steps.csv").items()
+        if not log.empty
+    ]
+    if not frames:
+        return pd.DataFrame(columns=["config", "epoch", "step", *LOSS_COLUMNS])
+    return pd.concat(frames, ignore_index=True)[["config", "epoch", "step", *LOSS_COLUMNS]]
 
 
 def conflicts_table(multitask_dir: Path) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from minbert.report.formatting import (
     md_row,
     per_task,
 )
-from minbert.report.notes import epoch_count, usual
+from minbert.report.notes import epoch_count, row_title, usual
 from minbert.tasks import SENTIMENT_TASKS, TASKS
 
 
@@ -79,7 +79,11 @@ def beside_the_paper(
     seeds = usual({n: str(m["seed"]) for n, m in used.items()})
     full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT_TASKS if (t, "full") in ours]
     reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
-    labels = ", ".join(f'`{row["config"]}` "{row["label"]}"' for row in shown)
+    labels = []
+    for row in shown:
+        title, differs = row_title(row, runs[row["config"]])
+        labels.append(f'`{row["config"]}` "{row["label"]}"' + (f" (ours ran as {title})" if differs else ""))
+    labels = ", ".join(labels)
     quora = _carved_quora(used)
     prose = (
         f"Rows of the paper's Table 2 ({labels}). Ours: {checkpoint} fine-tuned at the {scale} "

@@ -31,6 +31,7 @@ from minbert.report.formatting import (
     md_header,
     md_row,
 )
+from minbert.report.notes import row_title
 from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
@@ -164,8 +165,9 @@ def multitask_table(
         lines.append(md_row(cells + ["0 / 0", NO_NUMBER]))
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
-        note = " ".join(n for n in (row.get("note"), (row_notes or {}).get(config)) if n)
-        cells = [label_of(f"{row['label']} (`{config}`)", note or None)]
+        title, differs = row_title(row, m) if m is not None else (row["label"], None)
+        note = " ".join(n for n in (differs, row.get("note"), (row_notes or {}).get(config)) if n)
+        cells = [label_of(f"{title} (`{config}`)", note or None)]
         if m is None:
             cells += [c for p in _paper_cells(row.get("paper")) for c in ("not run", p)[: 1 + with_paper]]
             lines.append(md_row(cells + ["not run", NO_NUMBER]))

@@ -18,7 +18,7 @@ import yaml
 
 from minbert.data.predictions import read_predictions
 from minbert.metrics import Interval, fixed, paired, paired_average, score
-from minbert.results import ACCURACY, EPOCH, STEPS
+from minbert.results import ACCURACY, EPOCH, STEPS, is_record
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.tools.sweep import DVC, flatten_params
 
@@ -57,22 +57,53 @@ class Experiment:
 class Difference:
     value: float
     interval: Interval | None  # None: no predictions to pair
+    why: str | None = None  # why a difference that could be paired has no interval
 
 
-def _experiment(name: str, rev: str, parent: str | None, data: dict) -> Experiment:
+# The runs' metrics files (records and other folders' copies apart), read at each
+# revision from git or the workspace, whatever `dvc exp show` could collect.
+RUN_METRICS = ("metrics/sentiment/", "metrics/multitask/", "metrics/multitask-mlm/", "metrics/mlm/")
+UNTRAINED = "metrics/zero-shot.json"
+
+
+def run_metrics(repo: Path, rev: str) -> dict[str, dict]:
+    """Every run's metrics file at ``rev`` (a commit, or the workspace), by run:
+    ``multitask/best`` -> its numbers."""
+    repo = Path(repo)
+    if rev == WORKSPACE:
+        names = [p.relative_to(repo).as_posix() for p in sorted((repo / "metrics").rglob("*.json"))]
+    else:
+        listed = subprocess.run(
+            ["git", "ls-tree", "-r", "--name-only", rev, "--", "metrics"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        names = listed.stdout.splitlines() if listed.returncode == 0 else []
+    out = {}
+    for name in names:
+        if not (name.startswith(RUN_METRICS) or name == UNTRAINED) or is_record(name):
+            continue
+        if rev == WORKSPACE:
+            text = (repo / name).read_text(encoding="utf-8")
+        else:
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{name}"], cwd=repo, capture_output=True, text=True
+            ).stdout
+        out[name[len("metrics/") : -len(".json")]] = json.loads(text)
+    return out
+
+
+def _experiment(name: str, rev: str, parent: str | None, data: dict, repo: Path) -> Experiment:
     params = {}
     for content in (data.get("params") or {}).values():
         params.update(flatten_params(content.get("data") or {}))
-    metrics = {}
-    for path, content in (data.get("metrics") or {}).items():
-        run = path[len("metrics/") :] if path.startswith("metrics/") else path
-        metrics[run[: -len(".json")] if run.endswith(".json") else run] = content.get("data") or {}
-    return Experiment(name, rev, parent, params, metrics)
+    return Experiment(name, rev, parent, params, run_metrics(repo, rev))
 
 
-def parse_exp_show(rows: list[dict]) -> list[Experiment]:
-    """The experiments of ``dvc exp show --json``: the workspace, each baseline commit,
-    then its experiments."""
+def parse_exp_show(rows: list[dict], repo: Path) -> list[Experiment]:
+    """The experiments of ``dvc exp show --json`` (the workspace, each baseline commit,
+    then its experiments), each with its runs' metrics files as ``repo`` holds them."""
 
     def name(row):
         return WORKSPACE if row["rev"] == WORKSPACE else row.get("name") or row["rev"][:7]
@@ -81,21 +112,20 @@ def parse_exp_show(rows: list[dict]) -> list[Experiment]:
     out = []
     for row in rows:
         if row.get("data"):
-            out.append(
-                _experiment(name(row), row["rev"], head if name(row) == WORKSPACE else None, row["data"])
-            )
+            parent = head if name(row) == WORKSPACE else None
+            out.append(_experiment(name(row), row["rev"], parent, row["data"], repo))
         for group in row.get("experiments") or []:
             for rev in group.get("revs") or []:
                 if rev.get("data"):
-                    out.append(_experiment(name(rev), rev["rev"], name(row), rev["data"]))
+                    out.append(_experiment(name(rev), rev["rev"], name(row), rev["data"], repo))
     return out
 
 
 def exp_show(repo: Path) -> list[Experiment]:
     done = subprocess.run([*DVC, "exp", "show", "--json"], cwd=repo, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"dvc exp show failed in {repo}: {done.stderr.strip()}")
-    return parse_exp_show(json.loads(done.stdout))
+        raise OSError(f"dvc exp show failed in {repo}: {' '.join(done.stderr.split())}")
+    return parse_exp_show(json.loads(done.stdout), repo)
 
 
 def changed_params(experiment: Experiment, parent: Experiment) -> dict[str, object]:
@@ -108,18 +138,20 @@ def changed_params(experiment: Experiment, parent: Experiment) -> dict[str, obje
 
 class Files:
     """The repository's files in the workspace or at a commit (git- or DVC-tracked, the
-    latter from DVC's cache); None for one that is not there."""
+    latter from DVC's cache); None for one that is not there, and why (``missing``)."""
 
     def __init__(self, repo: Path, scratch: Path):
         self.repo, self.scratch = Path(repo), Path(scratch)
         self._fs: dict[str, object] = {}
+        self.missing: dict[tuple[str, str], str] = {}  # (rev, path) -> why it is not here
 
     def get(self, rev: str, path: str) -> Path | None:
         if rev == WORKSPACE:
-            return self.repo / path if (self.repo / path).is_file() else None
+            if (self.repo / path).is_file():
+                return self.repo / path
+            self.missing[rev, path] = "not in the workspace: `dvc repro` writes it"
+            return None
         from dvc.api import DVCFileSystem
-        from dvc.exceptions import DvcException
-        from scmrepo.exceptions import SCMError
 
         local = self.scratch / rev / path
         if not local.is_file():
@@ -128,7 +160,12 @@ class Files:
                     self._fs[rev] = DVCFileSystem(str(self.repo), rev=rev)
                 local.parent.mkdir(parents=True, exist_ok=True)
                 self._fs[rev].get_file(path, str(local))
-            except (OSError, DvcException, SCMError):
+            except Exception as error:  # DVC has many kinds for an object missing from its cache
+                self.missing[rev, path] = (
+                    f"not in this clone's DVC cache ({type(error).__name__}): results are cached "
+                    "where `dvc repro` made them; commit them there, or `dvc push` them to a DVC "
+                    "remote and `dvc pull` here"
+                )
                 return None
         return local
 
@@ -145,36 +182,41 @@ class Files:
 
 def _dev(files: Files, experiment: Experiment, run: str, task: str):
     """(labels, predictions, question groups) of ``run``'s dev predictions of ``task`` at
-    ``experiment``, or None when they are missing or do not score what its metrics file
+    ``experiment``, or why not: they are missing, or do not score what its metrics file
     says (other labels, or results from another run)."""
     labels_file = files.get(experiment.rev, LABELS.format(task=task))
     predicted_file = files.get(experiment.rev, PREDICTIONS.format(run=run, task=task))
     if labels_file is None or predicted_file is None:
-        return None
+        return f"{experiment.name} has no {'dev labels' if labels_file is None else 'dev predictions'}"
     table, predicted = pd.read_parquet(labels_file), read_predictions(predicted_file)
     ids = table["id"].astype(str)
     if set(ids) != set(predicted):
-        return None
+        return f"{experiment.name}'s dev predictions are of other examples than its labels"
     labels = table["label"].to_numpy(float)
     predictions = np.array([float(predicted[i]) for i in ids])
     if fixed(score(task, labels, predictions)) != experiment.metrics[run].get(task):
-        return None
+        return f"{experiment.name}'s dev predictions do not score what its metrics file says"
     return labels, predictions, table["group"].to_numpy() if "group" in table else None
 
 
-def paired_interval(files: Files, experiment: Experiment, parent: Experiment, run: str, metric: str):
+def paired_interval(
+    files: Files, experiment: Experiment, parent: Experiment, run: str, metric: str
+) -> tuple[Interval | None, str | None]:
     """The paired bootstrap interval of ``run``'s ``metric`` (a task's, or the average)
-    between ``experiment`` and ``parent``, or None without both runs' predictions."""
+    between ``experiment`` and ``parent``, or why there is none."""
     parts = []
     for task in MULTITASK_TASKS if metric == AVERAGE else (metric,):
         ours, theirs = _dev(files, experiment, run, task), _dev(files, parent, run, task)
-        if ours is None or theirs is None or not np.array_equal(ours[0], theirs[0]):
-            return None
+        for found in (ours, theirs):
+            if isinstance(found, str):
+                return None, found
+        if not np.array_equal(ours[0], theirs[0]):
+            return None, f"{experiment.name} and {parent.name} have other dev labels"
         parts.append((task, ours[0], ours[1], theirs[1], ours[2]))
     if metric == AVERAGE:
-        return paired_average(parts)
+        return paired_average(parts), None
     task, labels, predictions, reference, groups = parts[0]
-    return paired(task, labels, predictions, reference, groups=groups)
+    return paired(task, labels, predictions, reference, groups=groups), None
 
 
 def differences(experiments: list[Experiment], metrics, files: Files) -> dict[tuple, Difference]:
@@ -196,8 +238,8 @@ def differences(experiments: list[Experiment], metrics, files: Files) -> dict[tu
         job = bar.add_task("paired intervals", total=len(todo), status="")
         for e, parent, run, metric, value in todo:
             pairable = value and metric in (*MULTITASK_TASKS, AVERAGE)
-            interval = paired_interval(files, e, parent, run, metric) if pairable else None
-            out[e.name, run, metric] = Difference(value, interval)
+            interval, why = paired_interval(files, e, parent, run, metric) if pairable else (None, None)
+            out[e.name, run, metric] = Difference(value, interval, why)
             bar.advance(job)
     return out
 
@@ -240,6 +282,22 @@ def other_reasons(files: Files, experiment: Experiment, parent: Experiment) -> l
     if changed:
         lines.append(f"  changed inputs other than params: {'; '.join(changed)}")
     return lines
+
+
+def without_interval(
+    found: dict[tuple, Difference], files: Files, experiments: list[Experiment]
+) -> list[str]:
+    """Why a difference shows no interval, a line per experiment and run; then each file
+    found missing, with how to get it."""
+    why = {}
+    for (name, run, _), difference in found.items():
+        if difference.why:
+            why.setdefault((name, run), difference.why)
+    lines = [f"no interval for {run} in {name}: {reason}" for (name, run), reason in why.items()]
+    names, missing = {e.rev: e.name for e in experiments}, {}
+    for (rev, path), reason in files.missing.items():  # a line per folder
+        missing.setdefault((names.get(rev, rev[:7]), Path(path).parent.as_posix()), reason)
+    return lines + [f"missing: {folder}/ at {name}: {reason}" for (name, folder), reason in missing.items()]
 
 
 def cell(value, difference: Difference | None) -> str:
@@ -322,6 +380,8 @@ def print_comparison(repo: Path, metrics: list[str] | None = None) -> None:
                 table.add_row(*map(escape, row))
             out.print(table)
         out.print(LEGEND, highlight=False)
+        for line in without_interval(found, files, experiments):
+            out.print(escape(line), highlight=False)
         for e in experiments:
             parent = by_name.get(e.parent)
             if parent is None:

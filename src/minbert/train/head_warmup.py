@@ -22,7 +22,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.heads import pool
 from minbert.model.multitask import MultitaskBert, task_loss
-from minbert.settings import MultitaskSettings
+from minbert.settings import MultitaskSettings, RunStart
 from minbert.tasks import TASKS
 
 # The splits the features stage encodes: the warm-up's rows, and dev for the start's scores.
@@ -139,7 +139,7 @@ def warm_up_heads(
     model: MultitaskBert,
     train: dict[str, TaskData],
     validation: dict[str, TaskData],
-    settings: MultitaskSettings,
+    settings: MultitaskSettings | RunStart,
     device: torch.device,
     features: ProbeFeatures | None = None,
 ) -> dict[str, dict]:

@@ -18,7 +18,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.progress import console
-from minbert.results import EpochScores
+from minbert.results import EpochScores, loss_part_column
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
@@ -38,6 +38,7 @@ LOSS_KEYS = frozenset(TASKS[t].loss_key for t in MULTITASK_TASKS)
 class MultitaskResult:
     history: list[EpochScores] = field(default_factory=list)
     conflicts: list[dict] = field(default_factory=list)
+    step_losses: list[dict] = field(default_factory=list)  # every LOSS_LOG_STEPS steps (STEP_LOSS_COLUMNS)
     best_epoch: int = 0
     dev: dict = field(default_factory=dict)  # the best epoch's scores on the full dev sets
     dev_predictions: dict[str, np.ndarray] = field(default_factory=dict)
@@ -111,6 +112,7 @@ def train_multitask(
     result = MultitaskResult(
         history=history,
         conflicts=loop.conflicts,
+        step_losses=loop.step_losses,
         best_epoch=best_epoch,
         start_dev=loop.start_dev,
         start_predictions=loop.start_predictions,
@@ -144,7 +146,7 @@ def train_multitask(
 class _MultitaskEpochs:
     """An epoch for the epoch driver: the steps, each task's mean losses, PCGrad's
     conflicts, the schedule's step, then the scores. Keeps, and resumes with, the run's
-    PCGrad log, warm-up report and start predictions."""
+    PCGrad log, training-loss log, warm-up report and start predictions."""
 
     def __init__(
         self,
@@ -162,6 +164,7 @@ class _MultitaskEpochs:
         self.score_dev, self.head_warmup, self.features = score_dev, head_warmup, features
         self.observer = observer or MultitaskObserver()
         self.conflicts: list[dict] = []
+        self.step_losses: list[dict] = []
         self.start_dev: dict = {}
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
@@ -225,21 +228,37 @@ class _MultitaskEpochs:
         sums = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         grams: list[tuple[int, torch.Tensor]] = []  # PCGrad's, read once the epoch is done
         counts = np.zeros(len(MULTITASK_TASKS))
+        # The training loss every LOSS_LOG_STEPS steps, read once the epoch is done.
+        window = torch.zeros(len(MULTITASK_TASKS), device=self.device)
+        window_counts, logged = np.zeros(len(MULTITASK_TASKS)), []
         lengths = {t: d.lengths for t, d in self.data.train.items()}
         batches = epoch_steps(lengths, self.global_batch, self.rng, one_task_per_step=self.one_task_per_step)
         for index, rows_by_task in enumerate(batches):
             step_losses, gram = self.train_step(rows_by_task, epoch, index)
             sums += step_losses
-            counts += [t in rows_by_task for t in MULTITASK_TASKS]
+            present = [t in rows_by_task for t in MULTITASK_TASKS]
+            counts += present
+            window += step_losses[:, 0]
+            window_counts += present
             for t, rows in rows_by_task.items():
                 self.seen[t] += len(rows)
             if gram is not None:
                 grams.append((self.global_step, gram))
             self.global_step += 1
+            if (index + 1) % LOSS_LOG_STEPS == 0:  # windows from the epoch's start
+                logged.append((self.global_step, window.clone(), window_counts))
+                window.zero_()
+                window_counts = np.zeros(len(MULTITASK_TASKS))
             last = self.train_step.guard.last
             step(f"epoch {epoch} loss {'…' if last is None else f'{last[:, 0].sum():.3f}'}")
         self.train_step.flush()
+        if window_counts.any():  # the epoch's last, shorter window; joined to the one before
+            if logged and not window_counts.all():  # when it misses a task (round-robin's tail)
+                _, before, before_counts = logged.pop()
+                window, window_counts = window + before, window_counts + before_counts
+            logged.append((self.global_step, window, window_counts))
         self.conflicts += _conflict_rows(epoch, grams)
+        self.step_losses += _step_loss_rows(epoch, logged)
         self.scheduler.step()
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
         parts = LOSS_PARTS if self.settings.smart else ("loss",)
@@ -271,6 +290,7 @@ class _MultitaskEpochs:
             "teacher": smart.teacher.module.state_dict() if smart is not None else None,
             "generators": generators,
             "conflicts": self.conflicts,
+            "step_losses": self.step_losses,
             "head_warmup": self.head_warmup,
             # As lists: the saved state loads with torch.load(weights_only=True), no numpy.
             "start_dev": self.start_dev,
@@ -285,9 +305,31 @@ class _MultitaskEpochs:
             self.train_step.smart.teacher.module.load_state_dict(state["teacher"])
         restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)
         self.conflicts, self.head_warmup = state["conflicts"], state["head_warmup"]
+        self.step_losses = state["step_losses"]
         self.start_dev = state["start_dev"]
         self.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
         self.global_step, self.seen = state["global_step"], state["examples_seen"]
+
+
+# The training-loss log: each task's mean loss over the steps of a window that trained it
+# (blank where none did), a window every LOSS_LOG_STEPS optimizer steps, the last of an
+# epoch shorter: a curve within an epoch, small at any scale.
+LOSS_LOG_STEPS = 16
+STEP_LOSS_COLUMNS = ["epoch", "step", *(loss_part_column("loss", t) for t in MULTITASK_TASKS)]
+
+
+def _step_loss_rows(epoch: int, logged: list[tuple[int, torch.Tensor, np.ndarray]]) -> list[dict]:
+    if not logged:
+        return []
+    sums = torch.stack([s for _, s, _ in logged]).cpu().numpy()  # one transfer for the epoch
+    rows = []
+    for (step, _, counts), totals in zip(logged, sums):
+        means = {
+            loss_part_column("loss", t): fixed(totals[k] / counts[k]) if counts[k] else None
+            for k, t in enumerate(MULTITASK_TASKS)
+        }
+        rows.append({"epoch": epoch, "step": step, **means})
+    return rows
 
 
 # PCGrad's log: per step, the cosine of each pair of task gradients (i < j, the Gram

@@ -15,13 +15,13 @@ from minbert.data.validation_split import run_rows
 from minbert.distributed import World
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
-from minbert.settings import MultitaskSettings
+from minbert.settings import MultitaskSettings, RunStart
 from minbert.tasks import MULTITASK_TASKS
 from minbert.train.head_warmup import ProbeFeatures, warm_up_heads
 
 
 def build_model(
-    settings: MultitaskSettings,
+    settings: MultitaskSettings | RunStart,
     encoder: BertModel,
     device: torch.device,
     world: World = World(),
@@ -59,7 +59,9 @@ class RunData:
 
 
 def run_data(
-    settings: MultitaskSettings, model: MultitaskBert, tables: dict[tuple[str, str], TokenizedTable]
+    settings: MultitaskSettings | RunStart,
+    model: MultitaskBert,
+    tables: dict[tuple[str, str], TokenizedTable],
 ) -> RunData:
     """The validation splits, the training subsets drawn from the rest of the training
     splits, the full dev sets, the test sets (when predicted) and the history's fixed
@@ -91,7 +93,7 @@ def run_data(
 
 
 def start(
-    settings: MultitaskSettings,
+    settings: MultitaskSettings | RunStart,
     encoder: BertModel,
     tables: dict[tuple[str, str], TokenizedTable],
     device: torch.device,
