@@ -256,12 +256,18 @@ def test_killed_stage_resumes_under_dvc_repro_to_the_same_metrics(pipeline):
 
 
 @pytest.fixture(scope="module")
-def experiment(pipeline):
-    """The ablation `dvc exp run -S optimizer=adamaxw`, run once for the tests that read
-    it, whichever of them runs first or alone: its results are left in the workspace,
-    and DVC keeps the experiment, which `dvc exp show` lists."""
-    _run(["dvc", "exp", "run", "-S", "optimizer=adamaxw"], pipeline)
-    return pipeline
+def experiment(pipeline, tmp_path_factory):
+    """The README's workflow as a new user meets it: a fresh clone of the committed
+    project (no DVC remote, so no cached output), `dvc repro`, then the ablation
+    `dvc exp run -S optimizer=adamaxw`, once for the tests that read it: its results are
+    left in the clone's workspace, and DVC keeps the experiment, which `dvc exp show`
+    lists."""
+    clone = tmp_path_factory.mktemp("clone") / "project"
+    _run(["git", "clone", "-q", str(pipeline), str(clone)], clone.parent)
+    _run(["dvc", "repro"], clone)
+    assert _run(["git", "status", "--porcelain"], clone) == ""  # the committed results, rebuilt here
+    _run(["dvc", "exp", "run", "-S", "optimizer=adamaxw"], clone)
+    return clone
 
 
 def test_experiment_changes_results_and_metrics_diff_shows_it(experiment):

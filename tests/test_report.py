@@ -714,3 +714,49 @@ def test_findings_rank_by_the_chance_corrected_score_and_mark_unequal_budgets(tm
     assert _row(chose, "| `best` |")[-1] == "0.450"
     assert "The epoch of each multitask run: the epoch with the best mean of SST MCC" in chose
     assert "The epoch of each sentiment run (Table 1)" not in chose  # no sentiment run here
+
+
+def test_a_cell_whose_untrained_number_is_the_runs_own_start_is_not_counted_against_it(tmp_path):
+    # SST's untrained number is the frozen probe, which is also where every run starts:
+    # that cell repeats the comparison with the run's own start, so it is marked, not counted.
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["best"])
+    write_zero_shot(tmp_path)
+    start = tmp_path / "predictions" / "multitask" / "best"
+    zero_shot = tmp_path / "predictions" / "zero-shot"
+    shutil.copy(zero_shot / "sst-dev-out.csv", start / "sst-dev-start-out.csv")
+    for task in ("quora", "sts"):
+        shutil.copy(start / f"{task}-dev-out.csv", start / f"{task}-dev-start-out.csv")
+    directory = tmp_path / "metrics" / "multitask"
+    best, untrained = (
+        read_result(directory / "best.json"),
+        read_result(tmp_path / "metrics" / "zero-shot.json"),
+    )
+    own = {TASKS[t].metric_key: (untrained if t == "sst" else best)[t] for t in MULTITASK_TASKS}
+    save(directory, "best", best | {"start_dev": own})
+    text = report(tmp_path, tmp_path / "report")
+    section = _sections(text)["Against where each run started"]
+    assert _row(section, "| `best` | SST acc |")[8] == "its own start"
+    assert _row(section, "| `best` | Quora acc |")[8] in ("above", "below", "not separated")
+    findings = " ".join(_sections(text)["Findings"].split())
+    assert "against the untrained checkpoint where it is not the run's own start, above in" in findings
+    assert " of 3" in findings.split("not the run's own start")[1].split(".")[0]  # SST left out
+
+
+def test_a_run_below_the_untrained_checkpoint_says_whether_its_start_was_already(tmp_path):
+    # `best` starts far below the untrained checkpoint (its head on the frozen encoder) and
+    # stays there; `best-adamw` starts far above it and falls below in fine-tuning.
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["best", "best-adamw"])
+    write_zero_shot(tmp_path)  # quality 0.2
+    directory = tmp_path / "metrics" / "multitask"
+    for config, start in (("best", 0.0), ("best-adamw", 0.98)):
+        scores = _write_run(tmp_path, f"multitask/{config}", 0.0, seed=5)  # far below the untrained
+        run = read_result(directory / f"{config}.json") | scores
+        save(directory, config, run | {"start_dev": write_start(tmp_path, config, start, seed=3)})
+    text = report(tmp_path, tmp_path / "report")
+    section = _sections(text)["Against where each run started"]
+    assert _row(section, "| `best` | Quora acc |")[8:10] == ["below", "its head on the frozen encoder"]
+    assert _row(section, "| `best-adamw` | Quora acc |")[8:10] == ["below", "fine-tuning"]
+    findings = " ".join(_sections(text)["Findings"].split())
+    assert "(below already at the start, its head on the frozen encoder, in " in findings

@@ -40,10 +40,13 @@ def offline_run(
         ..., "--out", help="The folder that comes back: the results, at most 8 files of 16 MiB."
     ),
     stage: list[str] = typer.Option(
-        [], "--stage", help="A stage or a group of the plan (repeat), run in this order; none: all."
+        [], "--stage", help="A stage or a group of the plan (repeat), with the stages it needs; none: all."
     ),
     deadline: float | None = typer.Option(
-        None, "--deadline", help="Minutes: stop the stage running then, start no other, keep what finished."
+        None,
+        "--deadline",
+        help="Minutes for the whole call: a stage is not started unless its worst estimate fits the "
+        "time left; what runs then is stopped; what finished is kept.",
     ),
     smoke: bool = typer.Option(
         False, "--smoke", help="The smoke call instead: check the GPU path, measure, write smoke.json."

@@ -238,7 +238,8 @@ def run_call(
     }
     params_file = repo / "params.yaml"
     original = params_file.read_bytes()
-    logs = Path(tempfile.mkdtemp(prefix="minbert-logs."))
+    scratch = tempfile.TemporaryDirectory(prefix="minbert-logs.")  # the stages' logs, packed after each
+    logs = Path(scratch.name)
 
     def scrub(text: str) -> str:
         """``text`` naming no node path: the repository, the bundle's checkpoint and data."""
@@ -326,4 +327,7 @@ def run_call(
         if running:
             _stop(running)
         params_file.write_bytes(original)
-    return pack()
+    try:
+        return pack()
+    finally:
+        scratch.cleanup()

@@ -158,6 +158,12 @@ def controls_section(
 # ----------------------------------------------------------------- against the starts
 
 ABOVE, BELOW, NOT_SEPARATED = "above", "below", "not separated"
+# A cell whose untrained number is the run's own start (SST: the frozen probe both take):
+# printed, not counted against the untrained checkpoint, whose count it would repeat.
+OWN_START = "its own start"
+# Why a run is below the untrained checkpoint: its start (its head fitted on the frozen
+# encoder, the frozen probe of that head) is below it already, or fine-tuning lost it.
+AT_START, IN_FINE_TUNING = "its head on the frozen encoder", "fine-tuning"
 
 
 def _side(iv: Interval) -> str:
@@ -173,12 +179,25 @@ class Starts:
     text: str
     own: dict[str, list[str]] = field(default_factory=dict)
     untrained: dict[str, list[str]] = field(default_factory=dict)
+    below_because: dict[str, list[str]] = field(default_factory=dict)  # AT_START / IN_FINE_TUNING
 
     def counted(self) -> str:
-        """The counts in words: against its own start, then against the untrained checkpoint."""
+        """The counts in words: against its own start, then against the untrained checkpoint
+        (the cells where that is not the run's own start)."""
         said = f"against its own start (epoch 0), {describe_counts(self.own)}"
-        return said + (
-            f"; against the untrained checkpoint, {describe_counts(self.untrained)}" if self.untrained else ""
+        if not self.untrained:
+            return said
+        why = self.below_because
+        return (
+            said
+            + "; against the untrained checkpoint where it is not the run's own start, "
+            + describe_counts(self.untrained)
+            + (
+                f" (below already at the start, {AT_START}, in {len(why.get(AT_START, []))}; "
+                f"lost in {IN_FINE_TUNING} in {len(why.get(IN_FINE_TUNING, []))})"
+                if self.untrained.get(BELOW)
+                else ""
+            )
         )
 
 
@@ -190,6 +209,7 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
     counts = {
         "own": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
         "untrained": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
+        "below_because": {AT_START: [], IN_FINE_TUNING: []},
     }
     base = None if zero_shot is None else multitask_scored(evidence, "zero-shot", "", zero_shot)
     rows = []
@@ -208,15 +228,20 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
             cells = [f"`{name}`", COLUMN_TITLES[column], f"{evidence.column(scored, column).value:.3f}"]
             cells += [f"{evidence.column(start, column).value:.3f}", fmt_signed(own), _side(own)]
             if base is None:
-                cells += [NO_NUMBER] * 3
+                cells += [NO_NUMBER] * 4
             else:
+                cell = f"`{name}` {COLUMN_TITLES[column]}"
                 untrained = evidence.column_difference(scored, base, column)
-                counts["untrained"][_side(untrained)].append(f"`{name}` {COLUMN_TITLES[column]}")
-                cells += [
-                    f"{evidence.column(base, column).value:.3f}",
-                    fmt_signed(untrained),
-                    _side(untrained),
-                ]
+                at_start = evidence.column(base, column).value == evidence.column(start, column).value
+                side = OWN_START if at_start else _side(untrained)
+                because = NO_NUMBER
+                if not at_start:
+                    counts["untrained"][side].append(cell)
+                if side == BELOW:  # the start against the untrained checkpoint says which
+                    started = _side(evidence.column_difference(start, base, column))
+                    because = AT_START if started == BELOW else IN_FINE_TUNING
+                    counts["below_because"][because].append(cell)
+                cells += [f"{evidence.column(base, column).value:.3f}", fmt_signed(untrained), side, because]
             rows.append(md_row(cells))
     if not rows:
         return Starts("No run records every task's start (rerun the multitask stages).")
@@ -226,24 +251,30 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
         "(epoch 0: the heads fitted on the frozen encoder, nothing fine-tuned; a run that keeps "
         "epoch 0 was not helped by fine-tuning) and the untrained checkpoint (zero-shot: STS and "
         "Quora by the cosine of its sentence vectors, SST by its frozen probe, the SST head every "
-        "configuration starts from). Above / below: the interval lies above / below zero.",
+        "configuration starts from). Above / below: the interval lies above / below zero; "
+        f'"{OWN_START}": the untrained number is the run\'s own start (the SST probe), so the cell '
+        "is not counted against the untrained checkpoint. Below it through: where a run is below "
+        f'the untrained checkpoint, "{AT_START}" when its own start (its pair head fitted on the '
+        "frozen checkpoint: that head's frozen probe) is below it too, so the deficit is the head's "
+        f'form before any fine-tuning; "{IN_FINE_TUNING}" when the start was not below it.',
         "",
         *md_header(
             [
                 "Configuration",
                 "Column",
                 "Ours",
-                "Own start",
+                "Own start (its head's frozen probe)",
                 "Δ vs own start",
                 "",
                 "Untrained",
                 "Δ vs untrained",
                 "",
+                "Below it through",
             ]
         ),
         *rows,
     ]
-    return Starts("\n".join(lines), counts["own"], counts["untrained"])
+    return Starts("\n".join(lines), counts["own"], counts["untrained"], counts["below_because"])
 
 
 def describe_counts(counts: dict[str, list[str]]) -> str:
