@@ -29,7 +29,8 @@ from test_report import (
 from minbert import metrics
 from minbert.report import write_report
 from minbert.report.comparisons import seed_detectable
-from minbert.report.formatting import COLUMNS
+from minbert.report.formatting import COLUMNS, NO_NUMBER
+from minbert.report.studies import SEARCH_VARIES
 from minbert.results import read_result
 from minbert.tasks import MULTITASK_TASKS
 
@@ -286,8 +287,11 @@ def test_what_chose_what(tmp_path):
     assert "adamw lr 5e-05 (heads 0.001), × 0.9 per epoch" in cpu[2]
     assert gpu[1] == "SST 427, Quora 854, STS 427" and "adamw lr 7e-05 (heads 7e-05), constant" in gpu[2]
     assert scale_paper[1] == "SST 431, Quora 862, STS 431"
-    for row, scale in ((cpu, "cpu"), (gpu, "gpu"), (scale_paper, "paper")):
+    for row, scale in ((gpu, "gpu"), (scale_paper, "paper")):
         assert row[3] == paper["learning_rates"][scale]
+    # The scale that ran: what chose its rates, from the search's own file.
+    assert cpu[3].startswith("`minbert lr-search` on the validation split, never dev")
+    assert "adamaxw's on `best`, at settings not recorded (the file names its scale alone)" in cpu[3]
     assert "Dev is scored once per configuration" in section
     assert "the history's `dev_*` columns: SST 100, Quora 100, STS 100" in section
     assert "The epoch of each multitask run: the epoch with the best mean of SST MCC, Quora MCC" in section
@@ -301,6 +305,7 @@ def test_what_chose_what(tmp_path):
         "0.120",
         "216",
         "the chosen rates",
+        "settings not recorded (the file names its scale alone)",
     ]
     assert _row(section, "| `best` | adamaxw |")[3:] == [
         "0.300",
@@ -308,8 +313,9 @@ def test_what_chose_what(tmp_path):
         "**0.400**",
         "72",
         "not the chosen rates: adamaxw lr 5e-05, × 0.9 per epoch",
+        "settings not recorded (the file names its scale alone)",
     ]
-    assert _row(section, "| `concatenation` |")[-1] == "not run at `cpu`"
+    assert _row(section, "| `concatenation` |")[-2:] == ["not run at `cpu`", NO_NUMBER]
     assert "validation average" not in section
 
     # A search written before the selection score is an error, not a half-empty table.
@@ -689,3 +695,26 @@ def test_a_row_titled_for_settings_its_run_did_not_have_is_titled_by_what_ran(tm
     assert "this run differs: optimizer adamaxw (the row stands for adamw)" in text
     summary = _sections(text)["Summary"]
     assert "(ours ran as siamese concat(u, v), round-robin, AdamaxW, no SMART)" in summary
+
+
+def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
+    # The search records the settings each point ran at: the same as the tables' run of
+    # the configuration, the report says so; one changed (here the epochs, as when the
+    # scale changed after the search), it names what differs.
+    root = _outputs(tmp_path, ["baseline", "best"])
+    _ran_at(root, "best", 1e-4, 1e-3)
+    ran = read_result(root / "metrics" / "multitask" / "best.json")["settings"]
+    recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES}
+    point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"settings": recorded}
+    chosen = {"scale": "cpu", "config": "best", "optimizer": "adamaxw", "lr": 1e-4, "head_lr": 1e-3}
+    search = {"command": "minbert lr-search", "runs": [point], "chosen": {"cpu/best/adamaxw": chosen}}
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    section = _sections(report(root, tmp_path / "same"))["What chose what"]
+    assert _row(section, "| `best` | adamaxw |")[-1] == "the settings of the tables' run"
+    assert "adamaxw's on `best`, at the settings of the tables' run" in _row(section, "| `cpu` (")[3]
+    point["settings"] = recorded | {"epochs": recorded["epochs"] + 2}
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    section = _sections(report(root, tmp_path / "elsewhere"))["What chose what"]
+    said = _row(section, "| `best` | adamaxw |")[-1]
+    assert said == f"other settings: epochs {recorded['epochs'] + 2} (the run: {recorded['epochs']})"
+    assert f"at other settings: epochs {recorded['epochs'] + 2}" in _row(section, "| `cpu` (")[3]

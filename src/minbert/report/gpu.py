@@ -10,6 +10,7 @@ from pathlib import Path
 from minbert.gpu_study import GPU_RESULTS_DIR, named_files, ran_at
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
+from minbert.report.notes import with_facts
 from minbert.report.tables import multitask_table, table1
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
@@ -30,6 +31,7 @@ class GpuStudy:
     provenance: dict
     evidence: Evidence
     stale: dict[str, list[str]]  # each stage's code files changed since it ran (gpu_study.changed_code)
+    multitask_dir: Path  # its multitask runs' files (histories, for the notes' facts)
 
     def stale_note(self, stage: str) -> str | None:
         """What a row of ``stage`` says when its code changed after it ran."""
@@ -124,8 +126,9 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
     ]
     for number, name in enumerate(multitask_tables, start=2):
         if name in paper:
+            spec = with_facts(paper[name], study.multitask, study.multitask_dir)
             text, _ = multitask_table(
-                paper[name], study.multitask, study.evidence, study.zero_shot, row_notes=config_notes
+                spec, study.multitask, study.evidence, study.zero_shot, row_notes=config_notes
             )
             lines += [f"### GPU Table {number}: {paper[name]['title']}", "", text, ""]
     return lines

@@ -167,6 +167,12 @@ def _steps(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     )
 
 
+def _rates(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
+    if config not in runs:
+        return f"`{config}` has not been run"
+    return f"`{config}` {rates(runs[config]['settings'])}"
+
+
 def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     path = Path(multitask_dir) / f"{config}-history.csv"
     if config not in runs or not path.is_file():
@@ -187,10 +193,11 @@ FACTS = {
     "smart": _smart,
     "optimizers": _optimizers,
     "steps": _steps,
+    "rates": _rates,
     "cosine": _cosine,
     "warmup": _warmup,
 }
-PER_CONFIG = ("steps", "cosine")
+PER_CONFIG = ("steps", "rates", "cosine")
 FACT = re.compile(r"\{(\w+)(?: ([\w-]+))?\}")
 
 
@@ -207,3 +214,13 @@ def fill_facts(text: str, runs: dict[str, dict], multitask_dir: Path) -> str:
         return FACTS[fact](runs, multitask_dir, config)
 
     return FACT.sub(one, text)
+
+
+def with_facts(spec: dict, runs: dict[str, dict], multitask_dir: Path) -> dict:
+    """A table's spec from reference/paper.yaml with the facts of its rows' notes filled
+    from ``runs`` (``fill_facts``), so that no note says what the runs did not do."""
+    rows = [
+        {**row, "note": fill_facts(row["note"], runs, multitask_dir)} if row.get("note") else row
+        for row in spec["rows"]
+    ]
+    return {**spec, "rows": rows}

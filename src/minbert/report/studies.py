@@ -88,7 +88,8 @@ def selection_section(
                 rates({"optimizer": name, **spec}) for name, spec in sized["optimizers"].items()
             )
             label = f"`{scale}` (params.yaml)"
-        chosen_by = sources.get(scale, "not stated (reference/paper.yaml `learning_rates`)")
+        chosen_by = search_summary(lr_search, runs, scale) if scale in ran else None
+        chosen_by = chosen_by or sources.get(scale, "not stated (reference/paper.yaml `learning_rates`)")
         lines.append(md_row([label, validation, learning_rates, chosen_by.strip()]))
     dev_slice = usual({c: per_task(m["history_examples"]["dev"]) for c, m in runs.items()})
     lines += [
@@ -105,6 +106,54 @@ def selection_section(
 
 # A search point's score: its best epoch's validation selection score (SELECTION_MEAN).
 SEARCH_SCORE = f"validation_{SELECTION}"
+# What a search point varies, or trains without (minbert.tools.lr_search): left out of the
+# settings it records, and of their comparison with the runs it chose for.
+SEARCH_VARIES = ("lr", "head_lr", "seed", "test_predictions")
+
+
+def search_summary(study: dict | None, runs: dict[str, dict], scale: str) -> str | None:
+    """What chose the rates of the runs at ``scale``, from the search's own file: which
+    configuration each optimizer's rates were searched on, and at which settings; None
+    without a search at that scale."""
+    if study is None:
+        return None
+    points: dict[tuple[str, str], list[dict]] = {}
+    for p in study["runs"]:
+        if p["scale"] == scale:
+            points.setdefault((p["optimizer"], p["config"]), []).append(p)
+    if not points:
+        return None
+    said = "; ".join(
+        f"{optimizer}'s on `{config}`, at {searched_at(found, runs.get(config))}"
+        for (optimizer, config), found in sorted(points.items())
+    )
+    return f"`minbert lr-search` on the validation split, never dev (`metrics/lr-search.json`): {said}"
+
+
+def searched_at(points: list[dict], run: dict | None) -> str:
+    """Whether a configuration's search points ran at the settings of the tables' run of
+    it: the same, the settings that differ (searched, then run), or not recorded."""
+    if run is None:
+        return NO_NUMBER
+    recorded = [p.get("settings") for p in points]
+    if any(r is None for r in recorded):
+        return "settings not recorded (the file names its scale alone)"
+    ours = {k: v for k, v in run["settings"].items() if k not in SEARCH_VARIES}
+    differ = {}
+    for r in recorded:
+        differ |= {k: r.get(k) for k in sorted(r.keys() | ours.keys()) if r.get(k) != ours.get(k)}
+    if not differ:
+        return "the settings of the tables' run"
+    said = "; ".join(f"{k} {_short(v)} (the run: {_short(ours.get(k))})" for k, v in differ.items())
+    return f"other settings: {said}"
+
+
+def _short(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_short(v)}" for k, v in value.items())
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 LR_SEARCH_KEYS = ("scale", "config", "optimizer", "lr", "head_lr", SEARCH_SCORE, "optimizer_steps")
 
 
@@ -132,7 +181,9 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
         "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
         "lr) without scoring dev; a point scores the validation selection score of its best "
         f"epoch ({SELECTION_MEAN}, as the epochs are chosen); each searched configuration's best "
-        "point is **bold** (a tie keeps the smaller rates).",
+        "point is **bold** (a tie keeps the smaller rates). Searched at: whether its points ran "
+        "at the settings of the tables' run of it (the rates and seed apart), from the settings "
+        "each point records; a choice made at other settings may not be the best at these.",
         "",
         *md_header(
             [
@@ -142,6 +193,7 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
                 *(f"lr {lr:g}, heads {head:g}" for lr, head in grid),
                 "optimizer steps",
                 "The tables' run",
+                "Searched at",
             ]
         ),
     ]
@@ -152,8 +204,9 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
             text = f"{points[point][SEARCH_SCORE]:.3f}" if point in points else NO_NUMBER
             cells.append(f"**{text}**" if best and (best["lr"], best["head_lr"]) == point else text)
         steps = ", ".join(dict.fromkeys(f"{p['optimizer_steps']:,}" for p in points.values()))
+        run = runs.get(config) if runs.get(config, {}).get("scale") == scale else None
         row = [f"`{scale}`", f"`{config}`", optimizer, *cells, steps, _used(runs.get(config), scale, best)]
-        lines.append(md_row(row))
+        lines.append(md_row([*row, searched_at(list(points.values()), run)]))
     unsearched = [
         f"`{n}`" for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched
     ]

@@ -20,7 +20,7 @@ from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
 from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
-from minbert.report.notes import fill_facts
+from minbert.report.notes import fill_facts, with_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import provenance_section, setup_section
@@ -102,6 +102,7 @@ def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy 
         # number is recomputed from the node's predictions and must equal its metrics file's.
         evidence=Evidence(metrics_dir / GPU_PREDICTIONS, prepared_dir),
         stale=changed_code(provenance, sources),
+        multitask_dir=runs / "multitask",
     )
 
 
@@ -182,7 +183,8 @@ def write_report(
     tables, compared, shown = [], [], set()
     for number, name in enumerate(MULTITASK_TABLES, start=2):
         if name in paper:
-            text, differences = multitask_table(paper[name], multitask, evidence, zero_shot, seed_study)
+            spec = with_facts(paper[name], multitask, multitask_dir)
+            text, differences = multitask_table(spec, multitask, evidence, zero_shot, seed_study)
             tables += [f"## Table {number}: {paper[name]['title']}", "", text, ""]
             said = {(c.name, c.parent) for c in compared}  # a row in two tables counts once
             compared += [d for d in differences if (d.name, d.parent) not in said]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from minbert.atomic import atomic_write_text
@@ -19,6 +19,7 @@ from minbert.pipeline.multitask import load_tables
 from minbert.pipeline.params import load, multitask_settings
 from minbert.pipeline.schema import config_values
 from minbert.progress import console
+from minbert.report.studies import SEARCH_VARIES
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.multitask import train_multitask
@@ -94,7 +95,10 @@ def lr_search(
                 "head_lr": float(head_lr),
             }
             study["runs"] = [r for r in study["runs"] if {k: r.get(k) for k in key} != key]
-            study["runs"].append({**key, "seed": base.seed, **point})
+            # The settings it ran at, less what it searched: the report checks the tables'
+            # runs against them (a choice made at other settings says so).
+            ran_at = {k: v for k, v in asdict(settings).items() if k not in SEARCH_VARIES}
+            study["runs"].append({**key, "seed": base.seed, "settings": ran_at, **point})
             console.log(f"  validation selection score {point[SCORE]:.4f} (epoch {point['best_epoch']})")
         study["chosen"] = chosen(study["runs"])
         atomic_write_text(out, json.dumps(study, indent=2) + "\n")
