@@ -760,3 +760,13 @@ def test_a_run_below_the_untrained_checkpoint_says_whether_its_start_was_already
     assert _row(section, "| `best-adamw` | Quora acc |")[8:10] == ["below", "fine-tuning"]
     findings = " ".join(_sections(text)["Findings"].split())
     assert "(below already at the start, its head on the frozen encoder, in " in findings
+
+
+def test_the_committed_loss_logs_draw_a_curve_within_the_one_epoch():
+    # The cpu study trains one epoch: its loss plots are drawn from the loss every 16 steps.
+    for path in sorted((REPO / "metrics" / "multitask").glob("*-steps.csv")):
+        config = path.name[: -len("-steps.csv")]
+        log = pd.read_csv(path)
+        run = read_result(REPO / "metrics" / "multitask" / f"{config}.json")
+        assert run["epochs"] == 1 and len(log) >= run["steps"] // 16 >= 9, config
+        assert log.step.iloc[-1] == run["steps"] and log.notna().all().all(), config

@@ -82,7 +82,9 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict]:
         names = listed.stdout.splitlines() if listed.returncode == 0 else []
     out = {}
     for name in names:
-        if not (name.startswith(RUN_METRICS) or name == UNTRAINED) or is_record(name):
+        if not name.endswith(".json") or not (name.startswith(RUN_METRICS) or name == UNTRAINED):
+            continue
+        if is_record(name):
             continue
         if rev == WORKSPACE:
             text = (repo / name).read_text(encoding="utf-8")
