@@ -28,7 +28,7 @@ from test_report import (
 
 from minbert import metrics
 from minbert.report import write_report
-from minbert.report.comparisons import seed_detectable
+from minbert.report.comparisons import ran_at, seed_detectable, settings_digest
 from minbert.report.formatting import COLUMNS, NO_NUMBER
 from minbert.report.studies import SEARCH_VARIES
 from minbert.results import read_result
@@ -703,18 +703,44 @@ def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
     # scale changed after the search), it names what differs.
     root = _outputs(tmp_path, ["baseline", "best"])
     _ran_at(root, "best", 1e-4, 1e-3)
-    ran = read_result(root / "metrics" / "multitask" / "best.json")["settings"]
-    recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES}
-    point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"settings": recorded}
+    ran = ran_at(read_result(root / "metrics" / "multitask" / "best.json"))
+    recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES} | {"seed": 11711}
+    point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"ran_at": recorded}
     chosen = {"scale": "cpu", "config": "best", "optimizer": "adamaxw", "lr": 1e-4, "head_lr": 1e-3}
     search = {"command": "minbert lr-search", "runs": [point], "chosen": {"cpu/best/adamaxw": chosen}}
     (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
     section = _sections(report(root, tmp_path / "same"))["What chose what"]
     assert _row(section, "| `best` | adamaxw |")[-1] == "the settings of the tables' run"
     assert "adamaxw's on `best`, at the settings of the tables' run" in _row(section, "| `cpu` (")[3]
-    point["settings"] = recorded | {"epochs": recorded["epochs"] + 2}
+    point["ran_at"] = recorded | {"epochs": recorded["epochs"] + 2}
     (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
     section = _sections(report(root, tmp_path / "elsewhere"))["What chose what"]
     said = _row(section, "| `best` | adamaxw |")[-1]
     assert said == f"other settings: epochs {recorded['epochs'] + 2} (the run: {recorded['epochs']})"
     assert f"at other settings: epochs {recorded['epochs'] + 2}" in _row(section, "| `cpu` (")[3]
+
+
+def test_seeds_run_at_other_settings_than_the_tables_run_are_left_out_and_named(tmp_path):
+    # As after `dvc exp run -S optimizer=adamaxw`: `baseline` now runs AdamaxW, while the
+    # committed seed study's seeds of it ran AdamW (its recorded settings say so).
+    root = _outputs(tmp_path, ["baseline", "siamese-diff"])
+    directory = root / "metrics" / "multitask"
+    recorded = {
+        c: settings_digest(read_result(directory / f"{c}.json")) for c in ("baseline", "siamese-diff")
+    }
+    _write_seed_study(
+        root, {"baseline": {1: 0.40, 2: 0.41, 3: 0.42}, "siamese-diff": {1: 0.5, 2: 0.52, 3: 0.5}}
+    )
+    study = json.loads((root / "metrics" / "seed-study.json").read_text())
+    (root / "metrics" / "seed-study.json").write_text(json.dumps(study | {"settings": recorded}))
+    before = _sections(report(root, tmp_path / "same"))["Seed study"]
+    assert "Left out" not in before and "Not checked" not in before
+    settings = read_result(directory / "baseline.json")["settings"]
+    _edit(directory, "baseline", settings={**settings, "optimizer": "adamaxw"})
+    text = report(root, tmp_path / "other")
+    seeds = _sections(text)["Seed study"]
+    assert "Left out: the extra seeds of `baseline`, whose runs had other settings" in seeds
+    assert _row(seeds, "| `baseline` |")[COLUMNS.index("average") + 1].count("±") == 0  # its own seed alone
+    # No verdict rests on them: `siamese-diff` vs `baseline` is not checked over seeds.
+    table = _sections(text)["Table 3"]
+    assert "**" not in _row(table, "(`siamese-diff`)")[-1]

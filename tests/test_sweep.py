@@ -11,6 +11,7 @@ from conftest import tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
 from minbert.cores import threads_each
+from minbert.report.comparisons import settings_digest
 from minbert.tools.sweep import Run, aggregate, collect_runs, seed_study
 
 
@@ -99,6 +100,9 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     assert len(experiments) == 2
     for run in experiments:
         assert run.metrics["multitask/baseline"]["device"] == f"cpu ({threads_each(2)} threads)", run.name
+    # The settings its runs share (all but the seed), which the report checks the tables' run against.
+    shared = {settings_digest(run.metrics["multitask/baseline"]) for run in experiments}
+    assert study["settings"] == {"baseline": shared.pop()} and not shared
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
     # two seeds make up the one group.

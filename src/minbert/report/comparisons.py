@@ -6,6 +6,8 @@ otherwise marked with what it lacks (``MARKS_NOTE``)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -70,19 +72,47 @@ def interval_note(parent: str) -> str:
     return note.format(level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent)
 
 
+# What a multitask run's record states beside its `settings` that a choice depends on too.
+STATED_BESIDE = ("batch_size", "train_examples", "validation_examples")
+
+
+def ran_at(run: dict) -> dict:
+    """The settings a multitask run ran at, from its record (or a search point's, in the
+    same form): its `settings` (which hold no seed) and its batches and example counts."""
+    return {**run["settings"], **{k: run[k] for k in STATED_BESIDE}}
+
+
+def settings_digest(run: dict) -> str:
+    """``ran_at`` in a few characters: what the seed study records of each configuration."""
+    return hashlib.sha256(json.dumps(ran_at(run), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
     """The seed study's extra seeds with the tables' own seed taken from the current metrics
-    files (``runs``), per configuration and seed; ``seeds``: the extra seeds only."""
+    files (``runs``), per configuration and seed; ``seeds``: the extra seeds only. A
+    configuration whose extra seeds ran at other settings than its current run (the study
+    records them, ``settings``) keeps its own seed alone, and is named in ``other_settings``."""
     if study is None:
         return None
     own = {m["seed"] for m in runs.values()}
-    configs = {}
+    recorded = study.get("settings", {})
+    configs, other = {}, []
     for config, rows in study["configs"].items():
         kept = [r for r in rows if r["seed"] not in own]
+        if config in runs and config in recorded and recorded[config] != settings_digest(runs[config]):
+            other.append(config)
+            kept = []
         if config in runs:
             kept.append({"seed": runs[config]["seed"], **{c: runs[config][c] for c in COLUMNS}})
         configs[config] = sorted(kept, key=lambda r: r["seed"])
-    return {**study, "seeds": sorted(set(study["seeds"]) - own), "configs": configs}
+    unrecorded = [c for c in configs if c not in recorded]
+    return {
+        **study,
+        "seeds": sorted(set(study["seeds"]) - own),
+        "configs": configs,
+        "other_settings": other,
+        "settings_unrecorded": unrecorded,
+    }
 
 
 def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, list[float]] | None:

@@ -12,6 +12,7 @@ from minbert.report.comparisons import (
     POWER,
     budget_gap,
     level,
+    ran_at,
     seed_detectable,
     seed_differences,
     seed_interval,
@@ -107,8 +108,9 @@ def selection_section(
 # A search point's score: its best epoch's validation selection score (SELECTION_MEAN).
 SEARCH_SCORE = f"validation_{SELECTION}"
 # What a search point varies, or trains without (minbert.tools.lr_search): left out of the
-# settings it records, and of their comparison with the runs it chose for.
-SEARCH_VARIES = ("lr", "head_lr", "seed", "test_predictions")
+# settings it records (`ran_at`, as a run's record states them), and of their comparison
+# with the runs it chose for.
+SEARCH_VARIES = ("lr", "head_lr", "test_predictions")
 
 
 def search_summary(study: dict | None, runs: dict[str, dict], scale: str) -> str | None:
@@ -132,16 +134,19 @@ def search_summary(study: dict | None, runs: dict[str, dict], scale: str) -> str
 
 def searched_at(points: list[dict], run: dict | None) -> str:
     """Whether a configuration's search points ran at the settings of the tables' run of
-    it: the same, the settings that differ (searched, then run), or not recorded."""
+    it (``ran_at``, the rates apart): the same, those that differ (searched, then run),
+    or not recorded."""
     if run is None:
         return NO_NUMBER
-    recorded = [p.get("settings") for p in points]
+    recorded = [p.get("ran_at") for p in points]
     if any(r is None for r in recorded):
         return "settings not recorded (the file names its scale alone)"
-    ours = {k: v for k, v in run["settings"].items() if k not in SEARCH_VARIES}
+    # Every setting the run's record states (a point also records some it does not: the
+    # history's slices, the seed, which the search file states apart).
+    ours = {k: v for k, v in ran_at(run).items() if k not in SEARCH_VARIES}
     differ = {}
     for r in recorded:
-        differ |= {k: r.get(k) for k in sorted(r.keys() | ours.keys()) if r.get(k) != ours.get(k)}
+        differ |= {k: r.get(k) for k in sorted(ours) if r.get(k) != ours[k]}
     if not differ:
         return "the settings of the tables' run"
     said = "; ".join(f"{k} {_short(v)} (the run: {_short(ours.get(k))})" for k, v in differ.items())
@@ -278,6 +283,22 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
         f"({study['how']}).",
         "",
     ]
+    if study.get("other_settings"):
+        lines += [
+            "Left out: the extra seeds of "
+            + ", ".join(f"`{c}`" for c in study["other_settings"])
+            + ", whose runs had other settings than the tables' run (the study records each "
+            "configuration's): their rows below hold the tables' own seed alone, and no verdict "
+            "rests on those seeds.",
+            "",
+        ]
+    if study.get("settings_unrecorded"):
+        lines += [
+            "Not checked against the tables' runs (the study does not record their settings): "
+            + ", ".join(f"`{c}`" for c in study["settings_unrecorded"])
+            + ".",
+            "",
+        ]
     lines += md_header(
         [
             "Configuration",

@@ -47,6 +47,18 @@ def search_point(settings, checkpoint_dir: Path, tables, device, features=None) 
         SCORE: best[SELECTION],
         f"{SCORE}_per_epoch": [epoch.validation[SELECTION] for epoch in result.history],
         "optimizer_steps": result.optimizer_steps,
+        # The settings it ran at (less what the search varies), its rows counted as a run's
+        # record counts them: the report checks the runs it chose for against them. Through
+        # JSON, as a record holds them (a tuple reads back as a list).
+        "ran_at": json.loads(
+            json.dumps(
+                {
+                    **{k: v for k, v in asdict(settings).items() if k not in SEARCH_VARIES},
+                    "train_examples": result.train_examples,
+                    "validation_examples": result.validation_examples,
+                }
+            )
+        ),
     }
 
 
@@ -95,10 +107,7 @@ def lr_search(
                 "head_lr": float(head_lr),
             }
             study["runs"] = [r for r in study["runs"] if {k: r.get(k) for k in key} != key]
-            # The settings it ran at, less what it searched: the report checks the tables'
-            # runs against them (a choice made at other settings says so).
-            ran_at = {k: v for k, v in asdict(settings).items() if k not in SEARCH_VARIES}
-            study["runs"].append({**key, "seed": base.seed, "settings": ran_at, **point})
+            study["runs"].append({**key, "seed": base.seed, **point})
             console.log(f"  validation selection score {point[SCORE]:.4f} (epoch {point['best_epoch']})")
         study["chosen"] = chosen(study["runs"])
         atomic_write_text(out, json.dumps(study, indent=2) + "\n")

@@ -269,6 +269,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     from minbert.cores import side_by_side
     from minbert.pipeline.params import load
     from minbert.progress import console
+    from minbert.report.comparisons import settings_digest
 
     params = load(repo / "params.yaml")
     study = params["seed_study"]
@@ -291,14 +292,23 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     lock_file = repo / "dvc.lock"
     lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
     lock = lock.get("stages", {})
-    configs = seed_study(collect_runs(repo, ["HEAD", *baselines]), params, study["configs"], lock)
+    runs = collect_runs(repo, ["HEAD", *baselines])
+    configs = seed_study(runs, params, study["configs"], lock)
+    # Each configuration's settings (its record's, which hold no seed): one value, as every
+    # run counted has the same parameters but the seed; the report checks its runs against it.
+    by_name = {r.name: r for r in runs}
+    settings = {
+        config: settings_digest(by_name[rows[0]["run"]].metrics[f"multitask/{config}"])
+        for config, rows in configs.items()
+    }
     result = {
         "command": SEED_STUDY_COMMAND,
         "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
         "`seed_study.seeds` and runs the queue; the pipeline's own seed is not copied here "
         "(the report reads it from the current metrics files)",
-        "seeds": sorted({r["seed"] for runs in configs.values() for r in runs}),
+        "seeds": sorted({r["seed"] for rows in configs.values() for r in rows}),
         "configs": configs,
+        "settings": settings,
     }
     atomic_write_text(repo / out, json.dumps(result, indent=2) + "\n")
     return result
