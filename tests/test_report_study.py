@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import REPO
 from test_report import (
     CONFIGS,
     PAPER,
@@ -28,11 +29,23 @@ from test_report import (
 
 from minbert import metrics
 from minbert.report import write_report
-from minbert.report.comparisons import ran_at, seed_detectable, settings_digest
-from minbert.report.formatting import COLUMNS, NO_NUMBER
+from minbert.report.comparisons import (
+    BUDGETS_DIFFER,
+    SHOWN,
+    UNCONFIRMED,
+    VERDICTS,
+    WITHIN_NOISE,
+    ran_at,
+    seed_detectable,
+    settings_digest,
+)
+from minbert.report.first_page import whole_report
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER
 from minbert.report.studies import SEARCH_VARIES
+from minbert.report.summary import beside_the_paper
+from minbert.report.writer import SENTIMENT_KEYS, gpu_study, load_runs
 from minbert.results import read_result
-from minbert.tasks import MULTITASK_TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 DIFFERENCE = re.compile(r"^[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]")
 
@@ -98,31 +111,32 @@ def test_a_sign_that_holds_with_every_seed_is_not_bold_when_the_interval_over_se
     delta = _row(table4, "(`best-adamw`)")[-1]
     assert _excludes_zero(delta), delta  # the dev interval alone would have made it bold
     assert not delta.startswith("**") and delta.endswith(" †"), delta
-    assert "interval excludes zero, but the interval over 3 seeds does not: " in table4
-    assert "- `best-adamw` vs `best`: distinguishable" not in table4
-    verdict = (
-        "- `best-adamw` vs `best`: the interval over 3 seeds contains zero: the seeds do not separate them"
-    )
+    clause = next(x for x in table4.splitlines() if x.startswith("- `best-adamw` vs `best`: "))
+    assert re.search(r"Average \S+ \[\S+, \S+\]: not confirmed by the seeds \(over 3 seeds ", clause), clause
+    # The seed study says the same of it: one record, one verdict.
     said = _sections(text)["Seed study"]
-    assert verdict in said
-    # So scattered that no difference this size could be told from zero by 3 seeds.
+    (seed_line,) = [x for x in said.splitlines() if x.startswith("- `best-adamw` vs `best`: ")]
+    assert seed_line.split(": ", 1)[1].removesuffix(".") in clause
+    # So scattered that the seeds rule out little: their interval is stated, not a verdict
+    # on the size the seeds could have detected (a planning figure in its own column).
     diffs = [0.51 - 0.5, 1.1 - 0.5, own]
     detectable = seed_detectable(diffs)
     assert detectable > abs(statistics.mean(diffs))
-    assert f"below the {detectable:.3f} they could detect: not measurable at this budget)." in said
-    assert _row(table4, "| `best-adamw` |")[-1] == f"{detectable:.3f}"
+    assert "which rules out a difference below" in seed_line and "measurable" not in text
+    assert _row(said, "| `best-adamw` |")[-1] == f"{detectable:.3f}"
 
-    # The same dev interval, with per-seed differences close to the own seed's, is distinguishable.
+    # The same dev interval, with per-seed differences close to the own seed's, is shown.
     _write_seed_study(
         root, {"best": {1: 0.5, 2: 0.5}, "best-adamw": {1: 0.5 + own + 0.01, 2: 0.5 + own - 0.01}}
     )
     text = report(root, tmp_path / "tight")
     table4 = _sections(text)["Table 4"]
     assert _row(table4, "(`best-adamw`)")[-1] == f"**{delta.removesuffix(' †')}**"
-    assert "- `best-adamw` vs `best`: distinguishable (the interval over 3 seeds excludes zero): " in table4
-    assert "so does the paired interval over seeds, and the budgets are equal" in table4  # the lead
+    clause = next(x for x in table4.splitlines() if x.startswith("- `best-adamw` vs `best`: "))
+    assert re.search(r"Average \S+ \[\S+, \S+\]: shown \(over 3 seeds \S+ \[\S+, \S+\], p ", clause), clause
+    assert "(one comparison)" in clause  # the family: the comparisons with `best`, one here
     assert "so does the paired 95% interval over seeds" in _sections(text)["How to read the tables"]
-    assert "(distinguishable: the interval over 3 seeds, +" in _sections(text)["Findings"]
+    assert "as shown (bold) in 1 (`best-adamw` vs `best`)" in _sections(text)["Findings"]
 
 
 def test_a_row_with_other_steps_is_not_bold_even_when_the_seeds_separate_it(tmp_path):
@@ -138,11 +152,12 @@ def test_a_row_with_other_steps_is_not_bold_even_when_the_seeds_separate_it(tmp_
     # PCGrad makes one step where round-robin makes three, on the same examples.
     assert _row(table2, "(`best`)")[-2] == "60 / 4,320"
     assert _row(table2, "(`baseline`)")[-2] == "180 / 4,320"
+    clause = next(x for x in table2.splitlines() if x.startswith("- `best` vs `baseline`: "))
     assert (
-        "- `best` vs `baseline` (budgets differ: 60 optimizer steps against 180; the same 4,320 "
-        "training examples seen): interval excludes zero and so does the interval over 4 seeds, "
-        "but the budgets differ: "
-    ) in table2
+        ": budgets differ (60 optimizer steps against 180, the same 4,320 training examples seen, "
+        "over 4 seeds "
+    ) in clause
+    assert ": shown" not in clause
 
 
 def test_every_multitask_table_shows_steps_and_examples(tmp_path):
@@ -279,7 +294,7 @@ def test_what_chose_what(tmp_path):
     write_report(
         root / "metrics", root / "predictions", root / "prepared", PAPER, tmp_path / "r", _params(tmp_path)
     )
-    section = _sections((tmp_path / "r" / "README.md").read_text())["What chose what"]
+    section = _sections(whole_report(tmp_path / "r"))["What chose what"]
     paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
     # The scale that ran: its metrics (validation 60 per task); the others: params.yaml.
     cpu, gpu, scale_paper = (_row(section, f"| `{s}` (") for s in ("cpu", "gpu", "paper"))
@@ -413,7 +428,9 @@ def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
     # Far better predictions, outside zero, but half the steps (no seed study covers MLM).
     delta = rows[1].strip("| ").split(" | ")[-1]
     assert _excludes_zero(delta) and delta.endswith(" ‡"), delta
-    assert "- `continue-baseline` vs `baseline` (budgets differ: 90 optimizer steps against 180" in section
+    assert re.search(
+        r"- `continue-baseline` vs `baseline`: .*: budgets differ \(90 optimizer steps against 180", section
+    )
 
 
 def _mlm_study(root: Path, baseline_then: dict) -> None:
@@ -469,7 +486,7 @@ def test_mlm_section_without_runs_or_study_says_how_to_run_it(tmp_path):
 
 
 def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
-    from minbert.report.tables import smart_collapse_section
+    from minbert.report.detectable import smart_collapse_section
 
     def epoch(e, mcc):
         return {"epoch": e, "validation": {"quora_mcc": mcc}} | (
@@ -495,7 +512,7 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
 
 
 def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
-    from minbert.report.tables import cross_cpu_section
+    from minbert.report.provenance import cross_cpu_section
 
     measurement = {
         "machine": {"cpu": "AMD EPYC"},
@@ -555,10 +572,10 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
     summed = _row(section, "`best-summed` vs `best`")
     own = _own_gap(root, "best-summed", "best")
     diffs = [0.03, -0.03, 0.01, own]
-    assert summed[2] == f"{statistics.mean(diffs):+.3f} (4 seeds)"
-    assert summed[3] == f"{seed_detectable(diffs):.3f}"
-    measurable = abs(statistics.mean(diffs)) >= seed_detectable(diffs)
-    assert summed[4] == ("measurable" if measurable else "not measurable at this budget")
+    assert summed[2].startswith(f"{statistics.mean(diffs):+.3f} [") and summed[2].endswith("(4 seeds)")
+    assert summed[5] == f"{seed_detectable(diffs):.3f}"  # a planning figure, beside the verdict
+    assert summed[4] in VERDICTS
+    assert "measurable" not in section
     assert (
         "- PCGrad (`best-summed` vs `best`" in section
         and "task-gradient cosines over 60 steps: mean" in section
@@ -570,24 +587,25 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
 
 
 def test_the_report_opens_with_the_papers_headline_rows_and_what_the_budget_can_show(tmp_path):
-    """The first section: Table 2's rows beside the paper's (the README's block), the
-    count against each run's start, and every comparison under the verdict the budget
-    section gives it."""
+    """The first page: the summary (the count against each run's start, every comparison
+    with the verdict the budget page gives it), then Table 2's rows beside the paper's."""
     root = _studied(tmp_path)
-    text = report(root, tmp_path / "r")
-    assert next(line for line in text.splitlines() if line.startswith("## ")) == "## Summary"
-    summary, budget = _sections(text)["Summary"], _sections(text)["What this budget can and cannot detect"]
+    report(root, tmp_path / "r")
+    first = (tmp_path / "r" / "README.md").read_text(encoding="utf-8")
+    assert next(line for line in first.splitlines() if line.startswith("## ")) == "## Summary"
+    summary = _sections(first)["Summary"]
+    budget = _sections(whole_report(tmp_path / "r"))["What this budget can and cannot detect"]
+    table2 = _sections(first)["Table 2"]
     paper = yaml.safe_load(PAPER.read_text(encoding="utf-8"))
     for row in paper["table2"]["rows"]:
         published = [(row.get("paper") or {}).get(c) for c in COLUMNS]
         if row["config"] in STUDIED and None not in published:
-            assert _row(summary, f"`{row['config']}`, the paper")[1:] == [f"{v:.3f}" for v in published]
-            assert f"| `{row['config']}`, ours |" in summary
+            assert _row(table2, f"(`{row['config']}`)")[-4:] == [f"{v:.3f}" for v in published]
     assert "against its own start (epoch 0), above in " in summary
-    measurable, _, below = summary.partition("Not measurable at this budget")
     for comparison in ("`best` vs `baseline`", "`best-summed` vs `best`", "`best-no-smart` vs `best`"):
         verdict = _row(budget, comparison)[4]
-        assert comparison in (measurable if verdict.startswith("measurable") else below), comparison
+        line = next(x for x in summary.splitlines() if x.startswith(f"- {comparison}: Average "))
+        assert f": {verdict} (" in line, (comparison, verdict, line)
 
 
 def _gpu_study(root: Path, configs: list[str]) -> None:
@@ -649,11 +667,31 @@ def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_call
     gpu_table = section.split("### GPU Table 2")[1].split("### GPU Table 3")[0]
     assert _row(gpu_table, "`baseline`")[:5] == _row(cpu_table, "`baseline`")[:5]
     assert _row(gpu_table, "`best`")[1] == "not run"
-    # The summary's rows beside the paper: `baseline` on the GPU too, `best` not yet.
-    summary = cpu["Summary"]
+    # The headline rows beside the paper (the README's block): `baseline` on the GPU too, `best` not yet.
+    summary = _headline(root)
     assert _row(summary, "`baseline`, ours on a GPU")[1:] == _row(summary, "`baseline`, ours")[1:]
     assert not [line for line in summary.splitlines() if "`best`, ours on a GPU" in line]
     assert "Ours on a GPU:" in summary and "on NVIDIA H100 80GB HBM3" in summary
+    # The first page's Table 2: the GPU's numbers beside ours, `best` not run there.
+    first = _sections((tmp_path / "report" / "README.md").read_text(encoding="utf-8"))["Table 2"]
+    baseline = _row(first, "(`baseline`)")
+    assert baseline[1:5] == baseline[6:10] and _row(first, "(`best`)")[6] == "not run"
+
+
+def _headline(root: Path) -> str:
+    """The headline rows beside the paper and their prose, as the README's block has them."""
+    metrics = root / "metrics"
+    on_gpu = gpu_study(metrics, root / "prepared", root)
+    tables, prose = beside_the_paper(
+        {m["config"]: m for m in load_runs(metrics / "multitask")},
+        load_runs(metrics / "sentiment", SENTIMENT_KEYS),
+        yaml.safe_load(PAPER.read_text(encoding="utf-8")),
+        on_gpu.multitask,
+        on_gpu.sentiment,
+        on_gpu.provenance,
+        on_gpu.stale,
+    )
+    return "\n".join([*tables, "", prose])
 
 
 def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
@@ -661,19 +699,25 @@ def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     _gpu_study(root, ["baseline"])
     sections = _sections(report(root, tmp_path / "current"))
     assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | none |" in sections["On a GPU"]
-    assert "Stale" not in sections["On a GPU"] and "stale" not in sections["Summary"]
-    assert _row(sections["Summary"], "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d)"
+    assert "Stale" not in sections["On a GPU"] and "stale" not in _headline(root)
+    assert "(stale)" not in _row(sections["Table 2"], "(`baseline`)")[9]  # the first page's GPU average
+    assert _row(_headline(root), "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d)"
     (root / GPU_CODE).write_text("# the step as it is now\n")  # its hash is not the one it ran with
-    sections = _sections(report(root, tmp_path / "stale"))
-    section, summary = sections["On a GPU"], sections["Summary"]
+    report(root, tmp_path / "stale")
+    sections = _sections(whole_report(tmp_path / "stale"))
+    section = sections["On a GPU"]
     assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | `multitask_step.py` |" in section
     table = section.split("### GPU Table 2")[1].split("### GPU Table 3")[0]
     label = _row(table, "(`baseline`)")[0]
     note = re.search(r"\[(\d+)\]$", label).group(1)
     assert f"- [{note}] " in table and "Stale: `multitask@baseline` ran at aebbd8d; since then " in table
     assert "`multitask_step.py` changed" in table
+    first = _sections((tmp_path / "stale" / "README.md").read_text(encoding="utf-8"))
+    assert _row(first["Table 2"], "(`baseline`)")[9].endswith(" (stale)")
+    summary = _headline(root)
     assert _row(summary, "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d, stale)"
     assert "A GPU row marked stale ran at the commit it names" in summary
+    assert "A GPU row marked stale ran at the commit it names" in first["Summary"]
 
 
 def test_a_row_titled_for_settings_its_run_did_not_have_is_titled_by_what_ran(tmp_path):
@@ -689,12 +733,11 @@ def test_a_row_titled_for_settings_its_run_did_not_have_is_titled_by_what_ran(tm
         for line in text.splitlines()
         if line.startswith("| ") and "(`baseline`)" in line.split(" | ")[0]
     ]
-    assert len(titles) == 2  # Tables 2 and 3
+    assert len(titles) == 4  # Tables 2 and 3, on the first page and in full
     for title in titles:
         assert "AdamaxW" in title and "AdamW" not in title, title
     assert "this run differs: optimizer adamaxw (the row stands for adamw)" in text
-    summary = _sections(text)["Summary"]
-    assert "(ours ran as siamese concat(u, v), round-robin, AdamaxW, no SMART)" in summary
+    assert "(ours ran as siamese concat(u, v), round-robin, AdamaxW, no SMART)" in _sections(text)["Summary"]
 
 
 def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
@@ -744,3 +787,121 @@ def test_seeds_run_at_other_settings_than_the_tables_run_are_left_out_and_named(
     # No verdict rests on them: `siamese-diff` vs `baseline` is not checked over seeds.
     table = _sections(text)["Table 3"]
     assert "**" not in _row(table, "(`siamese-diff`)")[-1]
+
+
+# ----------------------------------------------------------------------------- one verdict
+
+_SIGNED = r"([+-]\d\.\d{3}) \[([+-]\d\.\d{3,}), ([+-]\d\.\d{3,})\]"
+_CELL = re.compile(rf"^(\*\*)?{_SIGNED}(\*\*)?(?: ([†‡]))?$")
+_CLAUSE = re.compile(rf"^({'|'.join(COLUMN_TITLES.values())}) {_SIGNED}: ({'|'.join(VERDICTS)})\b")
+_DELTA_HEADER = re.compile(rf"^(GPU )?Δ ({'|'.join(COLUMN_TITLES.values())}|average) vs `([\w-]+)`$")
+_MARKS = {("**", ""): SHOWN, ("", "†"): UNCONFIRMED, ("", "‡"): BUDGETS_DIFFER, ("", ""): WITHIN_NOISE}
+
+
+def _excludes(low: str, high: str) -> bool:
+    return float(low) > 0 or float(high) < 0
+
+
+def verdicts_in(pages: dict[str, str]) -> tuple[dict[tuple, set[str]], list[str]]:
+    """Every verdict the report's pages give a comparison, keyed by (scale, name, parent,
+    column), read from the tables' marks, the sentences and the budget page's column; and
+    every mark or verdict that contradicts its own interval."""
+    found: dict[tuple, set[str]] = {}
+    wrong: list[str] = []
+    titles = {v: k for k, v in COLUMN_TITLES.items()} | {"average": AVERAGE}
+    for page, text in pages.items():
+        scale, header = ("gpu" if page == "gpu.md" else "cpu"), None
+        for line in text.splitlines():
+            if line.startswith("#"):
+                scale = "gpu" if page == "gpu.md" or "GPU" in line else "cpu"
+            if not line.startswith("|"):
+                header = None
+                for m in re.finditer(rf"(\*\*)?{_SIGNED}(\*\*)?(?: ([†‡]))", line):
+                    if not _excludes(m[3], m[4]):
+                        wrong.append(f"{page}: {m[0]} marked, its interval contains zero")
+            sentence = re.match(r"- `([\w-]+)` vs `([\w-]+)`: ", line)
+            if sentence:
+                name, parent = sentence.groups()
+                for clause in line.split(": ", 1)[1].split("; "):
+                    m = _CLAUSE.match(clause)
+                    if m:
+                        found.setdefault((scale, name, parent, titles[m[1]]), set()).add(m[5])
+                        if (m[5] == WITHIN_NOISE) == _excludes(m[3], m[4]):
+                            wrong.append(f"{page}: {clause}")
+            for m in re.finditer(rf"\(`([\w-]+)` vs `([\w-]+)`, ({'|'.join(VERDICTS)})\)", line):
+                found.setdefault((scale, m[1], m[2], AVERAGE), set()).add(m[3])
+            if not line.startswith("|"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if header is None:
+                header = cells
+                continue
+            if set(line) <= set("|-"):
+                continue
+            names = re.findall(r"`([\w-]+)`", cells[0])
+            for title, cell in zip(header, cells):
+                m = _CELL.match(cell)
+                if m is None:
+                    continue
+                mark = _MARKS.get((m[1] or "", m[6] or ""))
+                # A mark on an interval that contains zero; no mark where a difference from
+                # a parent (a verdict's column) excludes it.
+                verdicts = bool(re.match(r"^(GPU )?Δ .*(vs `|full − last layer)", title))
+                if (
+                    mark is None
+                    or (mark != WITHIN_NOISE or verdicts)
+                    and (mark == WITHIN_NOISE) == _excludes(m[3], m[4])
+                ):
+                    wrong.append(f"{page}: {cells[0]} {title}: {cell}")
+                h = _DELTA_HEADER.match(title)
+                if h and names:
+                    key = ("gpu" if h[1] or scale == "gpu" else "cpu", names[-1], h[3], titles[h[2]])
+                    found.setdefault(key, set()).add(mark)
+            if "Verdict" in header and len(names) == 2:
+                verdict = cells[header.index("Verdict")]
+                found.setdefault((scale, names[0], names[1], AVERAGE), set()).add(verdict)
+    return found, wrong
+
+
+def _pages(directory: Path) -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(Path(directory).glob("*.md"))}
+
+
+def _one_verdict_each(directory: Path) -> dict[tuple, set[str]]:
+    found, wrong = verdicts_in(_pages(directory))
+    assert not wrong, wrong
+    two = {key: said for key, said in found.items() if len(said) > 1}
+    assert not two, two
+    for text in _pages(directory).values():
+        assert not re.search(r"\bdistinguishable\b|\bmeasurable\b", text)  # the old verdicts' words
+    return found
+
+
+def test_every_page_gives_each_comparison_one_verdict_that_its_marks_agree_with(tmp_path):
+    root = _studied(tmp_path)
+    report(root, tmp_path / "r")
+    found = _one_verdict_each(tmp_path / "r")
+    # Each comparison is read in the tables, the summary, the seed study and the budget page.
+    assert len(found[("cpu", "best-summed", "best", AVERAGE)]) == 1
+    pages = _pages(tmp_path / "r")
+    assert sum("`best-summed` vs `best`" in text for text in pages.values()) >= 3
+    # A verdict changed in one place only is caught, and so is a mark its interval denies.
+    said = re.search(r": (within dev noise|not confirmed by the seeds|budgets differ) \(", pages["seeds.md"])[
+        1
+    ]
+    changed = {**pages, "seeds.md": pages["seeds.md"].replace(f": {said} (", ": shown (", 1)}
+    assert any(len(v) > 1 for v in verdicts_in(changed)[0].values())
+    unmarked = {**pages, "tables.md": re.sub(r"(\d\]) [†‡]", r"\1", pages["tables.md"], count=1)}
+    assert verdicts_in(unmarked)[1]
+    bold = {**pages, "tables.md": pages["tables.md"].replace("| +0.000 [-", "| **+0.000 [-", 1)}
+    assert bold == pages or verdicts_in(bold)[1]
+
+
+def test_the_committed_report_gives_each_comparison_one_verdict_on_a_first_page_of_15_kb():
+    directory = REPO / "report"
+    found = _one_verdict_each(directory)
+    assert ("cpu", "siamese-diff", "baseline", AVERAGE) in found
+    first = (directory / "README.md").read_text(encoding="utf-8")
+    assert len(first.encode()) <= 15_000, len(first.encode())
+    table2 = next(i for i, line in enumerate(first.splitlines()) if line.startswith("## Table 2"))
+    assert table2 < 60, table2

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy import stats
 
@@ -42,23 +42,31 @@ INTERVAL_NOTE = (
 UNSETTLED, UNEQUAL = "†", "‡"
 
 
+# The one verdict each paired difference gets (Compared.verdict), written the same way in
+# every table cell, sentence and page that mentions it (Compared.cell, Compared.clause).
+SHOWN = "shown"  # bold
+UNCONFIRMED = "not confirmed by the seeds"  # †
+BUDGETS_DIFFER = "budgets differ"  # ‡
+WITHIN_NOISE = "within dev noise"  # unmarked
+VERDICTS = (SHOWN, UNCONFIRMED, BUDGETS_DIFFER, WITHIN_NOISE)
+
+
 MARKS_NOTE = (
-    "**Bold**: distinguishable: the interval excludes zero, so does the paired {level} interval "
-    "over seeds (the row's number minus its parent's, seed by seed, for every seed of the seed "
-    "study both were trained with, the tables' own seed included: mean ± t · sd / √n, from at "
-    f'least {MIN_SEEDS} seeds; section "Seed study"), and both rows had the same training budget '
-    f"(optimizer steps and training examples seen). {UNSETTLED}: the interval excludes zero, "
-    "but the interval over seeds does not, or was not computed (the pair shares fewer than "
-    f"{MIN_SEEDS} seeds of the seed study): one seed's training run may be all that separates "
-    f"them. {UNEQUAL}: the interval excludes zero, but the row made a different number of "
-    "optimizer steps, or saw different training examples, than its parent: the difference may "
-    "be the budget's, whatever the seeds say. Differences whose interval contains zero "
-    "are unmarked: not distinguishable on these dev sets, and the table does not rank them."
+    "Each difference gets one verdict, the same wherever it appears. **Bold**, "
+    f"{SHOWN}: its interval excludes zero, so does the paired {{level}} interval over seeds "
+    "(the row's number minus its parent's, seed by seed, for every seed of the seed study both "
+    "were trained with, the tables' own seed included: mean ± t · sd / √n, from at least "
+    f"{MIN_SEEDS} seeds), on the same side, and the seeds' paired t-test stays below "
+    "{alpha} after Holm's adjustment over the comparisons with the same parent (Tables 2 and 3 "
+    "share `baseline`), column by column; and both rows had the same training budget (optimizer "
+    f"steps and training examples seen). {UNSETTLED}, {UNCONFIRMED}: the interval excludes zero, "
+    "but the seeds do not confirm it, or were not run for the pair: one seed's training run "
+    f"may be all that separates them. {UNEQUAL}, {BUDGETS_DIFFER}: the interval excludes zero, "
+    "but the row made a different number of optimizer steps, or saw different training "
+    "examples, than its parent: the difference may be the budget's, whatever the seeds say. "
+    f"Unmarked, {WITHIN_NOISE}: the interval contains zero. Where the seeds ran, what their "
+    "interval rules out is stated beside the verdict."
 )
-
-
-# The verdicts on one paired difference (Comparison.verdict).
-HOLDS, WITHIN_SEEDS, UNCHECKED, CONTAINS_ZERO = "holds", "within seeds", "unchecked", "contains zero"
 
 
 def level() -> str:
@@ -66,10 +74,17 @@ def level() -> str:
     return f"{scoring.CONFIDENCE:.0%}"
 
 
+def alpha() -> float:
+    """The level a seed test's adjusted p must stay below: 1 − the intervals' confidence."""
+    return round(1 - scoring.CONFIDENCE, 10)
+
+
 def interval_note(parent: str) -> str:
     """The note under a table whose differences are ours minus ``parent``."""
     note = INTERVAL_NOTE + MARKS_NOTE
-    return note.format(level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent)
+    return note.format(
+        level=level(), resamples=scoring.BOOTSTRAP_RESAMPLES, parent=parent, alpha=f"{alpha():g}"
+    )
 
 
 # What a multitask run's record states beside its `settings` that a choice depends on too.
@@ -148,6 +163,33 @@ def seed_detectable(differences: list[float]) -> float | None:
     return float(t * statistics.stdev(differences) / math.sqrt(n))
 
 
+def seed_p(differences: list[float]) -> float | None:
+    """The two-sided paired t-test's p over seeds that the per-seed differences' mean is
+    zero (n − 1 degrees of freedom); None from fewer than ``MIN_SEEDS`` seeds."""
+    n = len(differences)
+    if n < MIN_SEEDS:
+        return None
+    mean, sd = statistics.mean(differences), statistics.stdev(differences)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def fmt_p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def holm(ps: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family's p values (None: not tested, not counted)."""
+    tested = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    adjusted: list[float | None] = [None] * len(ps)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
 def examples(run: dict) -> int:
     """The training examples a run consumed over all epochs (all tasks together)."""
     seen = run["examples_seen"]
@@ -172,7 +214,7 @@ def budget_gap(run: dict, parent: dict) -> str | None:
         words.append(f"{total:,} training examples seen against {parent_total:,}")
     else:
         words.append(f"training examples seen {per_task(seen)} against {per_task(parent_seen)}")
-    return "; ".join(words)
+    return ", ".join(words)
 
 
 def fmt_budget(run: dict) -> str:
@@ -183,11 +225,14 @@ def fmt_budget(run: dict) -> str:
 @dataclass(frozen=True)
 class Comparison:
     """What a row's paired differences from its parent are judged with: each column's
-    per-seed differences in the seed study (None: no study, ``seed_differences``) and
-    how the two rows' training budgets differ (None: the same, ``budget_gap``)."""
+    per-seed differences in the seed study (None: no study, ``seed_differences``), how the
+    two rows' training budgets differ (None: the same, ``budget_gap``), and each column's
+    seed p after Holm's adjustment within its family (``judge``; the family's size)."""
 
     seeds: dict[str, list[float]] | None = None
     budget: str | None = None
+    adjusted: dict[str, float | None] | None = None
+    family: int = 1
 
     def over_seeds(self, column: str) -> Interval | None:
         """The column's paired interval over seeds; None when not computed."""
@@ -198,53 +243,109 @@ class Comparison:
         return len(self.seeds[AVERAGE]) if self.seeds else 0
 
     def detectable(self, column: str) -> float | None:
-        """The smallest difference the seed study could detect in the column; None
-        without one."""
+        """The smallest difference the seed study could detect in the column (a planning
+        figure: it judges no observed difference); None without one."""
         return None if self.seeds is None else seed_detectable(self.seeds[column])
 
-    def measurable(self, value: float, column: str) -> bool | None:
-        """Whether a difference of ``value`` is at least what the seeds could detect;
-        None without a seed study."""
-        detectable = self.detectable(column)
-        return None if detectable is None else abs(value) >= detectable
+    def p(self, column: str) -> float | None:
+        return None if self.seeds is None else seed_p(self.seeds[column])
+
+    def p_adjusted(self, column: str) -> float | None:
+        """The seed p adjusted within the family; unadjusted where no family was judged."""
+        return self.p(column) if self.adjusted is None else self.adjusted.get(column)
 
     def verdict(self, iv: Interval, column: str) -> str:
         if not iv.excludes_zero:
-            return CONTAINS_ZERO
+            return WITHIN_NOISE
+        if self.budget:
+            return BUDGETS_DIFFER
+        seeds, p = self.over_seeds(column), self.p_adjusted(column)
+        # Over seeds on the same side of zero as on dev, and beyond the family's chance.
+        confirmed = (
+            seeds is not None
+            and seeds.excludes_zero
+            and (seeds.value > 0) == (iv.value > 0)
+            and p is not None
+            and p < alpha()
+        )
+        return SHOWN if confirmed else UNCONFIRMED
+
+    def seeds_said(self, column: str) -> str:
+        """What the seeds say of the column: their interval, and what it rules out or the
+        test's p (raw and adjusted); without a study, that there is none."""
         seeds = self.over_seeds(column)
         if seeds is None:
-            return UNCHECKED
-        # Over seeds, on the same side of zero as on dev.
-        return HOLDS if seeds.excludes_zero and (seeds.value > 0) == (iv.value > 0) else WITHIN_SEEDS
-
-    def distinguishable(self, iv: Interval, column: str) -> bool:
-        return self.verdict(iv, column) == HOLDS and self.budget is None
+            return f"fewer than {MIN_SEEDS} seeds in the seed study"
+        said = f"over {self.seed_count} seeds {fmt_signed(seeds)}"
+        if not seeds.excludes_zero:
+            return f"{said}, which rules out a difference below {seeds.low:+.3f} or above {seeds.high:+.3f}"
+        p, adjusted = self.p(column), self.p_adjusted(column)
+        family = f"Holm over {self.family} comparisons" if self.family > 1 else "one comparison"
+        return f"{said}, p {fmt_p(p)}, adjusted {fmt_p(adjusted)} ({family})"
 
 
 @dataclass(frozen=True)
 class Compared:
     """A row's paired differences from its parent, per column, and what they are judged
-    with: what a table's conclusions and the report's findings say."""
+    with: the one record every table cell, sentence and page renders."""
 
     name: str
     parent: str
     ivs: dict[str, Interval]
     comparison: Comparison
 
+    def verdict(self, column: str = AVERAGE) -> str:
+        return self.comparison.verdict(self.ivs[column], column)
+
     def distinguishable(self, column: str = AVERAGE) -> bool:
-        return self.comparison.distinguishable(self.ivs[column], column)
+        return self.verdict(column) == SHOWN
+
+    def cell(self, column: str = AVERAGE) -> str:
+        return fmt_difference(self.ivs[column], self.comparison, column)
+
+    def clause(self, column: str = AVERAGE) -> str:
+        """``Average +0.041 [+0.028, +0.055]: shown (over 5 seeds …)``: the column's
+        difference, its verdict and why (never a ";": sentences join clauses with it)."""
+        verdict = self.verdict(column)
+        why = [self.comparison.budget] if verdict == BUDGETS_DIFFER else []
+        why.append(self.comparison.seeds_said(column) if self.comparison.seeds else "one seed")
+        return f"{COLUMN_TITLES[column]} {fmt_signed(self.ivs[column])}: {verdict} ({', '.join(why)})"
+
+    def sentence(self, columns: list[str] | None = None) -> str:
+        """``- `a` vs `b`: <clause>; <clause>``, over ``columns`` (all of them by default)."""
+        return (
+            f"- `{self.name}` vs `{self.parent}`: "
+            + "; ".join(self.clause(c) for c in columns or COLUMNS)
+            + "."
+        )
+
+
+def judge(compared: list[Compared]) -> list[Compared]:
+    """``compared`` with each column's seed p adjusted by Holm within its family: the
+    comparisons with the same parent (every comparison is judged once)."""
+    out = list(compared)
+    for parent in dict.fromkeys(c.parent for c in compared):
+        members = [i for i, c in enumerate(compared) if c.parent == parent]
+        adjusted: dict[int, dict[str, float | None]] = {i: {} for i in members}
+        for column in COLUMNS:
+            for i, p in zip(members, holm([compared[i].comparison.p(column) for i in members])):
+                adjusted[i][column] = p
+        for i in members:
+            c = compared[i]
+            comparison = replace(c.comparison, adjusted=adjusted[i], family=len(members))
+            out[i] = replace(c, comparison=comparison)
+    return out
 
 
 def fmt_difference(iv: Interval, comparison: Comparison = Comparison(), column: str = AVERAGE) -> str:
-    """A paired difference: bold when distinguishable, else marked with what it lacks
-    (unequal budgets outweigh the seeds: ‡ alone)."""
+    """A paired difference with its verdict's mark: bold when shown, † not confirmed by
+    the seeds, ‡ budgets differ, unmarked within dev noise."""
     text = fmt_signed(iv)
     verdict = comparison.verdict(iv, column)
-    if verdict == CONTAINS_ZERO:
-        return text
-    if comparison.distinguishable(iv, column):
+    if verdict == SHOWN:
         return f"**{text}**"
-    return f"{text} {UNSETTLED if comparison.budget is None else UNEQUAL}"
+    mark = {UNCONFIRMED: UNSETTLED, BUDGETS_DIFFER: UNEQUAL}.get(verdict)
+    return f"{text} {mark}" if mark else text
 
 
 def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) -> Scored:
@@ -257,59 +358,6 @@ def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) 
     )
 
 
-DETECTABLE_NOTE = (
-    "Detectable: the smallest difference of the average the seed study could tell from zero "
-    f"at {POWER:.0%} power (two-sided, at the intervals' level), from the per-seed differences' "
-    "spread and the seed count: (t + t_power) · sd / √n; a difference below it is not "
-    "measurable at this budget, whichever way it points. —: the pair is not in the seed study."
-)
-
-
 CONCLUSIONS_LEAD = (
-    "What these dev sets can and cannot tell apart (distinguishable: the interval excludes "
-    "zero, so does the paired interval over seeds, and the budgets are equal):"
+    "Each comparison's verdict per column (the marks above; what the seeds rule out where they ran):"
 )
-
-
-def conclusion(
-    name: str, parent: str, ivs: dict[str, Interval], comparison: Comparison = Comparison()
-) -> str:
-    """The one sentence the paired differences of ``name`` from ``parent`` allow."""
-    said: dict[str, list[str]] = {HOLDS: [], WITHIN_SEEDS: [], UNCHECKED: [], CONTAINS_ZERO: []}
-    for c in COLUMNS:
-        verdict = comparison.verdict(ivs[c], c)
-        direction = "higher" if ivs[c].value > 0 else "lower"
-        said[verdict].append(
-            COLUMN_TITLES[c]
-            if verdict == CONTAINS_ZERO
-            else f"{COLUMN_TITLES[c]} {direction} by {abs(ivs[c].value):.3f}"
-        )
-    head = f"- `{name}` vs `{parent}`"
-    if comparison.budget:
-        head += f" (budgets differ: {comparison.budget})"
-    below = [
-        f"{COLUMN_TITLES[c]} {ivs[c].value:+.3f} (detectable {comparison.detectable(c):.3f})"
-        for c in COLUMNS
-        if comparison.measurable(ivs[c].value, c) is False
-    ]
-    unmeasured = (
-        f" Not measurable at this budget, below what the seeds could detect: {', '.join(below)}."
-        if below
-        else ""
-    )
-    if not any(said[v] for v in (HOLDS, WITHIN_SEEDS, UNCHECKED)):
-        return f"{head}: no difference is distinguishable from zero.{unmeasured}"
-    seeds = f"the interval over {comparison.seed_count} seeds"
-    lead = {
-        HOLDS: f"distinguishable ({seeds} excludes zero)"
-        if comparison.budget is None
-        else f"interval excludes zero and so does {seeds}, but the budgets differ",
-        WITHIN_SEEDS: f"interval excludes zero, but {seeds} does not",
-        UNCHECKED: f"interval excludes zero, not checked over seeds (fewer than {MIN_SEEDS} in the study)",
-        CONTAINS_ZERO: "not distinguishable",
-    }
-    return (
-        f"{head}: "
-        + "; ".join(f"{lead[v]}: {', '.join(items)}" for v, items in said.items() if items)
-        + f".{unmeasured}"
-    )

@@ -1,7 +1,8 @@
-"""What this budget can and cannot detect: every comparison of Tables 2-4 with the smallest
-difference of the average its seeds could tell from zero beside the observed one, and,
-for a component whose effect is below it, the measured reason (PCGrad: how its
-task-gradient cosines fall and how often it projects; SMART: its sign over the seeds)."""
+"""What this budget can and cannot detect: every comparison of Tables 2-4 on the average
+with its seeds' interval, test and verdict (the one record the tables render), the
+smallest difference the seeds could detect as a planning figure, and the measured reason
+behind PCGrad's and SMART's comparisons (PCGrad: how its task-gradient cosines fall and
+how often it projects; SMART: its sign over the seeds)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.report.comparisons import POWER, Compared
+from minbert.report.comparisons import POWER, Compared, fmt_p
 from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
 from minbert.tasks import AVERAGE
 
@@ -57,41 +58,28 @@ def _component(run: dict, parent: dict) -> str | None:
     return None
 
 
-# A comparison's verdict at this budget.
-MEASURABLE = "measurable"
-NOT_MEASURABLE = "not measurable at this budget"
-NOT_STUDIED = "not in the seed study"
-
-
-def at_this_budget(c: Compared) -> tuple[float | None, float | None, str]:
-    """A comparison's mean difference of the average over the seeds, the smallest the seed
-    study could detect (None: not in the study), and the verdict on the two."""
-    seeds = c.comparison.seeds[AVERAGE] if c.comparison.seeds else None
-    detectable = c.comparison.detectable(AVERAGE)
-    mean = float(np.mean(seeds)) if seeds else None
-    if detectable is None:
-        return mean, None, NOT_STUDIED
-    return mean, detectable, MEASURABLE if abs(mean) >= detectable else NOT_MEASURABLE
-
-
 def detectable_section(compared: list[Compared], runs: dict[str, dict], multitask_dir: Path) -> list[str]:
-    """One row per comparison of Tables 2-4: the observed difference of the average (dev,
-    paired), the seeds' mean and the smallest they could detect, and whether it is
-    measurable at this budget; then the reasons for PCGrad and SMART."""
+    """One row per comparison of Tables 2-4: the difference of the average on dev (paired),
+    over the seeds with the test's p (raw and adjusted within its family) and its verdict,
+    the record the tables render; then the smallest difference the seeds could detect, a
+    planning figure for the next study; then the reasons for PCGrad and SMART."""
     if not compared:
         return [NO_NUMBER]
     rows, reasons = [], []
     for c in compared:
         seeds = c.comparison.seeds[AVERAGE] if c.comparison.seeds else None
-        mean, detectable, verdict = at_this_budget(c)
+        over = c.comparison.over_seeds(AVERAGE)
+        p, adjusted = c.comparison.p(AVERAGE), c.comparison.p_adjusted(AVERAGE)
+        detectable = c.comparison.detectable(AVERAGE)
         rows.append(
             md_row(
                 [
                     f"`{c.name}` vs `{c.parent}`",
-                    fmt_signed(c.ivs[AVERAGE]),
-                    NO_NUMBER if mean is None else f"{mean:+.3f} ({len(seeds)} seeds)",
+                    c.cell(),
+                    NO_NUMBER if over is None else f"{fmt_signed(over)} ({len(seeds)} seeds)",
+                    NO_NUMBER if p is None else f"{fmt_p(p)} / {fmt_p(adjusted)}",
+                    c.verdict(),
                     NO_NUMBER if detectable is None else f"{detectable:.3f}",
-                    verdict + (f" ({c.comparison.budget})" if c.comparison.budget else ""),
                 ]
             )
         )
@@ -100,18 +88,64 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
             pcgrad = c.parent if runs[c.parent]["settings"]["gradient"] == "pcgrad" else c.name
             said = pcgrad_reason(Path(multitask_dir) / f"{pcgrad}-conflicts.csv")
             if said:
-                reasons.append(f"- PCGrad (`{c.name}` vs `{c.parent}`, {verdict}): in `{pcgrad}`, {said}.")
+                reasons.append(
+                    f"- PCGrad (`{c.name}` vs `{c.parent}`, {c.verdict()}): in `{pcgrad}`, {said}."
+                )
         elif component == "SMART" and seeds:
             sign = seeds if runs[c.name]["settings"]["smart"] is None else [-d for d in seeds]
-            reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {verdict}): {smart_reason(sign)}.")
+            reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {c.verdict()}): {smart_reason(sign)}.")
     lines = [
-        "Each comparison of Tables 2-4: the difference of the average on dev (paired, 95% "
-        "interval), the mean of the per-seed differences, and the smallest mean difference the "
-        f'seed study could tell from zero ({POWER:.0%} power; section "Seed study"). A '
-        "component whose difference is below it is not measurable at this budget: the study can "
-        "neither show nor deny its effect.",
+        "Each comparison of Tables 2-4 on the average: the difference on dev (paired, 95% "
+        "interval, with its mark), the paired interval over the seeds both rows were trained "
+        "with, the seeds' t-test p raw and after Holm's adjustment over the comparisons with "
+        "the same parent, and the one verdict the tables, the Summary and the seed study give "
+        'it (tables.md, "How to read the tables"). Detectable: the smallest mean difference these seeds '
+        f"would tell from zero {POWER:.0%} of the time ((t + t_power) · sd / √n): a planning "
+        "figure for the next study's seed count, not a verdict on any observed difference, "
+        "which its interval over seeds states.",
         "",
-        *md_header(["Comparison", "Δ average (dev)", "Δ over seeds", "Detectable", "At this budget"]),
+        *md_header(
+            ["Comparison", "Δ average (dev)", "Δ over seeds", "p / adjusted", "Verdict", "Detectable"]
+        ),
         *rows,
     ]
     return lines + (["", *reasons] if reasons else [])
+
+
+def smart_collapse_section(measurement: dict | None, source: str) -> str:
+    """Why SMART's settings are what they are here: ``bench/smart_collapse.py``'s runs of one
+    configuration per variant of SMART's settings (``measurement``: its result file), the
+    validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head."""
+    if measurement is None:
+        return (
+            f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
+        )
+    found = measurement["results"]
+    variants = found["variants"]
+    epochs = len(next(iter(variants.values()))["epochs"])
+    lines = [
+        f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
+        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
+        + (f", encoder lr {found['lr']:g}" if "lr" in found else "")
+        + "; "
+        f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
+        "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
+        "of lambda_s times the smoothness term and of mu times the Bregman term "
+        "(docs/smart.md says what they show).",
+        "",
+        *md_header(
+            ["Variant", *(f"Quora MCC, epoch {e}" for e in range(epochs)), "loss", "smoothness", "Bregman"]
+        ),
+    ]
+    for name, variant in variants.items():
+        gradient = variant["epochs"][1]["head_gradient_quora"]
+        lines.append(
+            md_row(
+                [
+                    name,
+                    *(f"{e['validation']['quora_mcc']:.3f}" for e in variant["epochs"]),
+                    *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
+                ]
+            )
+        )
+    return "\n".join(lines)

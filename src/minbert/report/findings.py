@@ -3,7 +3,7 @@ here is written by hand."""
 
 from __future__ import annotations
 
-from minbert.report.comparisons import MIN_SEEDS, UNEQUAL, Compared, budget_gap, multitask_scored
+from minbert.report.comparisons import BUDGETS_DIFFER, SHOWN, Compared, budget_gap, multitask_scored
 from minbert.report.controls import Starts
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
@@ -90,29 +90,16 @@ def findings_section(
             *(md_row([f"`{n}`", *(fmt_signed(d[c]) for c in COLUMNS)]) for n, d in deltas.items()),
         ]
     said.append(highest(runs, evidence))
-    separated = [c for c in compared if c.distinguishable()]
-    unequal = [c for c in compared if c.ivs[AVERAGE].excludes_zero and c.comparison.budget]
-    if separated:
-        said.append(
-            "Ablation differences in the average that the data separate (interval excludes zero, "
-            "so does the paired interval over seeds, equal budgets): "
-            + "; ".join(
-                f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f} (distinguishable: the "
-                f"interval over {c.comparison.seed_count} seeds, "
-                f"{fmt_signed(c.comparison.over_seeds(AVERAGE))}, excludes zero)"
-                for c in separated
-            )
-            + "; no other is: its interval contains zero, its interval over seeds does not exclude "
-            f"zero, or the seed study does not cover it with {MIN_SEEDS} seeds or more."
-        )
-    else:
-        said.append("No ablation difference in the average is separated by these dev sets and seeds.")
-    if unequal:
-        said.append(
-            f"Differences between rows trained with other budgets ({UNEQUAL}) are not counted: "
-            + "; ".join(f"`{c.name}` vs `{c.parent}` {c.ivs[AVERAGE].value:+.3f}" for c in unequal)
-            + "."
-        )
+    shown = [c for c in compared if c.verdict() == SHOWN]
+    unequal = [c for c in compared if c.verdict() == BUDGETS_DIFFER]
+    said.append(
+        f"Of the {len(compared)} comparisons of Tables 2-4, the average differs from the parent's "
+        f"as shown (bold) in {len(shown)}"
+        + (f" ({', '.join(f'`{c.name}` vs `{c.parent}`' for c in shown)})" if shown else "")
+        + f" and with other budgets (‡) in {len(unequal)}"
+        + (f" ({', '.join(f'`{c.name}` vs `{c.parent}`' for c in unequal)})" if unequal else "")
+        + "; the Summary gives each comparison's verdict and what its seeds rule out."
+    )
     if starts.own:
         said.append(
             "Every configuration and column against where it started (paired intervals; section "
@@ -161,6 +148,6 @@ def highest(runs: dict[str, dict], evidence: Evidence) -> str:
     return (
         sentence
         + f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}, one seed"
-        + (f"; {UNEQUAL} budgets differ: {gap}" if gap else "")
+        + (f"; budgets differ: {gap}" if gap else "")
         + ")."
     )

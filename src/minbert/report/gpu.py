@@ -11,7 +11,7 @@ from minbert.gpu_study import GPU_RESULTS_DIR, named_files, ran_at
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.notes import with_facts
-from minbert.report.tables import multitask_table, table1
+from minbert.report.tables import judged_comparisons, multitask_table, table1
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and
@@ -124,11 +124,21 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
         table1(study.sentiment, paper["table1"], study.evidence, task_notes),
         "",
     ]
+    specs = {
+        name: with_facts(paper[name], study.multitask, study.multitask_dir)
+        for name in multitask_tables
+        if name in paper
+    }
+    judged = judged_comparisons(list(specs.values()), study.multitask, study.evidence)
     for number, name in enumerate(multitask_tables, start=2):
-        if name in paper:
-            spec = with_facts(paper[name], study.multitask, study.multitask_dir)
+        if name in specs:
             text, _ = multitask_table(
-                spec, study.multitask, study.evidence, study.zero_shot, row_notes=config_notes
+                specs[name],
+                study.multitask,
+                study.evidence,
+                study.zero_shot,
+                row_notes=config_notes,
+                judged=judged,
             )
             lines += [f"### GPU Table {number}: {paper[name]['title']}", "", text, ""]
     return lines

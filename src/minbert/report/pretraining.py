@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minbert.report.comparisons import (
+    Compared,
     Comparison,
     budget_gap,
-    conclusion,
     fmt_budget,
     fmt_difference,
     multitask_scored,
@@ -145,6 +145,6 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
             lines.append(md_row(cells + [delta]))
         if base_scored:
             ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
-            notes.append(conclusion(f"{name}", m["config"], ivs, comparison))
+            notes.append(Compared(name, m["config"], ivs, comparison).sentence())
     lead = ["", "Δ: ours minus the same configuration fine-tuned from the original checkpoint."]
     return "\n".join(lines + lead + (["", *notes] if notes else []))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from minbert.metrics import DECIMALS
 from minbert.report.comparisons import fmt_budget
 from minbert.report.formatting import NO_NUMBER, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
@@ -213,3 +214,40 @@ def provenance_section(runs: dict[str, dict], sentiment: list[dict]) -> list[str
     lines += md_header(["Run", *varying])
     lines += [md_row([name, *(values[t][name] for t in varying)]) for name in rows]
     return lines
+
+
+def cross_cpu_section(measurement: dict | None, source: str) -> str:
+    """How far another CPU's rounding moves the committed numbers: ``bench/cross_cpu.py``'s
+    reruns of the multitask stages under another MKL branch (``measurement``: its result
+    file), the largest difference being the tolerance below which no difference is read."""
+    if measurement is None:
+        return (
+            f"Not measured: no rerun under another CPU's rounding has been committed (`{source}`; "
+            "`bench/cross_cpu.py`), so read no difference at the last written digit as a finding."
+        )
+    found = measurement["results"]
+    configs = found["configs"]
+    identical = sum(r["identical"] for r in configs.values())
+    moved = {
+        (config, key): abs(rerun - committed)
+        for config, r in configs.items()
+        for key, (committed, rerun) in r["differences"].items()
+        if isinstance(committed, float) and isinstance(rerun, float)
+    }
+    head = (
+        f"Another CPU rounds the same matrix products otherwise in their last bits (MKL takes one "
+        f"code path per vendor). Checked on this {measurement['machine']['cpu']} machine by "
+        f"retraining {len(configs)} configurations ({', '.join(f'`{c}`' for c in configs)}) with "
+        f"their stages' commands under `MKL_CBWR={found['branch']}`, the branch that rounds "
+        f"otherwise here (`{source}`, `bench/cross_cpu.py`): {identical} of {len(configs)} "
+        f"metrics files identical to the committed ones at their written precision ({DECIMALS} decimals)"
+    )
+    if moved:
+        (config, key), largest = max(moved.items(), key=lambda kv: kv[1])
+        head += (
+            f"; the largest difference is {largest:.{DECIMALS}f} (`{config}` {key}): read no difference "
+            "below it as a finding."
+        )
+    else:
+        head += "."
+    return head + " Not checked on an Intel CPU."

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import statistics
 
-from minbert.metrics import Interval
 from minbert.report.comparisons import (
     MIN_SEEDS,
     POWER,
-    budget_gap,
+    Compared,
     level,
     ran_at,
     seed_detectable,
@@ -264,9 +263,13 @@ def _used(run: dict | None, scale: str, best: dict | None) -> str:
     return f"not the chosen rates: {rates(s)}"
 
 
-def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, dict]) -> str:
+def seed_section(
+    study: dict | None, parents: dict[str, str], runs: dict[str, dict], compared: list[Compared] | None = None
+) -> str:
     """The seed study with the tables' own seed: mean ± sd per cell, and each configuration
-    minus its ablation parent seed by seed, with the paired interval over seeds."""
+    minus its ablation parent seed by seed, with the paired interval over seeds; each
+    comparison's verdict is its record's (``compared``: the tables')."""
+    judged = {(c.name, c.parent): c for c in compared or []}
     if study is None:
         return (
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "
@@ -327,8 +330,9 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
             per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
             cells += [f"vs `{parent}`: {per_seed}", fmt_signed(iv) if iv else NO_NUMBER]
             cells.append(NO_NUMBER if detectable is None else f"{detectable:.3f}")
-            gap = budget_gap(runs[config], runs[parent]) if config in runs and parent in runs else None
-            verdicts.append(_seed_verdict(config, parent, len(diffs), iv, gap, detectable))
+            record = judged.get((config, parent))
+            if record is not None:
+                verdicts.append(record.sentence([AVERAGE]))
         else:
             cells += [NO_NUMBER, NO_NUMBER, NO_NUMBER]
         lines.append(md_row(cells))
@@ -340,34 +344,12 @@ def seed_section(study: dict | None, parents: dict[str, str], runs: dict[str, di
         f"(Student's t, n − 1 degrees of freedom), from at least {MIN_SEEDS} seeds. It measures "
         "what another training run would change, on the same dev examples, where the tables' "
         "bootstrap measures what other dev examples would change, for one training run: the "
-        "tables call a difference distinguishable only when both exclude zero, column by column. "
-        f"Detectable: the smallest mean difference these seeds could tell from zero at {POWER:.0%} "
-        "power, (t + t_power) · sd / √n; a difference below it is not measurable at this budget.",
+        "tables show a difference (bold) only when both exclude zero, column by column, and the "
+        "seeds' test holds after Holm's adjustment within its family. Detectable: the smallest "
+        f"mean difference these seeds would tell from zero {POWER:.0%} of the time, (t + t_power) "
+        "· sd / √n: a planning figure for the next study, not a verdict. Each comparison's "
+        "verdict below is the tables' own.",
     ]
     if verdicts:
         lines += ["", *verdicts]
     return "\n".join(lines)
-
-
-def _seed_verdict(
-    config: str, parent: str, seeds: int, iv: Interval | None, gap: str | None, detectable: float | None
-) -> str:
-    """The plain verdict on the average over seeds, naming an unequal budget and a
-    difference below what the seeds could detect."""
-    head = f"- `{config}` vs `{parent}`"
-    if iv is None:
-        return f"{head}: {seeds} shared seed(s), fewer than {MIN_SEEDS}: not checked."
-    if not iv.excludes_zero:
-        measured = (
-            f" ({iv.value:+.3f}, below the {detectable:.3f} they could detect: not measurable at this budget)"
-            if detectable is not None and abs(iv.value) < detectable
-            else ""
-        )
-        verdict = "contains zero: the seeds do not separate them"
-        return f"{head}: the interval over {seeds} seeds {verdict}{measured}."
-    direction = "higher" if iv.value > 0 else "lower"
-    budget = f", but the budgets differ ({gap}): it may be the budget's" if gap else ""
-    return (
-        f"{head}: {direction} average by {abs(iv.value):.3f} over {seeds} seeds, an interval "
-        f"that excludes zero: separated by the seeds{budget}."
-    )

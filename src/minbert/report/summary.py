@@ -5,9 +5,8 @@ arms), the budget ours were made at, and what that budget can and cannot show.""
 from __future__ import annotations
 
 from minbert.gpu_study import ran_at
-from minbert.report.comparisons import UNEQUAL, Compared
+from minbert.report.comparisons import VERDICTS, Compared
 from minbert.report.controls import Starts
-from minbert.report.detectable import MEASURABLE, NOT_MEASURABLE, NOT_STUDIED, at_this_budget
 from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
@@ -18,7 +17,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import epoch_count, row_title, usual
-from minbert.tasks import SENTIMENT_TASKS, TASKS
+from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
 
 
 def beside_the_paper(
@@ -103,7 +102,7 @@ def beside_the_paper(
     if any(gpu_stale.get(s) for s in shown_on_gpu):
         stale = (
             " A GPU row marked stale ran at the commit it names, and code its stages depend on has "
-            'changed since (the report\'s "On a GPU" names the files): it stands until a call runs '
+            "changed since (report/gpu.md names the files): it stands until a call runs "
             "it again (`minbert gpu-status`)."
         )
     return [*multitask, "", *single], prose + _on_gpu(gpu_runs, gpu_sentiment) + stale
@@ -123,7 +122,7 @@ def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:
         what = f"{checkpoint} fine-tuned ({sizes} training examples per task, {epochs})"
     return (
         f" Ours on a GPU: {what} at the `gpu` scale on {device}; a row without it has not run "
-        'there yet (report/README.md, "On a GPU").'
+        "there yet (report/gpu.md)."
     )
 
 
@@ -138,35 +137,22 @@ def _carved_quora(runs: dict[str, dict]) -> int | None:
 
 
 def what_it_can_show(compared: list[Compared], starts: Starts) -> str:
-    """Whether fine-tuning moved each run from where it started, then which comparisons of
-    Tables 2-4 the seed study can tell from zero at this budget, and which it cannot."""
-    judged = [(c, *at_this_budget(c)) for c in compared]
-    measurable = [
-        f"`{c.name}` vs `{c.parent}` ({mean:+.3f} over the seeds, detectable {detectable:.3f}"
-        + (f"; {UNEQUAL} budgets differ" if c.comparison.budget else "")
-        + ")"
-        for c, mean, detectable, verdict in judged
-        if verdict == MEASURABLE
-    ]
-    below = [
-        f"`{c.name}` vs `{c.parent}` ({mean:+.3f}, detectable {detectable:.3f})"
-        for c, mean, detectable, verdict in judged
-        if verdict == NOT_MEASURABLE
-    ]
-    unstudied = [f"`{c.name}` vs `{c.parent}`" for c, _, _, verdict in judged if verdict == NOT_STUDIED]
+    """Whether fine-tuning moved each run from where it started, then each comparison of
+    Tables 2-4 on the average with its one verdict (the record the tables' marks render)."""
     started = []
     if starts.own:
         started.append(
             "Fine-tuning against where it started, every configuration and column on dev (paired "
             f"intervals): {starts.counted()}."
         )
-    said = [
-        "What this budget can show, on the dev average with the seed study's spread "
-        '(section "What this budget can and cannot detect"): '
-        + (f"measurable: {'; '.join(measurable)}." if measurable else "no comparison is measurable.")
+    if not compared:
+        return "\n\n".join([*started, "No comparison of Tables 2-4 has both rows run."])
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    lines = [
+        "Each comparison of Tables 2-4 on the average, with its verdict (the tables' marks: "
+        "bold shown, † not confirmed by the seeds, ‡ budgets differ, unmarked within dev noise; "
+        'tables.md, "How to read the tables", says how each is reached):',
+        "",
+        *(c.sentence([AVERAGE]) for c in sorted(compared, key=lambda c: order[c.verdict()])),
     ]
-    if below:
-        said.append(f"Not measurable at this budget, so neither shown nor denied: {'; '.join(below)}.")
-    if unstudied:
-        said.append(f"Not in the seed study: {', '.join(unstudied)}.")
-    return "\n\n".join([*started, " ".join(said)])
+    return "\n\n".join([*started, "\n".join(lines)])

@@ -4,18 +4,16 @@ only as ``cells`` allows; each row shows its training budget."""
 
 from __future__ import annotations
 
-from minbert.metrics import DECIMALS
 from minbert.report.comparisons import (
     CONCLUSIONS_LEAD,
-    DETECTABLE_NOTE,
     UNEQUAL,
     UNSETTLED,
     Compared,
     Comparison,
     budget_gap,
-    conclusion,
     fmt_budget,
     fmt_difference,
+    judge,
     level,
     multitask_scored,
     seed_differences,
@@ -33,7 +31,7 @@ from minbert.report.formatting import (
 )
 from minbert.report.notes import row_title
 from minbert.results import ACCURACY
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
+from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
 def table1(
@@ -71,14 +69,10 @@ def table1(
             row += [fmt(r["rows"].get(task, {}).get(mode)) for r in refs]
             row.append(fmt_budget(by_cell[task, mode]) if ours else NO_NUMBER)
             row.append(fmt_trained(by_cell[task, mode]) if ours else NO_NUMBER)
-        full, last = scored.get((task, "full")), scored.get((task, "last-layer"))
-        if full and last:
+        if (task, "full") in by_cell and (task, "last-layer") in by_cell:
             gap = budget_gap(by_cell[task, "full"], by_cell[task, "last-layer"])
             gaps += [f"{TASKS[task].title}: {gap}."] if gap else []
-            row.append(fmt_difference(evidence.difference(full, last, task), Comparison(budget=gap)))
-        else:
-            row.append(NO_NUMBER)
-        lines.append(md_row(row))
+        lines.append(md_row([*row, sentiment_delta(by_cell, evidence, task)]))
     notes = [
         "",
         "Δ: full fine-tuning minus last layer only, on the same dev examples. Steps / examples: "
@@ -105,8 +99,43 @@ def fmt_trained(run: dict) -> str:
     return f"{fmt(run['train_accuracy'])} / {run['epochs_run']} of {run['epochs']}"
 
 
-def _paper_cells(paper: dict | None) -> list[str]:
+def paper_cells(paper: dict | None) -> list[str]:
     return [fmt(None if paper is None else paper.get(c)) for c in COLUMNS]
+
+
+def table_comparisons(
+    spec: dict, runs: dict[str, dict], evidence: Evidence, seed_study: dict | None = None
+) -> list[Compared]:
+    """Each run row of one of Tables 2-4 against the table's parent, not yet judged
+    within a family (``judge``)."""
+    parent_name = spec["parent"]
+    parent_run = runs.get(parent_name)
+    if parent_run is None:
+        return []
+    parent = multitask_scored(evidence, "multitask", parent_name, parent_run)
+    out = []
+    for config in dict.fromkeys(row["config"] for row in spec["rows"]):
+        run = runs.get(config)
+        if run is None or config == parent_name:
+            continue
+        scored = multitask_scored(evidence, "multitask", config, run)
+        seeds = seed_differences(seed_study, config, parent_name)
+        comparison = Comparison(seeds, budget_gap(run, parent_run))
+        ivs = {c: evidence.column_difference(scored, parent, c) for c in COLUMNS}
+        out.append(Compared(config, parent_name, ivs, comparison))
+    return out
+
+
+def judged_comparisons(
+    specs: list[dict], runs: dict[str, dict], evidence: Evidence, seed_study: dict | None = None
+) -> list[Compared]:
+    """Every comparison of the tables ``specs`` once (a row in two tables is one
+    comparison), judged within its family: the comparisons with the same parent."""
+    found: dict[tuple[str, str], Compared] = {}
+    for spec in specs:
+        for c in table_comparisons(spec, runs, evidence, seed_study):
+            found.setdefault((c.name, c.parent), c)
+    return judge(list(found.values()))
 
 
 def multitask_table(
@@ -116,21 +145,28 @@ def multitask_table(
     zero_shot: dict | None = None,
     seed_study: dict | None = None,
     row_notes: dict[str, str] | None = None,
+    judged: list[Compared] | None = None,
 ) -> tuple[str, list[Compared]]:
     """One of Tables 2-4: ours (with intervals) beside the paper's, each row's training
-    budget, and the paired difference of each row from the table's parent (judged with
-    the seed study, ``Comparison``); with the comparisons, for the findings.
+    budget, and the paired difference of each row from the table's parent, each rendered
+    from its one judged record (``judged``: the report's, every family at once; without
+    it, this table's rows are the family); with the comparisons, for the findings.
     ``row_notes``: a further footnote on a configuration's row."""
     parent_name = spec["parent"]
-    parent_run = runs.get(parent_name)
-    parent = multitask_scored(evidence, "multitask", parent_name, parent_run) if parent_run else None
+    mine = table_comparisons(spec, runs, evidence, seed_study)
+    if judged is None:
+        differences = judge(mine)
+    else:
+        by_pair = {(c.name, c.parent): c for c in judged}
+        differences = [by_pair[c.name, c.parent] for c in mine]
+    by_name = {c.name: c for c in differences}
     # Paper columns only where the paper has a number for some row.
     with_paper = any(row.get("paper") for row in spec["rows"]) or bool(spec.get("test"))
     header = ["Configuration"]
     for c in COLUMNS:
         header += [f"{COLUMN_TITLES[c]} (ours)", f"{COLUMN_TITLES[c]} (paper)"][: 1 + with_paper]
     header += ["Steps / examples", f"Δ average vs `{parent_name}`"]
-    lines, footnotes, differences = md_header(header), [], []
+    lines, footnotes = md_header(header), []
 
     def label_of(text: str, note: str | None = None) -> str:
         text = text.replace("|", "\\|")  # a "|" (as in |u − v|) would end the cell
@@ -138,15 +174,6 @@ def multitask_table(
             footnotes.append(note.strip())
             text += f" [{len(footnotes)}]"
         return text
-
-    def compared(name: str, run: dict, scored) -> str:
-        """The Δ average cell; remembers the row for the paired-differences table."""
-        if parent is None:
-            return "parent not run"
-        comparison = Comparison(seed_differences(seed_study, name, parent_name), budget_gap(run, parent_run))
-        ivs = {c: evidence.column_difference(scored, parent, c) for c in COLUMNS}
-        differences.append(Compared(name, parent_name, ivs, comparison))
-        return fmt_difference(ivs[AVERAGE], comparison)
 
     if spec.get("zero_shot") and zero_shot is not None:
         scored = multitask_scored(evidence, "zero-shot", "", zero_shot)
@@ -169,14 +196,20 @@ def multitask_table(
         note = " ".join(n for n in (differs, row.get("note"), (row_notes or {}).get(config)) if n)
         cells = [label_of(f"{title} (`{config}`)", note or None)]
         if m is None:
-            cells += [c for p in _paper_cells(row.get("paper")) for c in ("not run", p)[: 1 + with_paper]]
+            cells += [c for p in paper_cells(row.get("paper")) for c in ("not run", p)[: 1 + with_paper]]
             lines.append(md_row(cells + ["not run", NO_NUMBER]))
             continue
         scored = multitask_scored(evidence, "multitask", config, m)
-        for c, paper in zip(COLUMNS, _paper_cells(row.get("paper"))):
+        for c, paper in zip(COLUMNS, paper_cells(row.get("paper"))):
             cells += [fmt_interval(evidence.column(scored, c)), paper][: 1 + with_paper]
         cells.append(fmt_budget(m))
-        delta = "(parent)" if config == parent_name else compared(config, m, scored)
+        delta = (
+            "(parent)"
+            if config == parent_name
+            else by_name[config].cell()
+            if config in by_name
+            else "parent not run"
+        )
         lines.append(md_row(cells + [delta]))
     if spec.get("test"):
         test = spec["test"]
@@ -187,7 +220,7 @@ def multitask_table(
                 "predictions (`predictions/`) but cannot score them.",
             )
         ]
-        cells += [c for p in _paper_cells(test["paper"]) for c in ("not scored", p)]
+        cells += [c for p in paper_cells(test["paper"]) for c in ("not scored", p)]
         lines.append(md_row(cells + [NO_NUMBER, NO_NUMBER]))
 
     notes = ["", f"Δ: ours minus `{parent_name}` on the same dev examples."]
@@ -198,23 +231,10 @@ def multitask_table(
             f"dev examples, {level()} interval; bold, {UNSETTLED} and {UNEQUAL} as above):",
             "",
         ]
-        notes += md_header(
-            ["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS), "detectable Δ Average"]
-        )
-        for d in differences:
-            detectable = d.comparison.detectable(AVERAGE)
-            notes.append(
-                md_row(
-                    [
-                        f"`{d.name}`",
-                        *(fmt_difference(d.ivs[c], d.comparison, c) for c in COLUMNS),
-                        NO_NUMBER if detectable is None else f"{detectable:.3f}",
-                    ]
-                )
-            )
-        notes += ["", DETECTABLE_NOTE]
+        notes += md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]} vs `{parent_name}`" for c in COLUMNS)])
+        notes += [md_row([f"`{d.name}`", *(d.cell(c) for c in COLUMNS)]) for d in differences]
         notes += ["", CONCLUSIONS_LEAD, ""]
-        notes += [conclusion(d.name, d.parent, d.ivs, d.comparison) for d in differences]
+        notes += [d.sentence() for d in differences]
     present = [runs[c] for c in dict.fromkeys(r["config"] for r in spec["rows"]) if c in runs]
     if not present:
         notes += ["", "None of this table's configurations has been run (stage `multitask`)."]
@@ -227,21 +247,17 @@ def multitask_table(
     return "\n".join(lines + notes), differences
 
 
-def other_configurations(
-    shown: set[str], runs: dict[str, dict], evidence: Evidence, parent_name: str, seed_study: dict | None
-) -> str | None:
-    """The configurations of ``configs`` that no table of paper.yaml shows (a new entry of
-    params.yaml, say), against ``parent_name``; None when every run has its table."""
+def other_spec(shown: set[str], runs: dict[str, dict], parent_name: str) -> dict | None:
+    """The table of the configurations of ``configs`` that no table of paper.yaml shows (a
+    new entry of params.yaml, say), against ``parent_name``; None when every run has its table."""
     others = [name for name in runs if name not in shown]
     if not others:
         return None
-    spec = {
+    return {
         "parent": parent_name,
         "rows": [{"config": parent_name, "label": "the parent"}] * (parent_name in runs)
         + [{"config": name, "label": "not in the paper's tables"} for name in others],
     }
-    text, _ = multitask_table(spec, runs, evidence, seed_study=seed_study)
-    return text
 
 
 def smart_table(runs: list[dict]) -> list[str]:
@@ -277,77 +293,25 @@ def smart_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def smart_collapse_section(measurement: dict | None, source: str) -> str:
-    """Why SMART's settings are what they are here: ``bench/smart_collapse.py``'s runs of one
-    configuration per variant of SMART's settings (``measurement``: its result file), the
-    validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head."""
-    if measurement is None:
-        return (
-            f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
-        )
-    found = measurement["results"]
-    variants = found["variants"]
-    epochs = len(next(iter(variants.values()))["epochs"])
-    lines = [
-        f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
-        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
-        + (f", encoder lr {found['lr']:g}" if "lr" in found else "")
-        + "; "
-        f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
-        "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
-        "of lambda_s times the smoothness term and of mu times the Bregman term "
-        "(docs/smart.md says what they show).",
-        "",
-        *md_header(
-            ["Variant", *(f"Quora MCC, epoch {e}" for e in range(epochs)), "loss", "smoothness", "Bregman"]
-        ),
-    ]
-    for name, variant in variants.items():
-        gradient = variant["epochs"][1]["head_gradient_quora"]
-        lines.append(
-            md_row(
-                [
-                    name,
-                    *(f"{e['validation']['quora_mcc']:.3f}" for e in variant["epochs"]),
-                    *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
-                ]
-            )
-        )
-    return "\n".join(lines)
-
-
-def cross_cpu_section(measurement: dict | None, source: str) -> str:
-    """How far another CPU's rounding moves the committed numbers: ``bench/cross_cpu.py``'s
-    reruns of the multitask stages under another MKL branch (``measurement``: its result
-    file), the largest difference being the tolerance below which no difference is read."""
-    if measurement is None:
-        return (
-            f"Not measured: no rerun under another CPU's rounding has been committed (`{source}`; "
-            "`bench/cross_cpu.py`), so read no difference at the last written digit as a finding."
-        )
-    found = measurement["results"]
-    configs = found["configs"]
-    identical = sum(r["identical"] for r in configs.values())
-    moved = {
-        (config, key): abs(rerun - committed)
-        for config, r in configs.items()
-        for key, (committed, rerun) in r["differences"].items()
-        if isinstance(committed, float) and isinstance(rerun, float)
-    }
-    head = (
-        f"Another CPU rounds the same matrix products otherwise in their last bits (MKL takes one "
-        f"code path per vendor). Checked on this {measurement['machine']['cpu']} machine by "
-        f"retraining {len(configs)} configurations ({', '.join(f'`{c}`' for c in configs)}) with "
-        f"their stages' commands under `MKL_CBWR={found['branch']}`, the branch that rounds "
-        f"otherwise here (`{source}`, `bench/cross_cpu.py`): {identical} of {len(configs)} "
-        f"metrics files identical to the committed ones at their written precision ({DECIMALS} decimals)"
+def sentiment_accuracy(evidence: Evidence, m: dict) -> float:
+    """A sentiment run's dev accuracy as recomputed from its predictions (what every cell shows)."""
+    scored = evidence.scored(
+        f"sentiment/{m['run']}", {m["task"]: f"sentiment/{m['run']}/dev-out.csv"}, {m["task"]: m[ACCURACY]}
     )
-    if moved:
-        (config, key), largest = max(moved.items(), key=lambda kv: kv[1])
-        head += (
-            f"; the largest difference is {largest:.{DECIMALS}f} (`{config}` {key}): read no difference "
-            "below it as a finding."
+    return evidence.cell(scored, m["task"]).value
+
+
+def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
+    """Full fine-tuning minus last layer only on ``task``'s dev examples, paired, marked
+    with its verdict (no seed study covers it: † or ‡)."""
+    full, last = by_cell.get((task, "full")), by_cell.get((task, "last-layer"))
+    if not (full and last):
+        return NO_NUMBER
+    scored = {
+        arm: evidence.scored(
+            f"sentiment/{m['run']}", {task: f"sentiment/{m['run']}/dev-out.csv"}, {task: m[ACCURACY]}
         )
-    else:
-        head += "."
-    return head + " Not checked on an Intel CPU."
+        for arm, m in (("full", full), ("last", last))
+    }
+    gap = budget_gap(full, last)
+    return fmt_difference(evidence.difference(scored["full"], scored["last"], task), Comparison(budget=gap))

@@ -1,8 +1,8 @@
-"""The report's document, every section in order: the summary (ours beside the paper's
-headline numbers, what this budget can show), setup beside the paper's, the notes
-that colour every number, the findings (computed after the tables, placed before), the
-tables, other configurations, controls, choices where the paper is silent, MLM and seed
-studies, the GPU study, figures, and how each run was produced."""
+"""The report: every comparison of Tables 2-4 computed and judged once, then its pages.
+The first (README.md) holds the summary (what ran, each comparison's verdict) and Tables
+1-4 beside the paper's and the GPU's; the others, listed there (``PAGES``), hold setup and
+findings, the full tables, controls and starts, the budget, choices, seeds, MLM, the GPU
+study, figures and how each run was produced."""
 
 from __future__ import annotations
 
@@ -15,24 +15,19 @@ from minbert.atomic import atomic_directory
 from minbert.gpu_study import PROVENANCE_FILE, changed_code, read_provenance
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
-from minbert.report.detectable import detectable_section
+from minbert.report.detectable import detectable_section, smart_collapse_section
 from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
+from minbert.report.first_page import PAGES, READING_NOTE, GpuColumns, compact_table, compact_table1
 from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
 from minbert.report.notes import fill_facts, with_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
-from minbert.report.provenance import provenance_section, setup_section
+from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
 from minbert.report.studies import seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
-from minbert.report.tables import (
-    cross_cpu_section,
-    multitask_table,
-    other_configurations,
-    smart_collapse_section,
-    table1,
-)
+from minbert.report.tables import judged_comparisons, multitask_table, other_spec, table1
 from minbert.results import STEPS, read_result, read_results
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
@@ -180,36 +175,64 @@ def write_report(
     seed_study = seed_runs(_optional_json(metrics_dir / SEED_STUDY_FILE), multitask)
     mlm = mlm_runs(metrics_dir)
 
-    tables, compared, shown = [], [], set()
+    specs = {
+        name: with_facts(paper[name], multitask, multitask_dir) for name in MULTITASK_TABLES if name in paper
+    }
+    shown = {row["config"] for spec in specs.values() for row in spec["rows"]}
+    others = other_spec(shown, multitask, paper["table2"]["parent"])
+    # Every comparison once, judged within its family, before any page renders it.
+    compared = judged_comparisons(
+        [*specs.values(), *([others] if others else [])], multitask, evidence, seed_study
+    )
+    tables = []
     for number, name in enumerate(MULTITASK_TABLES, start=2):
-        if name in paper:
-            spec = with_facts(paper[name], multitask, multitask_dir)
-            text, differences = multitask_table(spec, multitask, evidence, zero_shot, seed_study)
-            tables += [f"## Table {number}: {paper[name]['title']}", "", text, ""]
-            said = {(c.name, c.parent) for c in compared}  # a row in two tables counts once
-            compared += [d for d in differences if (d.name, d.parent) not in said]
-            shown |= {row["config"] for row in paper[name]["rows"]}
-    others = other_configurations(shown, multitask, evidence, paper["table2"]["parent"], seed_study)
+        if name in specs:
+            text, _ = multitask_table(
+                specs[name], multitask, evidence, zero_shot, seed_study, judged=compared
+            )
+            tables += [f"## Table {number} in full: {paper[name]['title']}", "", text, ""]
     if others:
+        text, _ = multitask_table(others, multitask, evidence, seed_study=seed_study, judged=compared)
         tables += [
             "## Other configurations",
             "",
             "Configurations of `configs` that no table of the paper shows.",
             "",
-            others,
+            text,
             "",
         ]
+    in_tables = {
+        (row["config"], spec["parent"])
+        for spec in specs.values()
+        for row in spec["rows"]
+        if row["config"] != spec["parent"]
+    }
+    table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence)
 
     on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
-    summary_tables, summary_prose = beside_the_paper(
+    gpu_compared = (
+        judged_comparisons(
+            [with_facts(paper[n], on_gpu.multitask, on_gpu.multitask_dir) for n in specs],
+            on_gpu.multitask,
+            on_gpu.evidence,
+        )
+        if on_gpu
+        else []
+    )
+    gpu_columns = (
+        GpuColumns(on_gpu.multitask, gpu_compared, on_gpu.zero_shot, on_gpu.evidence, on_gpu.stale)
+        if on_gpu and on_gpu.multitask
+        else None
+    )
+    _, summary_prose = beside_the_paper(
         multitask,
         sentiment,
         paper,
         *((on_gpu.multitask, on_gpu.sentiment, on_gpu.provenance, on_gpu.stale) if on_gpu else ()),
     )
-    sections = [
+    first = [
         "# minbert results",
         "",
         "Generated by `dvc repro` (stage `report`) from the metrics files and run records under",
@@ -218,71 +241,105 @@ def write_report(
         "",
         "## Summary",
         "",
-        *summary_tables,
+        summary_prose,
         "",
-        summary_prose + " The sections below give the setup beside the paper's, the findings, every "
-        "table with its paired intervals, the controls, each run against where it started, and the "
-        "seed study.",
+        what_it_can_show(table_compared, starts),
         "",
-        what_it_can_show(compared, starts),
-        "",
-        "## Setup at a glance",
-        "",
-        *setup_section(multitask, sentiment, seed_study, paper["setup"]),
-        "",
-        "## Findings",
-        "",
-        *findings_section(
-            multitask,
-            zero_shot,
-            evidence,
-            compared,
-            controls.missed,
-            controls.checked,
-            starts,
-            _paper_best(paper),
-            paper["setup"]["summary"],
-        ),
-        "",
-        "## How to read the tables",
-        "",
-        interval_note("its parent (the row marked (parent))"),
-        "",
-        BUDGET_NOTE,
+        READING_NOTE,
         "",
         f"## Table 1: {paper['table1']['title']}",
         "",
-        table1(sentiment, paper["table1"], evidence),
-        "",
-        *tables,
-        "## Controls: what each number is measured against",
-        "",
-        controls.text,
-        "",
-        "## Against where each run started",
-        "",
-        starts.text,
-        "",
-        "## What this budget can and cannot detect",
-        "",
-        *detectable_section(compared, multitask, multitask_dir),
+        *compact_table1(
+            sentiment,
+            paper["table1"],
+            evidence,
+            *((on_gpu.sentiment, on_gpu.stale, on_gpu.evidence) if on_gpu else ()),
+        ),
         "",
     ]
+    for number, name in enumerate(MULTITASK_TABLES, start=2):
+        if name in specs:
+            first += [
+                f"## Table {number}: {paper[name]['title']}",
+                "",
+                *compact_table(specs[name], multitask, evidence, compared, zero_shot, gpu_columns),
+                "",
+            ]
+    pages = {
+        "findings.md": [
+            "## Setup at a glance",
+            "",
+            *setup_section(multitask, sentiment, seed_study, paper["setup"]),
+            "",
+            "## Findings",
+            "",
+            *findings_section(
+                multitask,
+                zero_shot,
+                evidence,
+                table_compared,
+                controls.missed,
+                controls.checked,
+                starts,
+                _paper_best(paper),
+                paper["setup"]["summary"],
+            ),
+            "",
+        ],
+        "tables.md": [
+            "## How to read the tables",
+            "",
+            interval_note("its parent (the row marked (parent))"),
+            "",
+            BUDGET_NOTE,
+            "",
+            f"## Table 1 in full: {paper['table1']['title']}",
+            "",
+            table1(sentiment, paper["table1"], evidence),
+            "",
+            *tables,
+        ],
+        "controls.md": [
+            "## Controls: what each number is measured against",
+            "",
+            controls.text,
+            "",
+            "## Against where each run started",
+            "",
+            starts.text,
+            "",
+        ],
+        "budget.md": [
+            "## What this budget can and cannot detect",
+            "",
+            *detectable_section(table_compared, multitask, multitask_dir),
+            "",
+        ],
+        "choices.md": [],
+        "seeds.md": [
+            "## Seed study",
+            "",
+            seed_section(seed_study, ablation_parents(paper), multitask, compared),
+            "",
+        ],
+        "mlm.md": ["## MLM pretraining before fine-tuning", "", mlm_section(mlm, multitask, evidence), ""],
+        "gpu.md": ["## On a GPU: the `gpu` scale", "", *gpu_section(on_gpu, paper, MULTITASK_TABLES), ""],
+    }
     if smart_file is not None:
-        sections += [
+        pages["budget.md"] += [
             "## SMART at this budget: what its settings rest on",
             "",
             smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix()),
             "",
         ]
     if paper.get("choices"):
-        sections += [
+        pages["choices.md"] += [
             "## Where the paper is silent, and what this pipeline chose",
             "",
             *(f"- {fill_facts(choice.strip(), multitask, multitask_dir)}" for choice in paper["choices"]),
             "",
         ]
-    sections += [
+    pages["choices.md"] += [
         "## What chose what",
         "",
         selection_section(
@@ -293,40 +350,35 @@ def write_report(
             paper.get("learning_rates", {}),
         ),
         "",
-        "## MLM pretraining before fine-tuning",
-        "",
-        mlm_section(mlm, multitask, evidence),
-        "",
-        "## Seed study",
-        "",
-        seed_section(seed_study, ablation_parents(paper), multitask),
-        "",
-        "## On a GPU: the `gpu` scale",
-        "",
-        *gpu_section(on_gpu, paper, MULTITASK_TABLES),
-        "",
     ]
     with atomic_directory(out_dir) as tmp:
         if paper.get("figures"):
-            sections += ["## Figures", ""]
-            # Shown as given (e.g. metrics/multitask), so the README names the files
+            figures = []
+            # Shown as given (e.g. metrics/multitask), so the report names the files
             # as the repository does and does not depend on where it was built.
             display_dir = multitask_dir.as_posix()
             for spec in paper["figures"]:
-                sections += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
+                figures += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
+            pages["figures.md"] = ["## Figures", "", *figures]
         named = {**multitask, **{f"{m['pretraining']['start']}-{m['config']}": m for m in mlm.tuned}}
-        sections += [
+        pages["provenance.md"] = [
             "## How each number was produced",
             "",
             *provenance_section(named, sentiment),
             "",
         ]
         if cross_cpu_file is not None:
-            sections += [
+            pages["provenance.md"] += [
                 "### Across CPUs",
                 "",
                 cross_cpu_section(_optional_json(Path(cross_cpu_file)), Path(cross_cpu_file).as_posix()),
                 "",
             ]
+        first += ["## The rest of the report", ""]
+        first += [f"- [{PAGES[name]}]({name})" for name in PAGES if name in pages]
+        first += [""]
+        for name, lines in pages.items():
+            head = [f"# minbert results: {PAGES[name]}", "", "[The results' first page](README.md).", ""]
+            (tmp / name).write_text("\n".join(head + lines), encoding="utf-8")
         write_plot_tables(metrics_dir, tmp / "plots")
-        (tmp / "README.md").write_text("\n".join(sections), encoding="utf-8")
+        (tmp / "README.md").write_text("\n".join(first), encoding="utf-8")

@@ -69,8 +69,8 @@ def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
         provenance,
         changed_code(provenance, sources),
     )
-    link = " Every table with its intervals, the ablations and the controls: "
-    link += "[report/README.md](report/README.md)."
+    link = " Every table with each comparison's verdict, then a page each for the full tables, "
+    link += "controls, budget, seeds, choices and the GPU: [report/README.md](report/README.md)."
     return "\n".join([*tables, "", _wrap(prose + link)])
 
 

@@ -1,0 +1,150 @@
+"""The report's first page (report/README.md): its tables, each a short form of Tables
+1-4 with ours, the GPU's and the paper's numbers side by side and every difference marked
+with the verdict of its one record (the full tables are on tables.md); and the pages it
+lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from minbert.report.comparisons import Compared, multitask_scored
+from minbert.report.evidence import Evidence
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, MODE_NAMES, NO_NUMBER, fmt, md_header, md_row
+from minbert.report.notes import row_title
+from minbert.report.tables import paper_cells, sentiment_accuracy, sentiment_delta
+from minbert.tasks import SENTIMENT_TASKS, TASKS
+
+# The pages beside the first (report/README.md), in the order it lists them: what each holds.
+PAGES = {
+    "findings.md": "Setup beside the paper's, and the findings",
+    "tables.md": "Tables 1-4 in full: intervals, budgets, paired differences per task, footnotes",
+    "controls.md": "Controls, and each run against where it started",
+    "budget.md": "What this budget can and cannot detect; SMART's settings",
+    "choices.md": "Choices: where the paper is silent, and what chose each setting",
+    "seeds.md": "Seed study",
+    "mlm.md": "MLM pretraining before fine-tuning",
+    "gpu.md": "On a GPU: the `gpu` scale in full",
+    "figures.md": "Figures",
+    "provenance.md": "How each number was produced",
+}
+READING_NOTE = (
+    "Reading the tables below: ours is the number on the full dev set; GPU, the `gpu` scale's "
+    "run where one has been made (stale: its code has changed since, gpu.md); paper, the "
+    "paper's. Δ: ours minus the parent on the same dev examples with its 95% paired-bootstrap "
+    "interval, marked with its one verdict: bold shown, † not confirmed by the seeds, ‡ "
+    "budgets differ, unmarked within dev noise (tables.md says how each is reached; it has "
+    "every number's interval and each task's difference)."
+)
+
+
+def _stale(stale: dict[str, list[str]] | None, stage: str) -> str:
+    return " (stale)" if (stale or {}).get(stage) else ""
+
+
+def compact_table1(
+    metrics: list[dict],
+    spec: dict,
+    evidence: Evidence,
+    gpu_metrics: list[dict] | None = None,
+    gpu_stale: dict[str, list[str]] | None = None,
+    gpu_evidence: Evidence | None = None,
+) -> list[str]:
+    """Table 1 on the first page: each arm's dev accuracy, ours, on a GPU and the
+    paper's, and full minus last layer (the same cells as the full table's)."""
+    ours = {(m["task"], m["mode"]): m for m in metrics}
+    on_gpu = {(m["task"], m["mode"]): m for m in gpu_metrics or []}
+    paper = next(r for r in spec["references"] if r["name"] == "paper")["rows"]
+    header = ["Task"]
+    for mode_name in MODE_NAMES.values():
+        header += [f"{mode_name} (ours)"] + [f"{mode_name} (GPU)"] * bool(on_gpu) + [f"{mode_name} (paper)"]
+    lines = md_header([*header, "Δ full − last layer (ours, paired)"])
+    for task in SENTIMENT_TASKS:
+        row = [f"{TASKS[task].title} ({TASKS[task].num_classes} classes)"]
+        for mode in MODE_NAMES:
+            m, g = ours.get((task, mode)), on_gpu.get((task, mode))
+            row.append(fmt(sentiment_accuracy(evidence, m)) if m else "not run")
+            if on_gpu:
+                stale = _stale(gpu_stale, f"sentiment@{g['run']}") if g else ""
+                row.append(fmt(sentiment_accuracy(gpu_evidence, g)) + stale if g else "not run")
+            row.append(fmt(paper.get(task, {}).get(mode)))
+        lines.append(md_row([*row, sentiment_delta(ours, evidence, task)]))
+    return lines
+
+
+def compact_table(
+    spec: dict,
+    runs: dict[str, dict],
+    evidence: Evidence,
+    judged: list[Compared],
+    zero_shot: dict | None = None,
+    gpu: GpuColumns | None = None,
+) -> list[str]:
+    """One of Tables 2-4 on the first page: each row's numbers, ours, on a GPU and the
+    paper's, and its difference of the average from the parent, rendered from the same
+    judged record (``judged``, ``gpu.judged``) and recomputed numbers as the full table's."""
+    parent = spec["parent"]
+    with_paper = any(row.get("paper") for row in spec["rows"])
+    header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), f"Δ average vs `{parent}`"]
+    if gpu:
+        header += [f"GPU {COLUMN_TITLES[c]}" for c in COLUMNS] + [f"GPU Δ average vs `{parent}`"]
+    if with_paper:
+        header += [f"paper {COLUMN_TITLES[c]}" for c in COLUMNS]
+    lines = md_header(header)
+
+    def numbers(ev: Evidence, folder: str, config: str, run: dict | None) -> list[str]:
+        if run is None:
+            return ["not run"] * len(COLUMNS)
+        scored = multitask_scored(ev, folder, config, run)
+        return [fmt(ev.column(scored, c).value) for c in COLUMNS]
+
+    def delta(records: list[Compared], config: str, run: dict | None) -> str:
+        if run is None:
+            return NO_NUMBER
+        if config == parent:
+            return "(parent)"
+        found = [c for c in records if (c.name, c.parent) == (config, parent)]
+        return found[0].cell() if found else "parent not run"
+
+    if spec.get("zero_shot") and zero_shot is not None:
+        cells = [
+            "Untrained checkpoint, zero-shot (`zero-shot`)",
+            *numbers(evidence, "zero-shot", "", zero_shot),
+        ]
+        cells.append(NO_NUMBER)
+        if gpu:
+            cells += [*numbers(gpu.evidence, "zero-shot", "", gpu.zero_shot), NO_NUMBER]
+        lines.append(md_row(cells + [NO_NUMBER] * len(COLUMNS) * with_paper))
+    for row in spec["rows"]:
+        config, m = row["config"], runs.get(row["config"])
+        title = row_title(row, m)[0] if m is not None else row["label"]
+        cells = [f"{title} (`{config}`)".replace("|", "\\|"), *numbers(evidence, "multitask", config, m)]
+        cells.append(delta(judged, config, m))
+        if gpu:
+            g = gpu.runs.get(config)
+            gpu_cells = numbers(gpu.evidence, "multitask", config, g)
+            if g is not None:
+                gpu_cells[-1] += _stale(gpu.stale, f"multitask@{config}")
+            cells += [*gpu_cells, delta(gpu.judged, config, g)]
+        if with_paper:
+            cells += paper_cells(row.get("paper"))
+        lines.append(md_row(cells))
+    return lines
+
+
+@dataclass(frozen=True)
+class GpuColumns:
+    """What the first page's tables show of the `gpu` scale: its runs, their judged
+    comparisons, its zero-shot, the evidence they recompute from, and the stale stages."""
+
+    runs: dict[str, dict]
+    judged: list[Compared]
+    zero_shot: dict | None
+    evidence: Evidence
+    stale: dict[str, list[str]]
+
+
+def whole_report(out_dir: Path) -> str:
+    """The report's pages as one text, its first page first: what a test reads."""
+    names = ["README.md", *(name for name in PAGES if (Path(out_dir) / name).is_file())]
+    return "\n".join((Path(out_dir) / name).read_text(encoding="utf-8") for name in names)
