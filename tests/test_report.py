@@ -396,6 +396,30 @@ def test_identical_predictions_are_indistinguishable_and_a_large_gain_is_not(tex
     assert _row(table3, "| `concatenation` |")[-1].endswith(" †")
 
 
+def table_shapes(text: str) -> list[str]:
+    """The rows of the markdown tables in ``text`` whose cell count is not their header's."""
+    wrong, width = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2
+        width = width or cells
+        wrong += [line] if cells != width else []
+    return wrong
+
+
+def test_the_first_page_sets_ours_beside_the_paper_in_whole_rows(text):
+    first = text.split("\n# minbert results: ")[0]  # whole_report: the first page first
+    assert not table_shapes(text)
+    table2 = _sections(first)["Table 2"]
+    header = next(line for line in table2.splitlines() if line.startswith("|"))
+    assert "| Average | Average over seeds | Δ average vs `baseline` |" in header
+    zero = _row(table2, "(`zero-shot`)")
+    assert zero[5:7] == ["—", "—"] and all(re.match(r"^\d\.\d{3}$", c) for c in zero[1:5])
+    assert "The tables' runs use seed 11711" in _sections(first)["Summary"]
+
+
 def test_zero_shot_row_test_row_and_checkpoint_note(text):
     table2 = _sections(text)["Table 2"]
     zero = _row(table2, "(`zero-shot`)")

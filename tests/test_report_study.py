@@ -23,6 +23,7 @@ from test_report import (
     _write_run,
     report,
     save,
+    table_shapes,
     write_labels,
     write_multitask,
 )
@@ -675,7 +676,7 @@ def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_call
     # The first page's Table 2: the GPU's numbers beside ours, `best` not run there.
     first = _sections((tmp_path / "report" / "README.md").read_text(encoding="utf-8"))["Table 2"]
     baseline = _row(first, "(`baseline`)")
-    assert baseline[1:5] == baseline[6:10] and _row(first, "(`best`)")[6] == "not run"
+    assert baseline[1:5] == baseline[7:11] and _row(first, "(`best`)")[7] == "not run"
 
 
 def _headline(root: Path) -> str:
@@ -700,7 +701,8 @@ def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     sections = _sections(report(root, tmp_path / "current"))
     assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | none |" in sections["On a GPU"]
     assert "Stale" not in sections["On a GPU"] and "stale" not in _headline(root)
-    assert "(stale)" not in _row(sections["Table 2"], "(`baseline`)")[9]  # the first page's GPU average
+    current = _sections((tmp_path / "current" / "README.md").read_text(encoding="utf-8"))["Table 2"]
+    assert _row(current, "(`baseline`)")[10] == _row(current, "(`baseline`)")[4]  # the GPU average, not stale
     assert _row(_headline(root), "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d)"
     (root / GPU_CODE).write_text("# the step as it is now\n")  # its hash is not the one it ran with
     report(root, tmp_path / "stale")
@@ -713,7 +715,7 @@ def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     assert f"- [{note}] " in table and "Stale: `multitask@baseline` ran at aebbd8d; since then " in table
     assert "`multitask_step.py` changed" in table
     first = _sections((tmp_path / "stale" / "README.md").read_text(encoding="utf-8"))
-    assert _row(first["Table 2"], "(`baseline`)")[9].endswith(" (stale)")
+    assert _row(first["Table 2"], "(`baseline`)")[10].endswith(" (stale)")
     summary = _headline(root)
     assert _row(summary, "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d, stale)"
     assert "A GPU row marked stale ran at the commit it names" in summary
@@ -872,8 +874,9 @@ def _one_verdict_each(directory: Path) -> dict[tuple, set[str]]:
     assert not wrong, wrong
     two = {key: said for key, said in found.items() if len(said) > 1}
     assert not two, two
-    for text in _pages(directory).values():
+    for name, text in _pages(directory).items():
         assert not re.search(r"\bdistinguishable\b|\bmeasurable\b", text)  # the old verdicts' words
+        assert not table_shapes(text), name  # every row of a table has its header's cells
     return found
 
 

@@ -5,15 +5,16 @@ lists."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.report.comparisons import Compared, multitask_scored
+from minbert.report.comparisons import Compared, multitask_scored, seed_interval
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, MODE_NAMES, NO_NUMBER, fmt, md_header, md_row
 from minbert.report.notes import row_title
 from minbert.report.tables import paper_cells, sentiment_accuracy, sentiment_delta
-from minbert.tasks import SENTIMENT_TASKS, TASKS
+from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
 
 # The pages beside the first (report/README.md), in the order it lists them: what each holds.
 PAGES = {
@@ -31,10 +32,12 @@ PAGES = {
 READING_NOTE = (
     "Reading the tables below: ours is the number on the full dev set; GPU, the `gpu` scale's "
     "run where one has been made (stale: its code has changed since, gpu.md); paper, the "
-    "paper's. Δ: ours minus the parent on the same dev examples with its 95% paired-bootstrap "
-    "interval, marked with its one verdict: bold shown, † not confirmed by the seeds, ‡ "
-    "budgets differ, unmarked within dev noise (tables.md says how each is reached; it has "
-    "every number's interval and each task's difference)."
+    "paper's. Average over seeds: the configuration's average over every seed it was trained "
+    "with (seeds.md), mean [95% interval over seeds] (count). Δ: ours minus the parent on the "
+    "same dev examples with its 95% paired-bootstrap interval, marked with its one verdict: "
+    "bold shown, † not confirmed by the seeds, ‡ budgets differ, unmarked within dev noise "
+    "(tables.md says how each is reached; it has every number's interval and each task's "
+    "difference)."
 )
 
 
@@ -79,13 +82,16 @@ def compact_table(
     judged: list[Compared],
     zero_shot: dict | None = None,
     gpu: GpuColumns | None = None,
+    seed_study: dict | None = None,
 ) -> list[str]:
     """One of Tables 2-4 on the first page: each row's numbers, ours, on a GPU and the
-    paper's, and its difference of the average from the parent, rendered from the same
-    judged record (``judged``, ``gpu.judged``) and recomputed numbers as the full table's."""
+    paper's, its average over the seed study's seeds with their interval (``seed_runs``),
+    and its difference of the average from the parent, rendered from the same judged
+    record (``judged``, ``gpu.judged``) and recomputed numbers as the full table's."""
     parent = spec["parent"]
     with_paper = any(row.get("paper") for row in spec["rows"])
-    header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), f"Δ average vs `{parent}`"]
+    header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS)]
+    header += ["Average over seeds", f"Δ average vs `{parent}`"]
     if gpu:
         header += [f"GPU {COLUMN_TITLES[c]}" for c in COLUMNS] + [f"GPU Δ average vs `{parent}`"]
     if with_paper:
@@ -111,7 +117,7 @@ def compact_table(
             "Untrained checkpoint, zero-shot (`zero-shot`)",
             *numbers(evidence, "zero-shot", "", zero_shot),
         ]
-        cells.append(NO_NUMBER)
+        cells += [NO_NUMBER, NO_NUMBER]
         if gpu:
             cells += [*numbers(gpu.evidence, "zero-shot", "", gpu.zero_shot), NO_NUMBER]
         lines.append(md_row(cells + [NO_NUMBER] * len(COLUMNS) * with_paper))
@@ -119,7 +125,7 @@ def compact_table(
         config, m = row["config"], runs.get(row["config"])
         title = row_title(row, m)[0] if m is not None else row["label"]
         cells = [f"{title} (`{config}`)".replace("|", "\\|"), *numbers(evidence, "multitask", config, m)]
-        cells.append(delta(judged, config, m))
+        cells += [over_seeds(seed_study, config), delta(judged, config, m)]
         if gpu:
             g = gpu.runs.get(config)
             gpu_cells = numbers(gpu.evidence, "multitask", config, g)
@@ -130,6 +136,41 @@ def compact_table(
             cells += paper_cells(row.get("paper"))
         lines.append(md_row(cells))
     return lines
+
+
+def over_seeds(seed_study: dict | None, config: str) -> str:
+    """A configuration's average over every seed it was trained with (``seed_runs``: the
+    tables' own included), its mean with the 95% interval over seeds and their count."""
+    rows = (seed_study or {}).get("configs", {}).get(config, [])
+    iv = seed_interval([r[AVERAGE] for r in rows])
+    return NO_NUMBER if iv is None else f"{iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}] ({len(rows)})"
+
+
+def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict[str, int]) -> str:
+    """Which seed chose the settings (``chose``: each choice's file and the seed it ran
+    with) against the tables' own, and how the tables' seed's average compares with the
+    mean of the study's other seeds."""
+    own = sorted({m["seed"] for m in runs.values()})
+    if not own:
+        return ""
+    same = [f"`{name}`" for name, seed in chose.items() if seed in own]
+    said = f"The tables' runs use seed {', '.join(map(str, own))}"
+    if same:
+        said += f", the seed the choices of {', '.join(same)} were made with"
+        said += ": theirs are the development seed's numbers"
+    configs = (seed_study or {}).get("configs", {})
+    gaps = [
+        runs[c][AVERAGE] - statistics.mean(r[AVERAGE] for r in rows if r["seed"] not in own)
+        for c, rows in configs.items()
+        if c in runs and any(r["seed"] not in own for r in rows)
+    ]
+    if gaps:
+        said += (
+            f". Its average is above the mean of the seed study's other seeds in {sum(g > 0 for g in gaps)} "
+            f"of {len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average): quote the "
+            "average over seeds"
+        )
+    return said + "."
 
 
 @dataclass(frozen=True)

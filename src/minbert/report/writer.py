@@ -19,7 +19,14 @@ from minbert.report.detectable import detectable_section, smart_collapse_section
 from minbert.report.evidence import Evidence
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
-from minbert.report.first_page import PAGES, READING_NOTE, GpuColumns, compact_table, compact_table1
+from minbert.report.first_page import (
+    PAGES,
+    READING_NOTE,
+    GpuColumns,
+    compact_table,
+    compact_table1,
+    development_seed,
+)
 from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
 from minbert.report.notes import fill_facts, with_facts
 from minbert.report.plots import write_plot_tables
@@ -136,6 +143,20 @@ def ablation_parents(paper: dict) -> dict[str, str]:
     return parents
 
 
+def _choices_seeds(metrics_dir: Path, smart_file: Path | None) -> dict[str, int]:
+    """Each committed choice's file and the seed it ran with: the learning-rate search's
+    points and SMART's measurement."""
+    chose = {}
+    search = _optional_json(metrics_dir / LR_SEARCH_FILE)
+    seeds = {r["seed"] for r in (search or {}).get("runs", []) if "seed" in r}
+    if len(seeds) == 1:
+        chose[(metrics_dir / LR_SEARCH_FILE).as_posix()] = seeds.pop()
+    smart = _optional_json(Path(smart_file)) if smart_file is not None else None
+    if smart and "seed" in smart.get("args", {}):
+        chose[Path(smart_file).as_posix()] = smart["args"]["seed"]
+    return chose
+
+
 def _paper_best(paper: dict) -> tuple[str, float] | None:
     """The paper's best model and its dev average (Table 2's last row)."""
     rows = [r for r in paper.get("table2", {}).get("rows", []) if (r.get("paper") or {}).get("average")]
@@ -245,6 +266,8 @@ def write_report(
         "",
         what_it_can_show(table_compared, starts),
         "",
+        development_seed(multitask, seed_study, _choices_seeds(metrics_dir, smart_file)),
+        "",
         READING_NOTE,
         "",
         f"## Table 1: {paper['table1']['title']}",
@@ -262,7 +285,9 @@ def write_report(
             first += [
                 f"## Table {number}: {paper[name]['title']}",
                 "",
-                *compact_table(specs[name], multitask, evidence, compared, zero_shot, gpu_columns),
+                *compact_table(
+                    specs[name], multitask, evidence, compared, zero_shot, gpu_columns, seed_study
+                ),
                 "",
             ]
     pages = {
