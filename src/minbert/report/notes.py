@@ -224,3 +224,22 @@ def with_facts(spec: dict, runs: dict[str, dict], multitask_dir: Path) -> dict:
         for row in spec["rows"]
     ]
     return {**spec, "rows": rows}
+
+
+def ablation_parents(paper: dict, tables: list[str]) -> dict[str, str]:
+    """Each configuration's ablation parent: that of the first multitask table that
+    shows it as a row other than its parent (``best`` is compared with ``baseline``,
+    Table 4's rows with ``best``)."""
+    parents: dict[str, str] = {}
+    for name in tables:
+        spec = paper.get(name, {})
+        for row in spec.get("rows", []):
+            if row["config"] != spec.get("parent"):
+                parents.setdefault(row["config"], spec["parent"])
+    return parents
+
+
+def paper_best(paper: dict) -> tuple[str, float] | None:
+    """The paper's best model and its dev average (Table 2's last row)."""
+    rows = [r for r in paper.get("table2", {}).get("rows", []) if (r.get("paper") or {}).get("average")]
+    return (rows[-1]["config"], rows[-1]["paper"]["average"]) if rows else None

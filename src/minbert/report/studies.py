@@ -353,3 +353,15 @@ def seed_section(
     if verdicts:
         lines += ["", *verdicts]
     return "\n".join(lines)
+
+
+def choice_seeds(choices: dict[str, dict | None]) -> dict[str, int]:
+    """Each committed choice's file (``choices``: its path and content, None when absent)
+    and the one seed it ran with: a search's points (``runs``) or a bench's ``args``."""
+    chose = {}
+    for name, found in choices.items():
+        seeds = {r["seed"] for r in (found or {}).get("runs", []) if "seed" in r}
+        seeds |= {found["args"]["seed"]} if found and "seed" in found.get("args", {}) else set()
+        if len(seeds) == 1:
+            chose[name] = seeds.pop()
+    return chose

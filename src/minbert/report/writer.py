@@ -28,11 +28,11 @@ from minbert.report.first_page import (
     development_seed,
 )
 from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
-from minbert.report.notes import fill_facts, with_facts
+from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
-from minbert.report.studies import seed_section, selection_section
+from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import judged_comparisons, multitask_table, other_spec, table1
 from minbert.results import STEPS, read_result, read_results
@@ -128,39 +128,6 @@ def check_paper(paper: dict) -> None:
         for key in ("file", "title", "caption", "configs"):
             if key not in spec:
                 raise ValueError(f"paper.yaml figures[{i}]: missing `{key}`")
-
-
-def ablation_parents(paper: dict) -> dict[str, str]:
-    """Each configuration's ablation parent: that of the first multitask table that
-    shows it as a row other than its parent (``best`` is compared with ``baseline``,
-    Table 4's rows with ``best``)."""
-    parents: dict[str, str] = {}
-    for name in MULTITASK_TABLES:
-        spec = paper.get(name, {})
-        for row in spec.get("rows", []):
-            if row["config"] != spec.get("parent"):
-                parents.setdefault(row["config"], spec["parent"])
-    return parents
-
-
-def _choices_seeds(metrics_dir: Path, smart_file: Path | None) -> dict[str, int]:
-    """Each committed choice's file and the seed it ran with: the learning-rate search's
-    points and SMART's measurement."""
-    chose = {}
-    search = _optional_json(metrics_dir / LR_SEARCH_FILE)
-    seeds = {r["seed"] for r in (search or {}).get("runs", []) if "seed" in r}
-    if len(seeds) == 1:
-        chose[(metrics_dir / LR_SEARCH_FILE).as_posix()] = seeds.pop()
-    smart = _optional_json(Path(smart_file)) if smart_file is not None else None
-    if smart and "seed" in smart.get("args", {}):
-        chose[Path(smart_file).as_posix()] = smart["args"]["seed"]
-    return chose
-
-
-def _paper_best(paper: dict) -> tuple[str, float] | None:
-    """The paper's best model and its dev average (Table 2's last row)."""
-    rows = [r for r in paper.get("table2", {}).get("rows", []) if (r.get("paper") or {}).get("average")]
-    return (rows[-1]["config"], rows[-1]["paper"]["average"]) if rows else None
 
 
 def write_report(
@@ -266,7 +233,16 @@ def write_report(
         "",
         what_it_can_show(table_compared, starts),
         "",
-        development_seed(multitask, seed_study, _choices_seeds(metrics_dir, smart_file)),
+        development_seed(
+            multitask,
+            seed_study,
+            choice_seeds(
+                {
+                    (metrics_dir / LR_SEARCH_FILE).as_posix(): _optional_json(metrics_dir / LR_SEARCH_FILE),
+                    **({Path(smart_file).as_posix(): _optional_json(Path(smart_file))} if smart_file else {}),
+                }
+            ),
+        ),
         "",
         READING_NOTE,
         "",
@@ -306,7 +282,7 @@ def write_report(
                 controls.missed,
                 controls.checked,
                 starts,
-                _paper_best(paper),
+                paper_best(paper),
                 paper["setup"]["summary"],
             ),
             "",
@@ -344,7 +320,7 @@ def write_report(
         "seeds.md": [
             "## Seed study",
             "",
-            seed_section(seed_study, ablation_parents(paper), multitask, compared),
+            seed_section(seed_study, ablation_parents(paper, MULTITASK_TABLES), multitask, compared),
             "",
         ],
         "mlm.md": ["## MLM pretraining before fine-tuning", "", mlm_section(mlm, multitask, evidence), ""],
