@@ -27,6 +27,7 @@ from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 
 from minbert.pipeline.params import multitask_settings, resolve_all, validate
 from minbert.pipeline.schema import lineage
+from minbert.report.first_page import whole_report
 from minbert.results import read_result
 
 pytestmark = pytest.mark.slow  # the real pipeline through `dvc repro`
@@ -128,7 +129,7 @@ def test_repro_produces_every_output(pipeline):
     manifest = json.loads((pipeline / "data" / "prepared" / "manifest.json").read_text())
     assert manifest["quora_split"]["kind"] == "carved-from-dev"
     assert not any(i["verified"] for i in manifest["inputs"])  # a slice is not the course file
-    report = (pipeline / "report" / "README.md").read_text()
+    report = whole_report(pipeline / "report")
     assert "Table 1" in report and "sst-full" in report and "0.505" in report
     lock = yaml.safe_load((pipeline / "dvc.lock").read_text())
     assert {"prepare", "tokenize", "zero-shot", "report", "sentiment@sst-full"} <= set(lock["stages"])
@@ -146,10 +147,11 @@ def test_repro_produces_every_output(pipeline):
     assert zero_shot["dev_examples"]["sts"] == ROWS and -1 <= zero_shot["sts"] <= 1
     for figure in ("figure2-loss.png", "figure3-average.png", "figure-conflicts.png"):
         assert (pipeline / "report" / figure).stat().st_size > 10_000
-    # The report opens with its setup and findings, and names every configuration.
-    assert report.startswith("# minbert results") and report.index("## Setup at a glance") < report.index(
-        "## Findings"
-    ) < report.index("## Table 1")
+    # The report opens with its summary and tables, then its pages (setup and findings
+    # first), and names every configuration.
+    assert report.startswith("# minbert results\n") and report.index("## Summary") < report.index(
+        "## Table 1"
+    ) < report.index("## Setup at a glance") < report.index("## Findings")
     for config in configs:
         assert f"`{config}`" in report.split("## How each number was produced")[1]
     assert (pipeline / "models" / "multitask" / "best" / "README.md").is_file()  # the model card
@@ -164,8 +166,8 @@ def test_mlm_pretraining_runs_by_default_and_feeds_fine_tuning(pipeline):
     assert tuned["pretraining"]["start"] == "continue"
     assert "MLM continue" in tuned["checkpoint"]["name"]
     assert (pipeline / "models" / "mlm" / "continue" / "model.safetensors").is_file()
-    report = (pipeline / "report" / "README.md").read_text()
-    section = report[report.index("## MLM pretraining") : report.index("## Seed study")]
+    report = (pipeline / "report" / "mlm.md").read_text(encoding="utf-8")
+    section = report[report.index("## MLM pretraining") :]
     rows = [line for line in section.splitlines() if line.startswith("| `baseline` |")]
     assert len(rows) == 2 and "MLM continue" in rows[1] and "MLM" not in rows[0]
     assert rows[0].endswith("| (parent) |") and "[" in rows[1].split("|")[-2]
@@ -291,7 +293,7 @@ def test_after_the_experiment_every_view_says_what_ran(experiment):
     columns; `dvc plots diff HEAD` tells the revisions apart and draws the training loss
     as a curve within the one epoch's steps."""
     pipeline = experiment
-    report = (pipeline / "report" / "README.md").read_text(encoding="utf-8")
+    report = whole_report(pipeline / "report")
     titles = [line.split(" | ")[0] for line in report.splitlines() if "(`baseline`)" in line.split(" | ")[0]]
     assert titles and all("AdamaxW" in t and not re.search(r"\bAdamW\b", t) for t in titles), titles
     env = {**tool_env(), "COLUMNS": "200"}

@@ -506,10 +506,27 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
         },
     }
     text = smart_collapse_section(measurement, "bench/results/smart_collapse.json")
-    assert "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | loss | smoothness | Bregman |" in text
-    assert "| token_norm 1 | 0.300 | 0.000 | 0.42 | 0.80 | 0.35 |" in text
+    assert (
+        "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | loss | smoothness | Bregman "
+        "| The runs' SMART settings |"
+    ) in text
+    assert "| token_norm 1 | 0.300 | 0.000 | 0.42 | 0.80 | 0.35 | not recorded |" in text
     assert "seed 11711, 72 optimizer steps" in text
     assert "No measurement" in smart_collapse_section(None, "x.json")
+    # Each variant against the settings the runs used: a norm the runs do not use is named.
+    smart = {"lambda_s": 1.0, "projection": "token", "token_norm": 0.1}
+    variants = measurement["results"]["variants"]
+    variants["token_norm 1"]["smart"] = {**smart, "token_norm": 1.0}
+    variants["token_norm 0.1"]["smart"] = smart
+    runs = {"best": {"settings": {"smart": smart}, "steps": 144}, "baseline": {"settings": {"smart": None}}}
+    text = smart_collapse_section(measurement, "x.json", runs)
+    assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | `best` |" in text
+    assert "`best` 144 optimizer steps against the measurement's 72; each ran with the settings" in text
+    runs["best"]["settings"]["smart"] = {**smart, "token_norm": 0.01}
+    text = smart_collapse_section(measurement, "x.json", runs)
+    assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
+    assert "the settings of `best` (lambda_s 1, projection token, token_norm 0.01) are those of no" in text
+    assert "SMART's settings were chosen at other settings than the committed runs'" in text
 
 
 def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
@@ -908,3 +925,14 @@ def test_the_committed_report_gives_each_comparison_one_verdict_on_a_first_page_
     assert len(first.encode()) <= 15_000, len(first.encode())
     table2 = next(i for i, line in enumerate(first.splitlines()) if line.startswith("## Table 2"))
     assert table2 < 60, table2
+
+
+def test_a_decay_a_one_epoch_run_never_applies_says_so():
+    from minbert.report.notes import rates
+
+    s = {"optimizer": "adamaxw", "lr": 3e-4, "head_lr": 1e-3, "lr_schedule": "exponential", "lr_gamma": 0.9}
+    assert (
+        rates({**s, "epochs": 1})
+        == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch (never applied: one epoch)"
+    )
+    assert rates({**s, "epochs": 3}) == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch"

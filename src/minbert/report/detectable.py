@@ -13,6 +13,7 @@ import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p
 from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
+from minbert.results import STEPS
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
@@ -112,10 +113,12 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
     return lines + (["", *reasons] if reasons else [])
 
 
-def smart_collapse_section(measurement: dict | None, source: str) -> str:
+def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str, dict] | None = None) -> str:
     """Why SMART's settings are what they are here: ``bench/smart_collapse.py``'s runs of one
     configuration per variant of SMART's settings (``measurement``: its result file), the
-    validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head."""
+    validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head;
+    each variant said to be, or not to be, the settings the tables' runs with SMART used
+    (``runs``), and the measurement's steps beside theirs: a choice made elsewhere says so."""
     if measurement is None:
         return (
             f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
@@ -123,6 +126,7 @@ def smart_collapse_section(measurement: dict | None, source: str) -> str:
     found = measurement["results"]
     variants = found["variants"]
     epochs = len(next(iter(variants.values()))["epochs"])
+    used = {n: m["settings"]["smart"] for n, m in (runs or {}).items() if m["settings"].get("smart")}
     lines = [
         f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
         f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
@@ -131,21 +135,54 @@ def smart_collapse_section(measurement: dict | None, source: str) -> str:
         f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
         "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
         "of lambda_s times the smoothness term and of mu times the Bregman term "
-        "(docs/smart.md says what they show).",
+        "(docs/smart.md says what they show). A variant's name is the one it was measured under.",
         "",
         *md_header(
-            ["Variant", *(f"Quora MCC, epoch {e}" for e in range(epochs)), "loss", "smoothness", "Bregman"]
+            [
+                "Variant",
+                *(f"Quora MCC, epoch {e}" for e in range(epochs)),
+                "loss",
+                "smoothness",
+                "Bregman",
+                "The runs' SMART settings",
+            ]
         ),
     ]
+    matched = []
     for name, variant in variants.items():
         gradient = variant["epochs"][1]["head_gradient_quora"]
+        same = [n for n, smart in used.items() if "smart" in variant and variant["smart"] == smart]
+        matched += same
         lines.append(
             md_row(
                 [
                     name,
                     *(f"{e['validation']['quora_mcc']:.3f}" for e in variant["epochs"]),
                     *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
+                    ", ".join(f"`{n}`" for n in same)
+                    if same
+                    else ("not recorded" if "smart" not in variant else "no"),
                 ]
             )
         )
+    if used:
+        unmatched = [n for n in used if n not in matched]
+        steps = ", ".join(f"`{n}` {runs[n][STEPS]}" for n in used)
+        lines += [
+            "",
+            f"The tables' runs with SMART made {steps} optimizer steps against the measurement's "
+            f"{found['steps']}"
+            + (
+                f"; the settings of {', '.join(f'`{n}`' for n in unmatched)} ("
+                + "; ".join(sorted({_smart_words(used[n]) for n in unmatched}))
+                + ") are those of no variant measured here: SMART's settings were chosen at other "
+                "settings than the committed runs'."
+                if unmatched
+                else "; each ran with the settings of a variant measured here."
+            ),
+        ]
     return "\n".join(lines)
+
+
+def _smart_words(smart: dict) -> str:
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in smart.items())

@@ -27,8 +27,11 @@ def selection_note(runs: dict[str, dict], which: str) -> str:
 
 
 def rates(s: dict) -> str:
-    """A multitask run's optimizer, learning rates and schedule, from its settings."""
+    """A multitask run's optimizer, learning rates and schedule, from its settings; a
+    decay per epoch that a one-epoch run never applies says so."""
     schedule = f"× {s['lr_gamma']} per epoch" if s["lr_schedule"] == "exponential" else "constant"
+    if s["lr_schedule"] == "exponential" and s.get("epochs") == 1:
+        schedule += " (never applied: one epoch)"
     heads = f" (heads {s['head_lr']:g})" if s.get("head_lr") is not None else ""
     return f"{s['optimizer']} lr {s['lr']:g}{heads}, {schedule}"
 

@@ -330,7 +330,7 @@ def write_report(
         pages["budget.md"] += [
             "## SMART at this budget: what its settings rest on",
             "",
-            smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix()),
+            smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix(), multitask),
             "",
         ]
     if paper.get("choices"):
