@@ -91,7 +91,7 @@ def model_block(metrics: Path) -> str:
         f"(scale `{run['scale']}`; epoch {run['epoch']} of {run['epochs']}, chosen on validation). "
         "On the full dev sets, beside the untrained checkpoint it starts from (the `zero-shot` stage)"
         + (f", it scores below it on {', '.join(below)}" if below else "")
-        + " (the report's \"Findings\" table gives the differences' intervals):"
+        + ' (the "Findings" table of report/findings.md gives the differences\' intervals):'
     )
     table = [
         *md_header(["full dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)]),
