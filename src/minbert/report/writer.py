@@ -327,7 +327,7 @@ def write_report(
         "gpu.md": ["## On a GPU: the `gpu` scale", "", *gpu_section(on_gpu, paper, MULTITASK_TABLES), ""],
     }
     if smart_file is not None:
-        pages["budget.md"] += [
+        pages["smart.md"] = [
             "## SMART at this budget: what its settings rest on",
             "",
             smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix(), multitask),
