@@ -414,7 +414,7 @@ def test_the_first_page_sets_ours_beside_the_paper_in_whole_rows(text):
     assert not table_shapes(text)
     table2 = _sections(first)["Table 2"]
     header = next(line for line in table2.splitlines() if line.startswith("|"))
-    assert "| Average | Average over seeds | Δ average vs `baseline` |" in header
+    assert "| Average | Seeds | Δ average vs `baseline` |" in header
     zero = _row(table2, "(`zero-shot`)")
     assert zero[5:7] == ["—", "—"] and all(re.match(r"^\d\.\d{3}$", c) for c in zero[1:5])
     assert "The tables' runs use seed 11711" in _sections(first)["Summary"]

@@ -813,6 +813,7 @@ def test_seeds_run_at_other_settings_than_the_tables_run_are_left_out_and_named(
 _SIGNED = r"([+-]\d\.\d{3}) \[([+-]\d\.\d{3,}), ([+-]\d\.\d{3,})\]"
 _CELL = re.compile(rf"^(\*\*)?{_SIGNED}(\*\*)?(?: ([†‡]))?$")
 _CLAUSE = re.compile(rf"^({'|'.join(COLUMN_TITLES.values())}) {_SIGNED}: ({'|'.join(VERDICTS)})\b")
+_SAID_CELL = re.compile(rf"^{_SIGNED} \((one seed|\d+ seeds)\): ({'|'.join(VERDICTS)})$")
 _DELTA_HEADER = re.compile(rf"^(GPU )?Δ ({'|'.join(COLUMN_TITLES.values())}|average) vs `([\w-]+)`$")
 _MARKS = {("**", ""): SHOWN, ("", "†"): UNCONFIRMED, ("", "‡"): BUDGETS_DIFFER, ("", ""): WITHIN_NOISE}
 
@@ -859,6 +860,15 @@ def verdicts_in(pages: dict[str, str]) -> tuple[dict[tuple, set[str]], list[str]
                 continue
             names = re.findall(r"`([\w-]+)`", cells[0])
             for title, cell in zip(header, cells):
+                h = _DELTA_HEADER.match(title)
+                said = _SAID_CELL.match(cell)
+                if h and names and said:  # the first page's: an interval, its seeds, the verdict
+                    key = ("gpu" if h[1] or scale == "gpu" else "cpu", names[-1], h[3], titles[h[2]])
+                    found.setdefault(key, set()).add(said[5])
+                    if said[5] == SHOWN and not _excludes(said[2], said[3]):
+                        wrong.append(f"{page}: {cells[0]} {title}: {cell}")
+                    if said[4] == "one seed" and (said[5] == WITHIN_NOISE) == _excludes(said[2], said[3]):
+                        wrong.append(f"{page}: {cells[0]} {title}: {cell}")
                 m = _CELL.match(cell)
                 if m is None:
                     continue

@@ -9,9 +9,18 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.report.comparisons import Compared, multitask_scored, seed_interval
+from minbert.report.comparisons import MIN_SEEDS, Compared, multitask_scored
 from minbert.report.evidence import Evidence
-from minbert.report.formatting import COLUMN_TITLES, COLUMNS, MODE_NAMES, NO_NUMBER, fmt, md_header, md_row
+from minbert.report.formatting import (
+    COLUMN_TITLES,
+    COLUMNS,
+    MODE_NAMES,
+    NO_NUMBER,
+    fmt,
+    fmt_signed,
+    md_header,
+    md_row,
+)
 from minbert.report.notes import row_title
 from minbert.report.tables import paper_cells, sentiment_accuracy, sentiment_delta
 from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
@@ -31,14 +40,14 @@ PAGES = {
     "provenance.md": "How each number was produced",
 }
 READING_NOTE = (
-    "Reading the tables below: ours is the number on the full dev set; GPU, the `gpu` scale's "
-    "run where one has been made (stale: its code has changed since, gpu.md); paper, the "
-    "paper's. Average over seeds: the configuration's average over every seed it was trained "
-    "with (seeds.md), mean [95% interval over seeds] (count). Δ: ours minus the parent on the "
-    "same dev examples with its 95% paired-bootstrap interval, marked with its one verdict: "
-    "bold shown, † not confirmed by the seeds, ‡ budgets differ, unmarked within dev noise "
-    "(tables.md says how each is reached; it has every number's interval and each task's "
-    "difference)."
+    "Reading Tables 2-4 below: each number is the mean over every seed the configuration was "
+    "trained with (Seeds: how many; seeds.md), on the full dev sets; Δ: the mean over those seeds "
+    "of the row's average minus its parent's, seed by seed, with its 95% interval over seeds and "
+    "the comparison's one verdict: shown, not confirmed by the seeds, budgets differ, or within "
+    "dev noise (how each is reached, and the tables' own seed with its dev intervals and marks: "
+    "tables.md). GPU: the `gpu` scale's one run where one has been made (stale: its code has "
+    "changed since, gpu.md), its Δ over the dev examples; paper: the paper's. Table 1: the "
+    "tables' seed, its Δ marked bold shown, † not confirmed by the seeds, ‡ budgets differ."
 )
 
 
@@ -85,25 +94,33 @@ def compact_table(
     gpu: GpuColumns | None = None,
     seed_study: dict | None = None,
 ) -> list[str]:
-    """One of Tables 2-4 on the first page: each row's numbers, ours, on a GPU and the
-    paper's, its average over the seed study's seeds with their interval (``seed_runs``),
-    and its difference of the average from the parent, rendered from the same judged
-    record (``judged``, ``gpu.judged``) and recomputed numbers as the full table's."""
+    """One of Tables 2-4 on the first page: each row's numbers as the mean over every seed
+    it was trained with (``seed_runs``; one seed's where the study has fewer than
+    ``MIN_SEEDS``), the GPU's and the paper's; its difference of the average from the
+    parent over those seeds, with its interval and the verdict of its one record
+    (``judged``, ``gpu.judged``). The tables' own seed and its dev intervals: tables.md."""
     parent = spec["parent"]
     with_paper = any(row.get("paper") for row in spec["rows"])
-    header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS)]
-    header += ["Average over seeds", f"Δ average vs `{parent}`"]
+    header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), "Seeds", f"Δ average vs `{parent}`"]
     if gpu:
         header += [f"GPU {COLUMN_TITLES[c]}" for c in COLUMNS] + [f"GPU Δ average vs `{parent}`"]
     if with_paper:
         header += [f"paper {COLUMN_TITLES[c]}" for c in COLUMNS]
     lines = md_header(header)
+    seeded = (seed_study or {}).get("configs", {})
 
-    def numbers(ev: Evidence, folder: str, config: str, run: dict | None) -> list[str]:
+    def numbers(ev: Evidence, folder: str, config: str, run: dict | None, seeds: bool = False) -> list[str]:
         if run is None:
             return ["not run"] * len(COLUMNS)
+        rows = seeded.get(config, []) if seeds else []
+        if len(rows) >= MIN_SEEDS:
+            return [fmt(statistics.mean(r[c] for r in rows)) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
         return [fmt(ev.column(scored, c).value) for c in COLUMNS]
+
+    def seeds(config: str) -> str:
+        count = len(seeded.get(config, []))
+        return str(count) if count >= MIN_SEEDS else "1"
 
     def delta(records: list[Compared], config: str, run: dict | None) -> str:
         if run is None:
@@ -111,7 +128,13 @@ def compact_table(
         if config == parent:
             return "(parent)"
         found = [c for c in records if (c.name, c.parent) == (config, parent)]
-        return found[0].cell() if found else "parent not run"
+        if not found:
+            return "parent not run"
+        record = found[0]
+        over = record.comparison.over_seeds(AVERAGE)
+        if over is None:  # one seed: its dev interval
+            return f"{fmt_signed(record.ivs[AVERAGE])} (one seed): {record.verdict()}"
+        return f"{fmt_signed(over)} ({record.comparison.seed_count} seeds): {record.verdict()}"
 
     if spec.get("zero_shot") and zero_shot is not None:
         cells = [
@@ -125,8 +148,11 @@ def compact_table(
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
         title = row_title(row, m)[0] if m is not None else row["label"]
-        cells = [f"{title} (`{config}`)".replace("|", "\\|"), *numbers(evidence, "multitask", config, m)]
-        cells += [over_seeds(seed_study, config), delta(judged, config, m)]
+        cells = [
+            f"{title} (`{config}`)".replace("|", "\\|"),
+            *numbers(evidence, "multitask", config, m, True),
+        ]
+        cells += [seeds(config) if m else NO_NUMBER, delta(judged, config, m)]
         if gpu:
             g = gpu.runs.get(config)
             gpu_cells = numbers(gpu.evidence, "multitask", config, g)
@@ -137,14 +163,6 @@ def compact_table(
             cells += paper_cells(row.get("paper"))
         lines.append(md_row(cells))
     return lines
-
-
-def over_seeds(seed_study: dict | None, config: str) -> str:
-    """A configuration's average over every seed it was trained with (``seed_runs``: the
-    tables' own included), its mean with the 95% interval over seeds and their count."""
-    rows = (seed_study or {}).get("configs", {}).get(config, [])
-    iv = seed_interval([r[AVERAGE] for r in rows])
-    return NO_NUMBER if iv is None else f"{iv.value:.3f} [{iv.low:.3f}, {iv.high:.3f}] ({len(rows)})"
 
 
 def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict[str, int]) -> str:
@@ -168,8 +186,8 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
     if gaps:
         said += (
             f". Its average is above the mean of the seed study's other seeds in {sum(g > 0 for g in gaps)} "
-            f"of {len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average): quote the "
-            "average over seeds"
+            f"of {len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average): Tables 2-4 "
+            "below give the mean over seeds"
         )
     return said + "."
 
