@@ -946,3 +946,29 @@ def test_a_decay_a_one_epoch_run_never_applies_says_so():
         == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch (never applied: one epoch)"
     )
     assert rates({**s, "epochs": 3}) == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch"
+
+
+def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
+    from minbert.report.tables import (
+        ENDED_WITHIN_NOISE,
+        STILL_IMPROVING,
+        STOPPED_BEYOND_NOISE,
+        STOPPED_WITHIN_NOISE,
+        validation_end,
+    )
+
+    def ended(mccs: list[float], epochs: int, n: int = 100) -> str:
+        path = tmp_path / "history.csv"
+        pd.DataFrame({"epoch": range(len(mccs)), "val_mcc": mccs}).to_csv(path, index=False)
+        run = {"epochs": epochs, "epochs_run": len(mccs) - 1, "validation_examples": n}
+        return validation_end(run, path)
+
+    # Noise on 100 examples at MCC 0.8: √(0.36 / 98) ≈ 0.061.
+    kind, said = ended([0.0, 0.40, 0.63, 0.80], epochs=3)
+    assert kind == STILL_IMPROVING and "+0.1700 on the best before it (noise ±0.061, 100 examples)" in said
+    assert ended([0.0, 0.78, 0.80], epochs=2)[0] == ENDED_WITHIN_NOISE
+    assert ended([0.0, 0.27, 0.2693], epochs=3)[0] == STOPPED_WITHIN_NOISE  # patience on a wobble
+    assert ended([0.0, 0.6, 0.3], epochs=3)[0] == STOPPED_BEYOND_NOISE
+    # The larger the validation split, the smaller the change it can tell from noise.
+    assert ended([0.0, 0.70, 0.75], epochs=2, n=100)[0] == ENDED_WITHIN_NOISE
+    assert ended([0.0, 0.70, 0.75], epochs=2, n=10_000)[0] == STILL_IMPROVING

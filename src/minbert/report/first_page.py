@@ -22,7 +22,13 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import row_title
-from minbert.report.tables import paper_cells, sentiment_accuracy, sentiment_delta
+from minbert.report.tables import (
+    ENDED_WITHIN_NOISE,
+    paper_cells,
+    sentiment_accuracy,
+    sentiment_delta,
+    validation_end,
+)
 from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
 
 # The pages beside the first (report/README.md), in the order it lists them: what each holds.
@@ -62,6 +68,7 @@ def compact_table1(
     gpu_metrics: list[dict] | None = None,
     gpu_stale: dict[str, list[str]] | None = None,
     gpu_evidence: Evidence | None = None,
+    sentiment_dir: Path | None = None,
 ) -> list[str]:
     """Table 1 on the first page: each arm's dev accuracy, ours, on a GPU and the
     paper's, and full minus last layer (the same cells as the full table's)."""
@@ -82,6 +89,16 @@ def compact_table1(
                 row.append(fmt(sentiment_accuracy(gpu_evidence, g)) + stale if g else "not run")
             row.append(fmt(paper.get(task, {}).get(mode)))
         lines.append(md_row([*row, sentiment_delta(ours, evidence, task)]))
+    if sentiment_dir is not None:
+        ended: dict[str, list[str]] = {}
+        for (task, mode), m in ours.items():
+            history = Path(sentiment_dir) / f"{m['run']}-history.csv"
+            if history.is_file():
+                kind = validation_end(m, history)[0]
+                ended.setdefault(kind, []).append(f"{TASKS[task].title} {MODE_NAMES[mode]}")
+        said = [f"{kind}: {', '.join(arms)}" for kind, arms in ended.items() if kind != ENDED_WITHIN_NOISE]
+        if said:
+            lines += ["", "Validation at an arm's end (ours; tables.md gives each): " + "; ".join(said) + "."]
     return lines
 
 

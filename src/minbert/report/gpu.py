@@ -121,7 +121,13 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
         "",
         f"### GPU Table 1: {paper['table1']['title']}",
         "",
-        table1(study.sentiment, paper["table1"], study.evidence, task_notes),
+        table1(
+            study.sentiment,
+            paper["table1"],
+            study.evidence,
+            task_notes,
+            study.multitask_dir.parent / "sentiment",
+        ),
         "",
     ]
     specs = {

@@ -1,8 +1,14 @@
-"""The report's tables: every "ours" cell a metrics file's number with its 95% dev bootstrap
-interval, and every ablation a paired difference from its parent, called distinguishable
-only as ``cells`` allows; each row shows its training budget."""
+"""The report's full tables: every "ours" cell a metrics file's number with its 95% dev
+bootstrap interval, and every ablation a paired difference from its parent, marked with
+the verdict of its one record (``comparisons.Compared``); each row shows its training
+budget, and each Table 1 arm how validation stood at its end."""
 
 from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
 
 from minbert.report.comparisons import (
     CONCLUSIONS_LEAD,
@@ -30,16 +36,21 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import row_title
-from minbert.results import ACCURACY
+from minbert.results import ACCURACY, history_column
 from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
 def table1(
-    metrics: list[dict], spec: dict, evidence: Evidence, row_notes: dict[str, str] | None = None
+    metrics: list[dict],
+    spec: dict,
+    evidence: Evidence,
+    row_notes: dict[str, str] | None = None,
+    sentiment_dir: Path | None = None,
 ) -> str:
     """Table 1: each arm (last layer only, full fine-tuning) with its budget beside the
     references, and full minus last layer, paired (no seed study covers it: † or ‡);
-    ``row_notes``: a footnote on a task's row."""
+    ``row_notes``: a footnote on a task's row; ``sentiment_dir``: where the arms' histories
+    are, from which each arm says how validation stood at its last epoch."""
     by_cell = {(m["task"], m["mode"]): m for m in metrics}
     scored = {
         key: evidence.scored(
@@ -88,6 +99,22 @@ def table1(
         )
     if not by_cell:
         notes.append("No sentiment run has been made (stage `sentiment`).")
+    ended = [
+        f"- {TASKS[task].title}, {MODE_NAMES[mode]}: {validation_end(by_cell[task, mode], history)[1]}"
+        for task in SENTIMENT_TASKS
+        for mode in MODE_NAMES
+        if (task, mode) in by_cell
+        and sentiment_dir is not None
+        and (history := Path(sentiment_dir) / f"{by_cell[task, mode]['run']}-history.csv").is_file()
+    ]
+    if ended:
+        notes += [
+            "",
+            "Validation at each arm's end (the score that chose its epoch; noise: the standard "
+            "error of a correlation on the validation split's examples, √((1 − r²) / (n − 2))):",
+            "",
+            *ended,
+        ]
     notes += [""] + [f'Reference column "{r["name"]}": {r["source"].strip()}' for r in refs]
     if footnotes:
         notes += [""] + [f"- [{i}] {n}" for i, n in enumerate(footnotes, start=1)]
@@ -315,3 +342,32 @@ def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
     }
     gap = budget_gap(full, last)
     return fmt_difference(evidence.difference(scored["full"], scored["last"], task), Comparison(budget=gap))
+
+
+# How validation stood at an arm's end (``validation_end``).
+STILL_IMPROVING = "still improving"
+STOPPED_WITHIN_NOISE = "stopped by its patience on a change within its noise"
+STOPPED_BEYOND_NOISE = "stopped by its patience on a fall beyond its noise"
+ENDED_WITHIN_NOISE = "its last epoch within its noise"
+
+
+def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
+    """How validation stood when an arm stopped (one of the four above) and why, in words:
+    its last epoch's change on the best before it against the validation score's noise."""
+    history = pd.read_csv(history_file)
+    scores = history[history_column("val", "mcc")].dropna().tolist()
+    if len(scores) < 2:
+        return ENDED_WITHIN_NOISE, "one validation score: nothing to compare."
+    n = run["validation_examples"]
+    last, before = scores[-1], max(scores[:-1])
+    noise = math.sqrt(max(1 - last**2, 0.0) / max(n - 2, 1))
+    change = last - before
+    said = (
+        f"{run['epochs_run']} of {run['epochs']} epochs; the last changed validation MCC by "
+        f"{change:+.4f} on the best before it (noise ±{noise:.3f}, {n} examples)"
+    )
+    if run["epochs_run"] < run["epochs"]:
+        kind = STOPPED_WITHIN_NOISE if abs(change) <= noise else STOPPED_BEYOND_NOISE
+    else:
+        kind = STILL_IMPROVING if change > noise else ENDED_WITHIN_NOISE
+    return kind, f"{kind}: {said}."

@@ -252,7 +252,8 @@ def write_report(
             sentiment,
             paper["table1"],
             evidence,
-            *((on_gpu.sentiment, on_gpu.stale, on_gpu.evidence) if on_gpu else ()),
+            *((on_gpu.sentiment, on_gpu.stale, on_gpu.evidence) if on_gpu else (None, None, None)),
+            metrics_dir / "sentiment",
         ),
         "",
     ]
@@ -296,7 +297,7 @@ def write_report(
             "",
             f"## Table 1 in full: {paper['table1']['title']}",
             "",
-            table1(sentiment, paper["table1"], evidence),
+            table1(sentiment, paper["table1"], evidence, sentiment_dir=metrics_dir / "sentiment"),
             "",
             *tables,
         ],
