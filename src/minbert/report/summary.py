@@ -149,9 +149,10 @@ def what_it_can_show(compared: list[Compared], starts: Starts) -> str:
         return "\n\n".join([*started, "No comparison of Tables 2-4 has both rows run."])
     order = {v: i for i, v in enumerate(VERDICTS)}
     lines = [
-        "Each comparison of Tables 2-4 on the average, with its verdict (the tables' marks: "
-        "bold shown, † not confirmed by the seeds, ‡ budgets differ, unmarked within dev noise; "
-        'tables.md, "How to read the tables", says how each is reached):',
+        "Each comparison of Tables 2-4 on the average for the tables' own seed, with its one "
+        "verdict (marked on tables.md: bold shown, † not confirmed by the seeds, ‡ budgets "
+        'differ, unmarked within dev noise; its "How to read the tables" says how each is '
+        "reached):",
         "",
         *(c.sentence([AVERAGE]) for c in sorted(compared, key=lambda c: order[c.verdict()])),
     ]
