@@ -1,7 +1,8 @@
 """What a paired difference in the report allows: each run's evidence on dev, the seed
-study's per-seed differences, their interval and the smallest difference they could detect,
-and the verdict: distinguishable (bold) only when its dev bootstrap interval and its interval
-over the seed study's seeds exclude zero and both rows had the same training budget;
+study's per-seed differences, their interval, test and the smallest difference they could
+detect, and the one verdict (``Compared``): shown (bold) only when its dev bootstrap
+interval and its interval over the seed study's seeds exclude zero, the seeds' test holds
+after Holm's adjustment within its family, and both rows had the same training budget;
 otherwise marked with what it lacks (``MARKS_NOTE``)."""
 
 from __future__ import annotations
@@ -296,9 +297,6 @@ class Compared:
 
     def verdict(self, column: str = AVERAGE) -> str:
         return self.comparison.verdict(self.ivs[column], column)
-
-    def distinguishable(self, column: str = AVERAGE) -> bool:
-        return self.verdict(column) == SHOWN
 
     def cell(self, column: str = AVERAGE) -> str:
         return fmt_difference(self.ivs[column], self.comparison, column)

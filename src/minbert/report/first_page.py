@@ -27,7 +27,6 @@ from minbert.report.tables import (
     paper_cells,
     sentiment_accuracy,
     sentiment_delta,
-    validation_end,
 )
 from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
 
@@ -68,7 +67,7 @@ def compact_table1(
     gpu_metrics: list[dict] | None = None,
     gpu_stale: dict[str, list[str]] | None = None,
     gpu_evidence: Evidence | None = None,
-    sentiment_dir: Path | None = None,
+    ends: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> list[str]:
     """Table 1 on the first page: each arm's dev accuracy, ours, on a GPU and the
     paper's, and full minus last layer (the same cells as the full table's)."""
@@ -89,16 +88,12 @@ def compact_table1(
                 row.append(fmt(sentiment_accuracy(gpu_evidence, g)) + stale if g else "not run")
             row.append(fmt(paper.get(task, {}).get(mode)))
         lines.append(md_row([*row, sentiment_delta(ours, evidence, task)]))
-    if sentiment_dir is not None:
-        ended: dict[str, list[str]] = {}
-        for (task, mode), m in ours.items():
-            history = Path(sentiment_dir) / f"{m['run']}-history.csv"
-            if history.is_file():
-                kind = validation_end(m, history)[0]
-                ended.setdefault(kind, []).append(f"{TASKS[task].title} {MODE_NAMES[mode]}")
-        said = [f"{kind}: {', '.join(arms)}" for kind, arms in ended.items() if kind != ENDED_WITHIN_NOISE]
-        if said:
-            lines += ["", "Validation at an arm's end (ours; tables.md gives each): " + "; ".join(said) + "."]
+    ended: dict[str, list[str]] = {}
+    for task, mode in (key for key in ours if key in (ends or {})):
+        ended.setdefault(ends[task, mode][0], []).append(f"{TASKS[task].title} {MODE_NAMES[mode]}")
+    said = [f"{kind}: {', '.join(arms)}" for kind, arms in ended.items() if kind != ENDED_WITHIN_NOISE]
+    if said:
+        lines += ["", "Validation at an arm's end (ours; tables.md gives each): " + "; ".join(said) + "."]
     return lines
 
 

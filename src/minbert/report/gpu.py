@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minbert.gpu_study import GPU_RESULTS_DIR, named_files, ran_at
+from minbert.report.comparisons import Compared
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.notes import with_facts
-from minbert.report.tables import judged_comparisons, multitask_table, table1
+from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, table1
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and
@@ -80,8 +81,27 @@ def results_table(study: GpuStudy) -> list[str]:
     return lines
 
 
-def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]) -> list[str]:
-    """The section's lines; ``None``: no call has been unpacked yet."""
+def _specs(study: GpuStudy, paper: dict, multitask_tables: list[str]) -> dict[str, dict]:
+    return {
+        name: with_facts(paper[name], study.multitask, study.multitask_dir)
+        for name in multitask_tables
+        if name in paper
+    }
+
+
+def gpu_comparisons(study: GpuStudy, paper: dict, multitask_tables: list[str]) -> list[Compared]:
+    """Every comparison of the `gpu` scale's Tables 2-4 once, judged within its family:
+    what its page and the first page's GPU columns render."""
+    return judged_comparisons(
+        list(_specs(study, paper, multitask_tables).values()), study.multitask, study.evidence
+    )
+
+
+def gpu_section(
+    study: GpuStudy | None, paper: dict, multitask_tables: list[str], judged: list[Compared]
+) -> list[str]:
+    """The section's lines (``judged``: ``gpu_comparisons``); ``None``: no call has been
+    unpacked yet."""
     if study is None:
         return [
             "No GPU results yet: the `gpu` scale's study runs on a GPU node (docs/gpu-node.md) and "
@@ -126,16 +146,11 @@ def gpu_section(study: GpuStudy | None, paper: dict, multitask_tables: list[str]
             paper["table1"],
             study.evidence,
             task_notes,
-            study.multitask_dir.parent / "sentiment",
+            arm_ends(study.sentiment, study.multitask_dir.parent / "sentiment"),
         ),
         "",
     ]
-    specs = {
-        name: with_facts(paper[name], study.multitask, study.multitask_dir)
-        for name in multitask_tables
-        if name in paper
-    }
-    judged = judged_comparisons(list(specs.values()), study.multitask, study.evidence)
+    specs = _specs(study, paper, multitask_tables)
     for number, name in enumerate(multitask_tables, start=2):
         if name in specs:
             text, _ = multitask_table(

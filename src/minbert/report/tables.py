@@ -45,21 +45,14 @@ def table1(
     spec: dict,
     evidence: Evidence,
     row_notes: dict[str, str] | None = None,
-    sentiment_dir: Path | None = None,
+    ends: dict[tuple[str, str], tuple[str, str]] | None = None,
 ) -> str:
     """Table 1: each arm (last layer only, full fine-tuning) with its budget beside the
     references, and full minus last layer, paired (no seed study covers it: † or ‡);
-    ``row_notes``: a footnote on a task's row; ``sentiment_dir``: where the arms' histories
-    are, from which each arm says how validation stood at its last epoch."""
+    ``row_notes``: a footnote on a task's row; ``ends``: how validation stood at each
+    arm's last epoch (``arm_ends``)."""
     by_cell = {(m["task"], m["mode"]): m for m in metrics}
-    scored = {
-        key: evidence.scored(
-            f"sentiment/{m['run']}",
-            {m["task"]: f"sentiment/{m['run']}/dev-out.csv"},
-            {m["task"]: m[ACCURACY]},
-        )
-        for key, m in by_cell.items()
-    }
+    scored = {key: sentiment_scored(evidence, m) for key, m in by_cell.items()}
     refs = spec["references"]
     header = ["Task"]
     for mode_name in MODE_NAMES.values():
@@ -100,12 +93,8 @@ def table1(
     if not by_cell:
         notes.append("No sentiment run has been made (stage `sentiment`).")
     ended = [
-        f"- {TASKS[task].title}, {MODE_NAMES[mode]}: {validation_end(by_cell[task, mode], history)[1]}"
-        for task in SENTIMENT_TASKS
-        for mode in MODE_NAMES
-        if (task, mode) in by_cell
-        and sentiment_dir is not None
-        and (history := Path(sentiment_dir) / f"{by_cell[task, mode]['run']}-history.csv").is_file()
+        f"- {TASKS[task].title}, {MODE_NAMES[mode]}: {said}"
+        for (task, mode), (_, said) in (ends or {}).items()
     ]
     if ended:
         notes += [
@@ -180,12 +169,12 @@ def multitask_table(
     it, this table's rows are the family); with the comparisons, for the findings.
     ``row_notes``: a further footnote on a configuration's row."""
     parent_name = spec["parent"]
-    mine = table_comparisons(spec, runs, evidence, seed_study)
     if judged is None:
-        differences = judge(mine)
+        differences = judge(table_comparisons(spec, runs, evidence, seed_study))
     else:
         by_pair = {(c.name, c.parent): c for c in judged}
-        differences = [by_pair[c.name, c.parent] for c in mine]
+        configs = dict.fromkeys(row["config"] for row in spec["rows"])
+        differences = [by_pair[c, parent_name] for c in configs if (c, parent_name) in by_pair]
     by_name = {c.name: c for c in differences}
     # Paper columns only where the paper has a number for some row.
     with_paper = any(row.get("paper") for row in spec["rows"]) or bool(spec.get("test"))
@@ -320,12 +309,16 @@ def smart_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-def sentiment_accuracy(evidence: Evidence, m: dict) -> float:
-    """A sentiment run's dev accuracy as recomputed from its predictions (what every cell shows)."""
-    scored = evidence.scored(
+def sentiment_scored(evidence: Evidence, m: dict):
+    """A sentiment run's evidence: ``sentiment/<run>/dev-out.csv`` against its accuracy."""
+    return evidence.scored(
         f"sentiment/{m['run']}", {m["task"]: f"sentiment/{m['run']}/dev-out.csv"}, {m["task"]: m[ACCURACY]}
     )
-    return evidence.cell(scored, m["task"]).value
+
+
+def sentiment_accuracy(evidence: Evidence, m: dict) -> float:
+    """A sentiment run's dev accuracy as recomputed from its predictions (what every cell shows)."""
+    return evidence.cell(sentiment_scored(evidence, m), m["task"]).value
 
 
 def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
@@ -334,14 +327,9 @@ def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
     full, last = by_cell.get((task, "full")), by_cell.get((task, "last-layer"))
     if not (full and last):
         return NO_NUMBER
-    scored = {
-        arm: evidence.scored(
-            f"sentiment/{m['run']}", {task: f"sentiment/{m['run']}/dev-out.csv"}, {task: m[ACCURACY]}
-        )
-        for arm, m in (("full", full), ("last", last))
-    }
     gap = budget_gap(full, last)
-    return fmt_difference(evidence.difference(scored["full"], scored["last"], task), Comparison(budget=gap))
+    difference = evidence.difference(sentiment_scored(evidence, full), sentiment_scored(evidence, last), task)
+    return fmt_difference(difference, Comparison(budget=gap))
 
 
 # How validation stood at an arm's end (``validation_end``).
@@ -349,6 +337,18 @@ STILL_IMPROVING = "still improving"
 STOPPED_WITHIN_NOISE = "stopped by its patience on a change within its noise"
 STOPPED_BEYOND_NOISE = "stopped by its patience on a fall beyond its noise"
 ENDED_WITHIN_NOISE = "its last epoch within its noise"
+
+
+def arm_ends(metrics: list[dict], sentiment_dir: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    """``validation_end`` of every arm whose history is in ``sentiment_dir``, by (task,
+    mode) in the tables' order: read once, for the full table and the first page."""
+    by_cell = {(m["task"], m["mode"]): m for m in metrics}
+    ends = {}
+    for key in ((task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES):
+        history = Path(sentiment_dir) / f"{by_cell[key]['run']}-history.csv" if key in by_cell else None
+        if history is not None and history.is_file():
+            ends[key] = validation_end(by_cell[key], history)
+    return ends
 
 
 def validation_end(run: dict, history_file: Path) -> tuple[str, str]:

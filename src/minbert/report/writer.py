@@ -27,14 +27,14 @@ from minbert.report.first_page import (
     compact_table1,
     development_seed,
 )
-from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_section
+from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_comparisons, gpu_section
 from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_facts
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
-from minbert.report.tables import judged_comparisons, multitask_table, other_spec, table1
+from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
 from minbert.results import STEPS, read_result, read_results
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
@@ -200,15 +200,8 @@ def write_report(
     starts = starts_section(multitask, zero_shot, evidence)
 
     on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
-    gpu_compared = (
-        judged_comparisons(
-            [with_facts(paper[n], on_gpu.multitask, on_gpu.multitask_dir) for n in specs],
-            on_gpu.multitask,
-            on_gpu.evidence,
-        )
-        if on_gpu
-        else []
-    )
+    gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
+    ends = arm_ends(sentiment, metrics_dir / "sentiment")
     gpu_columns = (
         GpuColumns(on_gpu.multitask, gpu_compared, on_gpu.zero_shot, on_gpu.evidence, on_gpu.stale)
         if on_gpu and on_gpu.multitask
@@ -253,7 +246,7 @@ def write_report(
             paper["table1"],
             evidence,
             *((on_gpu.sentiment, on_gpu.stale, on_gpu.evidence) if on_gpu else (None, None, None)),
-            metrics_dir / "sentiment",
+            ends,
         ),
         "",
     ]
@@ -297,7 +290,7 @@ def write_report(
             "",
             f"## Table 1 in full: {paper['table1']['title']}",
             "",
-            table1(sentiment, paper["table1"], evidence, sentiment_dir=metrics_dir / "sentiment"),
+            table1(sentiment, paper["table1"], evidence, ends=ends),
             "",
             *tables,
         ],
@@ -325,7 +318,12 @@ def write_report(
             "",
         ],
         "mlm.md": ["## MLM pretraining before fine-tuning", "", mlm_section(mlm, multitask, evidence), ""],
-        "gpu.md": ["## On a GPU: the `gpu` scale", "", *gpu_section(on_gpu, paper, MULTITASK_TABLES), ""],
+        "gpu.md": [
+            "## On a GPU: the `gpu` scale",
+            "",
+            *gpu_section(on_gpu, paper, MULTITASK_TABLES, gpu_compared),
+            "",
+        ],
     }
     if smart_file is not None:
         pages["smart.md"] = [
