@@ -173,7 +173,8 @@ def main() -> None:
         from minbert.train.graphed_step import GraphedStep, compare_with_eager, shape_key
 
         # On the CPU (--quick) a stand-in "graph" reruns the step: the path, not its speed.
-        run = graphed = GraphedStep(step, capture=None if device.type == "cuda" else lambda fn: fn)
+        cpu = GraphedStep(step, new_capture=lambda: lambda fn: fn) if device.type != "cuda" else None
+        run = graphed = cpu or GraphedStep(step)
     for rows in warmup:
         run(rows)
     if graphed:

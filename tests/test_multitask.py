@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -254,7 +256,7 @@ def test_a_graphed_step_trains_as_the_eager_step(tokenized, tiny_params, one_thr
         captures.append(fn)
         return fn  # recording runs nothing; each replay runs the step
 
-    graphed = GraphedStep(graphed_base, capture=stand_in)
+    graphed = GraphedStep(graphed_base, new_capture=lambda: stand_in)
     lengths = eager.train["sst"].lengths
     longest = int(np.argmax(lengths))
     others = [i for i in range(len(lengths)) if i != longest]
@@ -276,6 +278,57 @@ def test_a_graphed_step_trains_as_the_eager_step(tokenized, tiny_params, one_thr
         assert torch.equal(a, b), name
 
 
+class _PoolRule:
+    """A stand-in capture that keeps CUDA's rule for a graphs' memory pool: once every
+    graph captured into it is dropped, the pool is freed and a capture into it fails
+    (torch: ``use_count > 0 INTERNAL ASSERT``, seen on an H200)."""
+
+    def __init__(self):
+        self.live, self.freed = 0, False
+
+    def __call__(self, fn):
+        gc.collect()  # the replays' reference cycles, as CPython frees them
+        if self.freed:
+            raise RuntimeError("capture into a freed pool")
+        self.live += 1
+        replay = _Replay(fn)
+        weakref.finalize(replay, self._dropped)
+        return replay
+
+    def _dropped(self):
+        self.live -= 1
+        self.freed = self.live == 0
+
+
+class _Replay:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self):
+        self.fn()
+
+
+def test_graphs_dropped_are_captured_again_into_a_new_pool(tokenized, tiny_params, one_thread):
+    """After reset() (the check against eager, a new learning rate) a shape is captured
+    again: into a new pool, not the one its dropped graphs freed."""
+    from minbert.train.graphed_step import GraphedStep, compare_with_eager
+
+    _, base = _graph_pair(tiny_params, tokenized)
+    pools = []
+
+    def new_pool():
+        pools.append(_PoolRule())
+        return pools[-1]
+
+    graphed = GraphedStep(base, new_capture=new_pool)
+    for _ in range(3):
+        graphed({"sst": np.arange(8)})
+    check = compare_with_eager(graphed, [{"sst": np.arange(8)}] * 3)
+    graphed({"sst": np.arange(8)})
+    graphed({"sst": np.arange(8)})
+    assert check.passed and pools[0].freed and pools[-1].live == 1, [(p.live, p.freed) for p in pools]
+
+
 @pytest.mark.parametrize("replays", ["the step", "nothing"])
 def test_compare_with_eager_passes_a_true_replay_and_fails_an_empty_one(
     tokenized, tiny_params, one_thread, replays
@@ -287,7 +340,7 @@ def test_compare_with_eager_passes_a_true_replay_and_fails_an_empty_one(
 
     _, base = _graph_pair(tiny_params, tokenized)
     capture = (lambda fn: fn) if replays == "the step" else (lambda fn: lambda: None)
-    graphed = GraphedStep(base, capture=capture)
+    graphed = GraphedStep(base, new_capture=lambda: capture)
     for task, n in (("sst", 8), ("quora", 6), ("sts", 4)):  # every head trained once
         graphed({task: np.arange(n)})
     before = [p.detach().clone() for p in base.model.parameters()]
@@ -327,7 +380,7 @@ def test_graphed_step_refuses_what_a_graph_cannot_hold(tokenized, tiny_params, c
         for t in MULTITASK_TASKS
     }
     with pytest.raises(ValueError, match=f"CUDA graphs: .*{why}"):
-        GraphedStep(MultitaskStep(settings, model, train, torch.device("cpu")), capture=lambda fn: fn)
+        GraphedStep(MultitaskStep(settings, model, train, torch.device("cpu")), new_capture=lambda: lambda fn: fn)
 
 
 @pytest.fixture

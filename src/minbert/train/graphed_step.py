@@ -19,7 +19,9 @@ Capture = Callable[[Callable[[], None]], Callable[[], None]]
 
 class CudaGraphs:
     """Captures CUDA graphs that share one memory pool (safe in any replay order: see
-    docs/performance.md)."""
+    docs/performance.md). Once every graph of a pool is dropped, PyTorch frees the pool
+    and refuses another capture into it (an internal assert): graphs dropped, a new
+    CudaGraphs."""
 
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
@@ -70,12 +72,13 @@ class GraphedStep:
     shape's first step eager (its warm-up), its second captured, then replayed. What a
     graph fixes and what is refused: docs/performance.md, "CUDA graphs"."""
 
-    def __init__(self, step: MultitaskStep, capture: Capture | None = None):
+    def __init__(self, step: MultitaskStep, new_capture: Callable[[], Capture] = CudaGraphs):
         why = refusal(step)
         if why:
             raise ValueError(f"CUDA graphs: {why}")
         self.step = step
-        self.capture = capture or CudaGraphs()
+        self.new_capture = new_capture
+        self.capture = new_capture()
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: set[tuple] = set()
         self.eager_steps = 0
@@ -101,9 +104,10 @@ class GraphedStep:
         return losses, None
 
     def reset(self) -> None:
-        """Forget every graph (after the learning rate changes)."""
+        """Forget every graph (after the learning rate changes), and their memory pool."""
         self.graphs.clear()
         self.seen.clear()
+        self.capture = self.new_capture()
 
     def _eager(self, loaded: list[LoadedPiece]) -> tuple[torch.Tensor, torch.Tensor]:
         self.eager_steps += 1
