@@ -1,11 +1,14 @@
 """One paper-scale multitask epoch on a GPU: seconds per epoch, with a profiler summary.
 
 The paper's setting: a bert-base-sized encoder (12 layers, hidden 768), the
-``concatenation`` configuration (cross-encoder heads for Quora and STS), the paper's
+``concatenation`` configuration (cross-encoder heads for Quora and STS; ``--config``
+another of params.yaml, written to ``paper_epoch_<config>...``), the paper's
 round-robin (one task's batch per step, cycling SST, Quora, STS) with batches of
 2 / 36 / 2, bf16 autocast, fused AdamW, and the full training sizes (SST 8,544
 sentences, Quora 141,506 pairs, STS 6,040 pairs), so one epoch gives every task
-ceil(8,544 / 2) = 4,272 batches: 12,816 steps. Quora's train split is not on this
+ceil(8,544 / 2) = 4,272 batches: 12,816 steps (a configuration that is not
+round-robin, such as ``best``, takes every task's batch in each step: 4,272 steps,
+with its own objectives and optimizer). Quora's train split is not on this
 machine, so every task's examples are synthetic: random token ids whose lengths are
 drawn from the tokenised course data when ``data/tokenized`` exists (for Quora,
 from the carved pairs), else a fixed fallback distribution. Weights are random:
@@ -101,6 +104,7 @@ def main() -> None:
         metavar="DIR",
         help="random weights shaped by DIR/config.json (needs no weights file)",
     )
+    p.add_argument("--config", default="concatenation", help="a configuration of params.yaml")
     p.add_argument("--steps", type=int, default=400, help="timed steps (0: the whole epoch)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder layers")
     p.add_argument(
@@ -130,7 +134,7 @@ def main() -> None:
     from minbert.train.start import build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _, settings = common.multitask_settings("concatenation", "paper")
+    _, settings = common.multitask_settings(args.config, "paper")
     settings = dataclasses.replace(settings, batch_size=BATCH)
     sizes = {t: 64 for t in MULTITASK_TASKS} if args.quick else SIZES
     if args.quick:
@@ -217,7 +221,7 @@ def main() -> None:
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), math.nan)
     mfu = timed_flop / seconds / (peak * 1e12)
     common.table(
-        f"paper-scale epoch: concatenation, batch {BATCH}, {epoch_steps} steps, on {name}",
+        f"paper-scale epoch: {args.config}, batch {BATCH}, {epoch_steps} steps, on {name}",
         ["timed steps", "s/step", "epoch s", "TFLOP/s", "MFU"],
         [
             [
@@ -231,6 +235,7 @@ def main() -> None:
     )
     results = {
         "device": name,
+        "configuration": args.config,
         "config": dataclasses.asdict(config),
         "batch_size": BATCH,
         "sizes": sizes,
@@ -267,7 +272,9 @@ def main() -> None:
     }
     # One file per variant, so that one call can measure several side by side.
     common.finish(
-        "paper_epoch" + "_compile" * args.compile + "_graphs" * args.cuda_graphs,
+        "paper_epoch"
+        + ("" if args.config == "concatenation" else f"_{args.config}")
+        + "_compile" * args.compile + "_graphs" * args.cuda_graphs,
         args,
         results,
         [common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS)]
