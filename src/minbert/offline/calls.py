@@ -1,12 +1,13 @@
 """The study cut into node calls run in lanes (``minbert.offline.lanes``), each within its
 ``--deadline`` at the worst estimate, the calls into periods of device time. A stage's
 estimate: its aten operators counted on the CPU (``bench/results/gpu_study_ops.json``) at
-a rate (assumed, the smoke call's, or fitted to the study's calls). docs/gpu-node.md."""
+a rate (assumed, the smoke call's, or fitted to the study's calls), raised to its own
+seconds in the study's calls where those are longer. docs/gpu-node.md."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,9 @@ STUDY_OPS = Path("bench/results/gpu_study_ops.json")  # the gpu study's operator
 class Rate:
     """What a stage costs on the node: microseconds per operator counted on the CPU (of a
     training step, of a scoring batch), a stage's start-up, the stages every call reruns
-    before its own (prepare, resolve, tokenize, features), and a stage's slowdown while
-    lanes share the GPU."""
+    before its own (prepare, resolve, tokenize, features), a stage's slowdown while lanes
+    share the GPU, and the stages whose own seconds in the study's calls say they take
+    longer alone than their operators do: those seconds alone."""
 
     train_us_per_op: float
     scoring_us_per_op: float
@@ -41,6 +43,7 @@ class Rate:
     source: str
     sharing: float = ASSUMED_SHARING
     sharing_source: str = "assumed"
+    measured_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def assumed(cls, us_per_op: float = 10.0) -> Rate:
@@ -81,13 +84,16 @@ class Rate:
         where a stage stopped at the deadline ran slower); the sharing factor, the median
         of the shared stages' seconds over the line's (with no stage alone: the line is
         fitted to the shared ones, sharing x1); a call's start, its longest time outside
-        the study's stages."""
-        alone, shared, stopped, starts, lanes = [], [], [], [], set()
-        for call in calls.values():
+        the study's stages. A stage whose seconds in a call (at any commit), over the
+        slowdown it ran under there, exceed the line's keeps those (``measured_s``): a
+        count of host operators cannot see a stage bound by the device."""
+        alone, shared, stopped, starts, lanes, ran_in = [], [], [], [], set(), []
+        for key, call in calls.items():
             ran = {n: s for n, s in call["finished"].items() if n in stages}
             sharing = call.get("shared_with", {})
             for name, seconds in ran.items():
                 (shared if sharing.get(name) else alone).append((stages[name]["ops"], seconds))
+                ran_in.append((key, name, seconds, bool(sharing.get(name))))
             lanes.update([call.get("lanes", 1)] if any(sharing.get(n) for n in ran) else [])
             cut_short = [f for f in call["failed"] if f["reason"] == STOPPED_AT_DEADLINE]
             stopped += [
@@ -114,7 +120,7 @@ class Rate:
         else:
             sharing, sharing_source = ASSUMED_SHARING, "assumed: no call has shared the GPU yet"
         devices = sorted({call["device"] for call in calls.values()})
-        return cls(
+        rate = cls(
             per_op * 1e6,
             per_op * 1e6,
             start,
@@ -125,16 +131,33 @@ class Rate:
             sharing_source,
         )
 
-    def estimate(self, stage: dict) -> Estimate:
-        """A stage of ``<scale>_study_ops.json`` alone on the GPU: expected and worst seconds."""
+        # Each lane call's own slowdown (none where the line is fitted to shared stages:
+        # the rate holds it), then each stage's longest seconds alone.
+        def over_line(name: str, seconds: float) -> float:
+            return seconds / (start + stages[name]["ops"] * per_op)
+
+        lane_calls = {k for k, _, _, was in ran_in if was} if points is alone else set()
+        slowdown = {
+            k: float(np.median([over_line(n, s) for c, n, s, was in ran_in if c == k and was]))
+            for k in lane_calls
+        }
+        alone_s: dict[str, float] = {}
+        for key, name, seconds, was in ran_in:
+            alone_s[name] = max(alone_s.get(name, 0.0), seconds / slowdown.get(key, 1.0) if was else seconds)
+        longer = {n: s for n, s in alone_s.items() if round(s, 1) > rate.estimate(stages[n]).expected_s}
+        return replace(rate, measured_s=longer)
+
+    def estimate(self, stage: dict, name: str = "") -> Estimate:
+        """A stage of ``<scale>_study_ops.json`` alone on the GPU: expected and worst seconds,
+        its operators' at the rate or, where longer, stage ``name``'s own (``measured_s``)."""
         training = (stage["ops"] - stage["scoring_ops"]) * self.train_us_per_op
         scoring = stage["scoring_ops"] * self.scoring_us_per_op
-        expected = (training + scoring) / 1e6 + self.stage_start_s
+        expected = max((training + scoring) / 1e6 + self.stage_start_s, self.measured_s.get(name, 0.0))
         return Estimate(round(expected, 1), round(self.worst * expected, 1))
 
-    def stage_minutes(self, stage: dict) -> float:
-        """The worst minutes of a stage alone on the GPU."""
-        return self.estimate(stage).worst_s / 60
+    def stage_minutes(self, stage: dict, name: str = "") -> float:
+        """The worst minutes of stage ``name`` alone on the GPU."""
+        return self.estimate(stage, name).worst_s / 60
 
     @property
     def call_start_minutes(self) -> float:
@@ -175,7 +198,7 @@ class CallPlan:
 
 
 def _estimates(stages: dict[str, dict], rate: Rate, names: list[str]) -> dict[str, Estimate]:
-    return {n: rate.estimate(stages[n]) for n in names}
+    return {n: rate.estimate(stages[n], n) for n in names}
 
 
 def study_minutes(stages: dict[str, dict], rate: Rate, names: list[str], lanes: int) -> float:
@@ -211,7 +234,7 @@ def cut(
         lanes, by_lanes = choose_lanes(stages, rate, names) if names else (1, {})
     needs, start_s = study_needs(names), rate.worst * rate.call_start_s
     # A stage's worst minutes alone in a call, after the stages it needs there.
-    alone = {n: sum(rate.stage_minutes(stages[m]) for m in (*needs.get(n, ()), n)) for n in names}
+    alone = {n: sum(rate.stage_minutes(stages[m], m) for m in (*needs.get(n, ()), n)) for n in names}
     too_long = {n: m for n, m in alone.items() if rate.call_start_minutes + m > deadline}
     left = [n for n in names if n not in too_long and not any(m in too_long for m in needs.get(n, ()))]
     calls: list[Call] = []
@@ -258,7 +281,8 @@ def describe(plan: CallPlan) -> list[str]:
         f"rate ({rate.source}): training {rate.train_us_per_op:.1f} us, scoring "
         f"{rate.scoring_us_per_op:.1f} us per operator counted on the CPU; a stage starts in "
         f"{rate.stage_start_s:.0f} s, a call in {rate.call_start_s:.0f} s; worst case x{rate.worst:g}; "
-        f"sharing the GPU x{rate.sharing:.2f} ({rate.sharing_source})"
+        f"sharing the GPU x{rate.sharing:.2f} ({rate.sharing_source}); "
+        f"{len(rate.measured_s)} stage(s) estimated at their own measured seconds (above their operators')"
     ]
     if plan.by_lanes:
         tried = ", ".join(
@@ -320,5 +344,5 @@ def bundle_call_plan(
         "lanes": lanes,
         "sharing": rate.sharing,
         "rate": rate.source,
-        "estimates": {n: vars(rate.estimate(stages[n])) for n in known},
+        "estimates": {n: vars(rate.estimate(stages[n], n)) for n in known},
     }
