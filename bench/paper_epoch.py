@@ -274,7 +274,8 @@ def main() -> None:
     common.finish(
         "paper_epoch"
         + ("" if args.config == "concatenation" else f"_{args.config}")
-        + "_compile" * args.compile + "_graphs" * args.cuda_graphs,
+        + "_compile" * args.compile
+        + "_graphs" * args.cuda_graphs,
         args,
         results,
         [common.target("paper-scale epoch seconds", epoch_seconds, "<=", TARGET_SECONDS)]

@@ -380,7 +380,9 @@ def test_graphed_step_refuses_what_a_graph_cannot_hold(tokenized, tiny_params, c
         for t in MULTITASK_TASKS
     }
     with pytest.raises(ValueError, match=f"CUDA graphs: .*{why}"):
-        GraphedStep(MultitaskStep(settings, model, train, torch.device("cpu")), new_capture=lambda: lambda fn: fn)
+        GraphedStep(
+            MultitaskStep(settings, model, train, torch.device("cpu")), new_capture=lambda: lambda fn: fn
+        )
 
 
 @pytest.fixture

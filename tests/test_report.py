@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from minbert.metrics import fixed, mcc, score, selection_score
 from minbert.report import write_report
 from minbert.report.first_page import whole_report
 from minbert.results import read_result, write_result
+from minbert.settings import HeadWarmup, SmartSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 
 PAPER = REPO / "reference" / "paper.yaml"
@@ -185,8 +187,17 @@ def _metrics(config: str, scores: dict, quora_split: dict, epochs: int, steps_pe
             "dropout": 0.3,
             "grad_clip": 1.0,
             "pooling": "mean",
-            "smart": {"lambda_s": 1.0} if smart else None,
+            "smart": {**asdict(SmartSettings()), "lambda_s": 1.0} if smart else None,
+            "max_tokens": 0,
+            "compile": False,
+            "test_predictions": False,
+            "head_lr": None,
+            "carved_quora_batch": "fixed",
+            "head_warmup": asdict(HeadWarmup()),
         },
+        "head_warmup": {},
+        "processes": 1,
+        "pretraining": None,
         "batch_size": {"sst": 16 * factor, "quora": 16 * factor, "sts": 16 * factor},
         "checkpoint": CHECKPOINT,
         "scale": "cpu",
@@ -248,13 +259,19 @@ def write_multitask(
 
 def write_zero_shot(root: Path) -> None:
     scores = _write_run(root, "zero-shot", 0.2, seed=99)
+    del scores["dev_selection"]
     metrics = {
         "config": "zero-shot",
         **scores,
         "dev_examples": dict(SIZES),
         "method": {"sst": "a linear probe", "quora": "cosine threshold", "sts": "cosine"},
         "sst_majority_class": 2,
+        "pooling": "mean",
+        "data_split": {"sst": "course train / dev", "sts": "course train / dev", "quora": CARVED},
         "checkpoint": CHECKPOINT,
+        "scale": "cpu",
+        "seed": 11711,
+        "device": "cpu (2 threads)",
     }
     save(root / "metrics", "zero-shot", metrics)
 

@@ -9,7 +9,9 @@ import hashlib
 import json
 import re
 import statistics
+from dataclasses import asdict, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -44,8 +46,10 @@ from minbert.report.first_page import whole_report
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER
 from minbert.report.studies import SEARCH_VARIES
 from minbert.report.summary import beside_the_paper
-from minbert.report.writer import SENTIMENT_KEYS, gpu_study, load_runs
+from minbert.report.writer import gpu_study, load_runs
 from minbert.results import read_result
+from minbert.runs import MultitaskRunFile, SentimentRunFile, read_run, read_runs
+from minbert.settings import SmartSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 DIFFERENCE = re.compile(r"^[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]")
@@ -209,7 +213,7 @@ def test_a_metrics_file_without_the_new_keys_is_an_error(tmp_path):
     m = read_result(root / "metrics" / "multitask" / "best.json")
     del m["steps"], m["smart"]
     save(root / "metrics" / "multitask", "best", m)
-    with pytest.raises(ValueError, match=r"best\.json: missing key\(s\) steps, smart"):
+    with pytest.raises(ValueError, match=r"best\.json: missing steps: written by another version"):
         report(root, tmp_path / "report")
     assert not (tmp_path / "report").exists()
 
@@ -404,12 +408,19 @@ def test_an_unknown_fact_in_paper_yaml_is_an_error(tmp_path):
 
 
 # An MLM stage's metrics file and record: a fresh head, trained a little.
-PRETRAINING = {
+# An MLM run as its stage writes it (the committed study's record), with these numbers.
+PRETRAINING = read_result(REPO / "metrics" / "mlm-study" / "mlm" / "continue.json") | {
     "start": "continue",
-    "before": {"masked_accuracy": 0.0, "perplexity": 40000.0},
+    "before": {"masked_accuracy": 0.0, "perplexity": 40000.0, "loss": 10.6, "masked_tokens": 50},
     "accuracy": 0.05,
-    "after": {"perplexity": 1200.0},
-    "corpus": {"train_sequences": 100, "heldout_sequences": 5},
+    "after": {"perplexity": 1200.0, "loss": 7.1, "masked_tokens": 50},
+    "corpus": {
+        "train_sequences": 100,
+        "heldout_sequences": 5,
+        "train_tokens": 4000,
+        "sources": {},
+        "text": "",
+    },
     "head": "freshly initialised",
 }
 
@@ -419,7 +430,11 @@ def test_mlm_table_shows_the_budget_and_marks_an_unchecked_sign(tmp_path):
     save(root / "metrics" / "mlm", "continue", PRETRAINING)
     base = read_result(root / "metrics" / "multitask" / "baseline.json")
     scores = _write_run(root, "multitask-mlm/continue-baseline", 0.9, seed=CONFIGS.index("best"))
-    tuned = base | scores | {"pretraining": {"start": "continue"}, "steps": 90}
+    tuned = (
+        base
+        | scores
+        | {"pretraining": {"start": "continue", "directory": "models/mlm/continue"}, "steps": 90}
+    )
     save(root / "metrics" / "multitask-mlm", "continue-baseline", tuned)
     section = _sections(report(root, tmp_path / "report"))["MLM pretraining before fine-tuning"]
     header = next(line for line in section.splitlines() if line.startswith("| Configuration"))
@@ -441,7 +456,7 @@ def _mlm_study(root: Path, baseline_then: dict) -> None:
     save(study / "mlm", "continue", PRETRAINING)
     base = read_result(root / "metrics" / "multitask" / "baseline.json")
     scores = _write_run(root, "study/continue-baseline", 0.9, seed=CONFIGS.index("best"))
-    tuned = base | scores | {"pretraining": {"start": "continue"}}
+    tuned = base | scores | {"pretraining": {"start": "continue", "directory": "models/mlm/continue"}}
     save(study / "multitask-mlm", "continue-baseline", tuned)
     (study / "predictions").mkdir()
     (root / "predictions" / "study").rename(study / "predictions" / "multitask-mlm")
@@ -514,18 +529,22 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
     assert "seed 11711, 72 optimizer steps" in text
     assert "No measurement" in smart_collapse_section(None, "x.json")
     # Each variant against the settings the runs used: a norm the runs do not use is named.
-    smart = {"lambda_s": 1.0, "projection": "token", "token_norm": 0.1}
+    smart = SmartSettings(lambda_s=1.0, projection="token", token_norm=0.1)
     variants = measurement["results"]["variants"]
-    variants["token_norm 1"]["smart"] = {**smart, "token_norm": 1.0}
-    variants["token_norm 0.1"]["smart"] = smart
-    runs = {"best": {"settings": {"smart": smart}, "steps": 144}, "baseline": {"settings": {"smart": None}}}
+    variants["token_norm 1"]["smart"] = asdict(replace(smart, token_norm=1.0))
+    variants["token_norm 0.1"]["smart"] = asdict(smart)
+
+    def run(smart, steps=144):  # what the section reads of a run
+        return SimpleNamespace(settings=SimpleNamespace(smart=smart), steps=steps)
+
+    runs = {"best": run(smart), "baseline": run(None)}
     text = smart_collapse_section(measurement, "x.json", runs)
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | `best` |" in text
     assert "`best` 144 optimizer steps against the measurement's 72; each ran with the settings" in text
-    runs["best"]["settings"]["smart"] = {**smart, "token_norm": 0.01}
+    runs["best"] = run(replace(smart, token_norm=0.01))
     text = smart_collapse_section(measurement, "x.json", runs)
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
-    assert "the settings of `best` (lambda_s 1, projection token, token_norm 0.01) are those of no" in text
+    assert "token_norm 0.01, dropout_masks shared) are those of no" in text
     assert "SMART's settings were chosen at other settings than the committed runs'" in text
 
 
@@ -701,8 +720,8 @@ def _headline(root: Path) -> str:
     metrics = root / "metrics"
     on_gpu = gpu_study(metrics, root / "prepared", root)
     tables, prose = beside_the_paper(
-        {m["config"]: m for m in load_runs(metrics / "multitask")},
-        load_runs(metrics / "sentiment", SENTIMENT_KEYS),
+        {m.config: m for m in load_runs(metrics / "multitask")},
+        read_runs(SentimentRunFile, metrics / "sentiment"),
         yaml.safe_load(PAPER.read_text(encoding="utf-8")),
         on_gpu.multitask,
         on_gpu.sentiment,
@@ -765,7 +784,7 @@ def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
     # scale changed after the search), it names what differs.
     root = _outputs(tmp_path, ["baseline", "best"])
     _ran_at(root, "best", 1e-4, 1e-3)
-    ran = ran_at(read_result(root / "metrics" / "multitask" / "best.json"))
+    ran = ran_at(read_run(MultitaskRunFile, root / "metrics" / "multitask" / "best.json"))
     recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES} | {"seed": 11711}
     point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"ran_at": recorded}
     chosen = {"scale": "cpu", "config": "best", "optimizer": "adamaxw", "lr": 1e-4, "head_lr": 1e-3}
@@ -788,7 +807,8 @@ def test_seeds_run_at_other_settings_than_the_tables_run_are_left_out_and_named(
     root = _outputs(tmp_path, ["baseline", "siamese-diff"])
     directory = root / "metrics" / "multitask"
     recorded = {
-        c: settings_digest(read_result(directory / f"{c}.json")) for c in ("baseline", "siamese-diff")
+        c: settings_digest(read_run(MultitaskRunFile, directory / f"{c}.json"))
+        for c in ("baseline", "siamese-diff")
     }
     _write_seed_study(
         root, {"baseline": {1: 0.40, 2: 0.41, 3: 0.42}, "siamese-diff": {1: 0.5, 2: 0.52, 3: 0.5}}
@@ -942,10 +962,10 @@ def test_a_decay_a_one_epoch_run_never_applies_says_so():
 
     s = {"optimizer": "adamaxw", "lr": 3e-4, "head_lr": 1e-3, "lr_schedule": "exponential", "lr_gamma": 0.9}
     assert (
-        rates({**s, "epochs": 1})
+        rates(SimpleNamespace(**s, epochs=1))
         == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch (never applied: one epoch)"
     )
-    assert rates({**s, "epochs": 3}) == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch"
+    assert rates(SimpleNamespace(**s, epochs=3)) == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch"
 
 
 def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
@@ -960,7 +980,7 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
     def ended(mccs: list[float], epochs: int, n: int = 100) -> str:
         path = tmp_path / "history.csv"
         pd.DataFrame({"epoch": range(len(mccs)), "val_mcc": mccs}).to_csv(path, index=False)
-        run = {"epochs": epochs, "epochs_run": len(mccs) - 1, "validation_examples": n}
+        run = SimpleNamespace(epochs=epochs, epochs_run=len(mccs) - 1, validation_examples=n)
         return validation_end(run, path)
 
     # Noise on 100 examples at MCC 0.8: √(0.36 / 98) ≈ 0.061.

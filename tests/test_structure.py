@@ -260,3 +260,15 @@ def test_training_code_reaches_only_the_stages_that_train_with_it():
         body = stages[name].get("do", stages[name])
         assert "src/minbert/train/pcgrad.py" not in body["deps"], name
     assert "src/minbert/train/pcgrad.py" in stages["multitask"]["do"]["deps"]
+
+
+def test_run_files_are_read_only_through_the_runs_module():
+    """A run's metrics file and record come back typed (``minbert.runs``): no other module
+    reads them as dicts, so no page indexes a run by a string key."""
+    readers = sorted(
+        str(path.relative_to(REPO))
+        for folder in ("src", "stages", "bench")
+        for path in (REPO / folder).rglob("*.py")
+        if re.search(r"\bread_results?\b", path.read_text(encoding="utf-8"))
+    )
+    assert readers == ["src/minbert/results.py", "src/minbert/runs.py"], readers

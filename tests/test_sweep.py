@@ -7,11 +7,12 @@ import statistics
 import subprocess
 
 import pytest
-from conftest import tiny_multitask_scale, tiny_sentiment_scale
+from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
 from minbert.cores import threads_each
 from minbert.report.comparisons import settings_digest
+from minbert.runs import multitask_run
 from minbert.tools.sweep import Run, aggregate, collect_runs, seed_study
 
 
@@ -101,7 +102,9 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     for run in experiments:
         assert run.metrics["multitask/baseline"]["device"] == f"cpu ({threads_each(2)} threads)", run.name
     # The settings its runs share (all but the seed), which the report checks the tables' run against.
-    shared = {settings_digest(run.metrics["multitask/baseline"]) for run in experiments}
+    shared = {
+        settings_digest(multitask_run(run.metrics["multitask/baseline"], run.name)) for run in experiments
+    }
     assert study["settings"] == {"baseline": shared.pop()} and not shared
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
@@ -231,7 +234,7 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
     """`minbert mlm-study`'s copy out of an experiment's commit: the MLM runs' metrics files
     and records (not their histories), the fine-tuned runs' dev predictions (read through
     DVC at that commit), and the metrics of the configuration each is compared with."""
-    from minbert.results import write_result
+    from minbert.results import read_result, write_result
     from minbert.tools.mlm_study import keep
 
     repo = tmp_path / "repo"
@@ -241,8 +244,14 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
     write_result(repo / "metrics" / "mlm", "continue", {"accuracy": 0.05}, {"start": "continue"})
     (repo / "metrics" / "mlm" / "continue-history.csv").write_text("epoch\n0\n")
     tuned = {"sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.53}
-    record = {"config": "baseline", "pretraining": {"start": "continue"}}
-    write_result(repo / "metrics" / "multitask-mlm", "continue-baseline", tuned, record)
+    # A whole run record (the committed study's), of this configuration and start.
+    committed = read_result(REPO / "metrics" / "mlm-study" / "multitask-mlm" / "continue-baseline.json")
+    numbers = tuned | {k: committed[k] for k in ("epoch", "steps")}
+    record = {k: v for k, v in committed.items() if k not in numbers} | {
+        "config": "baseline",
+        "pretraining": {"start": "continue", "directory": "models/mlm/continue"},
+    }
+    write_result(repo / "metrics" / "multitask-mlm", "continue-baseline", numbers, record)
     baseline = {"sst": 0.41, "quora": 0.69, "sts": 0.52, "average": 0.54}
     (repo / "metrics" / "multitask").mkdir()
     (repo / "metrics" / "multitask" / "baseline.json").write_text(json.dumps(baseline))

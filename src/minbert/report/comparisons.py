@@ -19,7 +19,7 @@ from minbert import metrics as scoring
 from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_signed, per_task
-from minbert.results import STEPS
+from minbert.runs import MultitaskRunFile, ZeroShotRunFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # The fewest seeds a paired interval over seeds is computed from (seed_interval).
@@ -92,13 +92,13 @@ def interval_note(parent: str) -> str:
 STATED_BESIDE = ("batch_size", "train_examples", "validation_examples")
 
 
-def ran_at(run: dict) -> dict:
-    """The settings a multitask run ran at, from its record (or a search point's, in the
-    same form): its `settings` (which hold no seed) and its batches and example counts."""
-    return {**run["settings"], **{k: run[k] for k in STATED_BESIDE}}
+def ran_at(run: MultitaskRunFile) -> dict:
+    """The settings a multitask run ran at, in its record's form (a search point's are
+    recorded so too): its `settings` (which hold no seed) and its batches and example counts."""
+    return {**run.settings.as_dict(), **{k: getattr(run, k) for k in STATED_BESIDE}}
 
 
-def settings_digest(run: dict) -> str:
+def settings_digest(run: MultitaskRunFile) -> str:
     """``ran_at`` in a few characters: what the seed study records of each configuration."""
     return hashlib.sha256(json.dumps(ran_at(run), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -110,7 +110,7 @@ def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
     records them, ``settings``) keeps its own seed alone, and is named in ``other_settings``."""
     if study is None:
         return None
-    own = {m["seed"] for m in runs.values()}
+    own = {m.seed for m in runs.values()}
     recorded = study.get("settings", {})
     configs, other = {}, []
     for config, rows in study["configs"].items():
@@ -119,7 +119,7 @@ def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
             other.append(config)
             kept = []
         if config in runs:
-            kept.append({"seed": runs[config]["seed"], **{c: runs[config][c] for c in COLUMNS}})
+            kept.append({"seed": runs[config].seed, **{c: runs[config].scores[c] for c in COLUMNS}})
         configs[config] = sorted(kept, key=lambda r: r["seed"])
     unrecorded = [c for c in configs if c not in recorded]
     return {
@@ -193,14 +193,14 @@ def holm(ps: list[float | None]) -> list[float | None]:
 
 def examples(run: dict) -> int:
     """The training examples a run consumed over all epochs (all tasks together)."""
-    seen = run["examples_seen"]
+    seen = run.examples_seen
     return sum(seen.values()) if isinstance(seen, dict) else seen
 
 
 def budget_gap(run: dict, parent: dict) -> str | None:
     """How two runs' training budgets differ, in words; None when they are the same."""
-    steps, parent_steps = run[STEPS], parent[STEPS]
-    seen, parent_seen = run["examples_seen"], parent["examples_seen"]
+    steps, parent_steps = run.steps, parent.steps
+    seen, parent_seen = run.examples_seen, parent.examples_seen
     if steps == parent_steps and seen == parent_seen:
         return None
     total, parent_total = examples(run), examples(parent)
@@ -220,7 +220,7 @@ def budget_gap(run: dict, parent: dict) -> str | None:
 
 def fmt_budget(run: dict) -> str:
     """A table's "steps / examples seen" cell."""
-    return f"{run[STEPS]:,} / {examples(run):,}"
+    return f"{run.steps:,} / {examples(run):,}"
 
 
 @dataclass(frozen=True)
@@ -346,13 +346,15 @@ def fmt_difference(iv: Interval, comparison: Comparison = Comparison(), column: 
     return f"{text} {mark}" if mark else text
 
 
-def multitask_scored(evidence: Evidence, folder: str, name: str, metrics: dict) -> Scored:
+def multitask_scored(
+    evidence: Evidence, folder: str, name: str, run: MultitaskRunFile | ZeroShotRunFile
+) -> Scored:
     """A multitask-style run's evidence: ``<folder>/<name>/<task>-dev-out.csv``."""
     prefix = f"{folder}/{name}/" if name else f"{folder}/"
     return evidence.scored(
         f"{folder}/{name}".rstrip("/"),
         {t: f"{prefix}{t}-dev-out.csv" for t in MULTITASK_TASKS},
-        {t: metrics[t] for t in MULTITASK_TASKS},
+        {t: run.scores[t] for t in MULTITASK_TASKS},
     )
 
 

@@ -24,7 +24,7 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import training_budget
-from minbert.results import ACCURACY, EPOCH, history_column
+from minbert.results import history_column
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 
@@ -56,7 +56,7 @@ def _most_predicted(predictions: np.ndarray, what: str) -> str:
 def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
     its chosen epoch, from its history: where a head lost what it had."""
-    path = None if multitask_dir is None else Path(multitask_dir) / f"{run['config']}-history.csv"
+    path = None if multitask_dir is None else Path(multitask_dir) / f"{run.config}-history.csv"
     column = history_column("val", TASKS[task].metric_key)
     if path is None or not path.is_file():
         return ""
@@ -64,7 +64,7 @@ def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     if column not in history.columns:
         return ""
     course = " → ".join(f"{v:.2f}" for v in history[column])
-    return f"; validation {TASKS[task].metric_title} by epoch {course}, epoch {run[EPOCH]} chosen"
+    return f"; validation {TASKS[task].metric_title} by epoch {course}, epoch {run.epoch} chosen"
 
 
 @dataclass
@@ -99,9 +99,11 @@ def controls_section(
     for name, run in multitask.items():
         scored = multitask_scored(evidence, "multitask", name, run)
         labels = scored.labels["sst"]
-        majority = np.full_like(labels, zero_shot["sst_majority_class"])
+        majority = np.full_like(labels, zero_shot.sst_majority_class)
         sst = paired("sst", labels, scored.predictions["sst"], majority)
-        if not add(_check(name, "SST acc above the majority class", run["sst"], "majority class", sst)):
+        if not add(
+            _check(name, "SST acc above the majority class", run.scores["sst"], "majority class", sst)
+        ):
             short.append(f"`{name}` SST")
             missed.append(
                 f"`{name}` SST ({_most_predicted(scored.predictions['sst'], 'class')}"
@@ -110,25 +112,27 @@ def controls_section(
         labels, groups = scored.labels["quora"], scored.groups.get("quora")
         constant = np.zeros_like(labels)
         quora = paired("quora", labels, scored.predictions["quora"], constant, groups=groups)
-        if not add(_check(name, "Quora acc above always not-duplicate", run["quora"], "always 0", quora)):
+        if not add(
+            _check(name, "Quora acc above always not-duplicate", run.scores["quora"], "always 0", quora)
+        ):
             short.append(f"`{name}` Quora")
             missed.append(
                 f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')}"
                 f"{_validation_course(multitask_dir, run, 'quora')})"
             )
     for run in sentiment:
-        if run["task"] != "cfimdb":
+        if run.task != "cfimdb":
             continue
         scored = evidence.scored(
-            f"sentiment/{run['run']}",
-            {"cfimdb": f"sentiment/{run['run']}/dev-out.csv"},
-            {"cfimdb": run[ACCURACY]},
+            f"sentiment/{run.run}",
+            {"cfimdb": f"sentiment/{run.run}/dev-out.csv"},
+            {"cfimdb": run.accuracy},
         )
         iv = evidence.cell(scored, "cfimdb")
         chance = Interval(iv.value - 0.5, iv.low - 0.5, iv.high - 0.5)
-        if not add(_check(run["run"], "CFIMDB acc above chance", run[ACCURACY], "0.5", chance)):
-            short.append(f"`{run['run']}` CFIMDB")
-            missed.append(f"`{run['run']}` CFIMDB")
+        if not add(_check(run.run, "CFIMDB acc above chance", run.accuracy, "0.5", chance)):
+            short.append(f"`{run.run}` CFIMDB")
+            missed.append(f"`{run.run}` CFIMDB")
     lines = [
         "Each run against a constant answer, on the same dev examples: Δ = ours − control with "
         "its 95% paired-bootstrap interval (Quora: question groups resampled whole); met when the "
@@ -214,13 +218,13 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
     base = None if zero_shot is None else multitask_scored(evidence, "zero-shot", "", zero_shot)
     rows = []
     for name, run in multitask.items():
-        if set(run["start_dev"]) < {TASKS[t].metric_key for t in MULTITASK_TASKS}:
+        if set(run.start_dev) < {TASKS[t].metric_key for t in MULTITASK_TASKS}:
             continue  # a run from before every task's start was scored
         scored = multitask_scored(evidence, "multitask", name, run)
         start = evidence.scored(
             f"multitask/{name}/start",
             {t: f"multitask/{name}/{t}-dev-start-out.csv" for t in MULTITASK_TASKS},
-            {t: run["start_dev"][TASKS[t].metric_key] for t in MULTITASK_TASKS},
+            {t: run.start_dev[TASKS[t].metric_key] for t in MULTITASK_TASKS},
         )
         for column in COLUMNS:
             own = evidence.column_difference(scored, start, column)

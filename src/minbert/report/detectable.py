@@ -6,6 +6,7 @@ how often it projects; SMART: its sign over the seeds)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,6 @@ import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p
 from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
-from minbert.results import STEPS
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
@@ -48,11 +48,13 @@ def smart_reason(differences: list[float]) -> str:
 
 def _component(run: dict, parent: dict) -> str | None:
     """The one component two configurations differ in, when it is PCGrad or SMART."""
-    ours, theirs = run["settings"], parent["settings"]
+    ours, theirs = run.settings, parent.settings
     differ = {
-        k for k in ("gradient", "smart", "optimizer", "paraphrase_head", "sts_head") if ours[k] != theirs[k]
+        k
+        for k in ("gradient", "smart", "optimizer", "paraphrase_head", "sts_head")
+        if getattr(ours, k) != getattr(theirs, k)
     }
-    if differ == {"gradient"} and {ours["gradient"], theirs["gradient"]} == {"pcgrad", "summed"}:
+    if differ == {"gradient"} and {ours.gradient, theirs.gradient} == {"pcgrad", "summed"}:
         return "PCGrad"
     if differ == {"smart"}:
         return "SMART"
@@ -86,14 +88,14 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
         )
         component = _component(runs[c.name], runs[c.parent]) if c.name in runs and c.parent in runs else None
         if component == "PCGrad":
-            pcgrad = c.parent if runs[c.parent]["settings"]["gradient"] == "pcgrad" else c.name
+            pcgrad = c.parent if runs[c.parent].settings.gradient == "pcgrad" else c.name
             said = pcgrad_reason(Path(multitask_dir) / f"{pcgrad}-conflicts.csv")
             if said:
                 reasons.append(
                     f"- PCGrad (`{c.name}` vs `{c.parent}`, {c.verdict()}): in `{pcgrad}`, {said}."
                 )
         elif component == "SMART" and seeds:
-            sign = seeds if runs[c.name]["settings"]["smart"] is None else [-d for d in seeds]
+            sign = seeds if runs[c.name].settings.smart is None else [-d for d in seeds]
             reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {c.verdict()}): {smart_reason(sign)}.")
     lines = [
         "Each comparison of Tables 2-4 on the average: the difference on dev (paired, 95% "
@@ -126,7 +128,7 @@ def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str
     found = measurement["results"]
     variants = found["variants"]
     epochs = len(next(iter(variants.values()))["epochs"])
-    used = {n: m["settings"]["smart"] for n, m in (runs or {}).items() if m["settings"].get("smart")}
+    used = {n: asdict(m.settings.smart) for n, m in (runs or {}).items() if m.settings.smart}
     lines = [
         f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
         f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
@@ -167,7 +169,7 @@ def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str
         )
     if used:
         unmatched = [n for n in used if n not in matched]
-        steps = ", ".join(f"`{n}` {runs[n][STEPS]}" for n in used)
+        steps = ", ".join(f"`{n}` {runs[n].steps}" for n in used)
         lines += [
             "",
             f"The tables' runs with SMART made {steps} optimizer steps against the measurement's "

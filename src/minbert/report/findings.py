@@ -53,8 +53,8 @@ def findings_section(
     if not runs:
         return ["No multitask configuration has been run (stage `multitask`): nothing to report yet."]
     said = []
-    checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
-    scale = usual({n: f"`{m['scale']}`" for n, m in runs.items()})
+    checkpoint = usual({n: f"`{m.checkpoint.name}`" for n, m in runs.items()})
+    scale = usual({n: f"`{m.scale}`" for n, m in runs.items()})
     said.append(
         f"These runs fine-tune {checkpoint} on {training_budget(runs)} (scale {scale}; the "
         f"paper: {paper_setting}), so they show how the methods behave at this budget, not "
@@ -67,7 +67,7 @@ def findings_section(
         above = [n for n, d in deltas.items() if d[AVERAGE].low > 0]
         task_below = {t: sum(d[t].high < 0 for d in deltas.values()) for t in MULTITASK_TASKS}
         sentence = (
-            f"Against the untrained checkpoint (average {zero_shot[AVERAGE]:.3f}), fine-tuning "
+            f"Against the untrained checkpoint (average {zero_shot.scores[AVERAGE]:.3f}), fine-tuning "
             f"left the average lower in {_share(below, len(runs))} and higher in "
             f"{_share(above, len(runs))} of the {len(runs)} configurations (paired intervals "
             "excluding zero)"
@@ -75,10 +75,8 @@ def findings_section(
         worse = [f"{COLUMN_TITLES[t]} in {k}" for t, k in task_below.items() if k]
         if worse:
             sentence += "; per task, fine-tuning scored below the checkpoint on " + ", ".join(worse)
-        sentence += (
-            f" (untrained: {', '.join(f'{COLUMN_TITLES[t]} {zero_shot[t]:.3f}' for t in MULTITASK_TASKS)}; "
-            "the checkpoint note above says what it was trained on)."
-        )
+        untrained = ", ".join(f"{COLUMN_TITLES[t]} {zero_shot.scores[t]:.3f}" for t in MULTITASK_TASKS)
+        sentence += f" (untrained: {untrained}; the checkpoint note above says what it was trained on)."
         said.append(sentence)
         table = [
             "",
@@ -116,7 +114,7 @@ def findings_section(
         config, value = paper_best
         said.append(
             f"For scale: the paper's best model averages {value:.3f} on its dev sets; `{config}` "
-            f"averages {runs[config][AVERAGE]:.3f} here."
+            f"averages {runs[config].scores[AVERAGE]:.3f} here."
         )
     return [" ".join(said), *table] if said else [NO_NUMBER]
 
@@ -124,7 +122,7 @@ def findings_section(
 def ranked(runs: dict[str, dict]) -> list[tuple[str, float]]:
     """The configurations by their chance-corrected dev score (``dev_selection``), highest
     first (the plain average can rank a constant answer high)."""
-    return sorted(((n, m["dev_selection"][SELECTION]) for n, m in runs.items()), key=lambda r: -r[1])
+    return sorted(((n, m.dev_selection[SELECTION]) for n, m in runs.items()), key=lambda r: -r[1])
 
 
 def highest(runs: dict[str, dict], evidence: Evidence) -> str:

@@ -71,8 +71,8 @@ def compact_table1(
 ) -> list[str]:
     """Table 1 on the first page: each arm's dev accuracy, ours, on a GPU and the
     paper's, and full minus last layer (the same cells as the full table's)."""
-    ours = {(m["task"], m["mode"]): m for m in metrics}
-    on_gpu = {(m["task"], m["mode"]): m for m in gpu_metrics or []}
+    ours = {(m.task, m.mode): m for m in metrics}
+    on_gpu = {(m.task, m.mode): m for m in gpu_metrics or []}
     paper = next(r for r in spec["references"] if r["name"] == "paper")["rows"]
     header = ["Task"]
     for mode_name in MODE_NAMES.values():
@@ -84,7 +84,7 @@ def compact_table1(
             m, g = ours.get((task, mode)), on_gpu.get((task, mode))
             row.append(fmt(sentiment_accuracy(evidence, m)) if m else "not run")
             if on_gpu:
-                stale = _stale(gpu_stale, f"sentiment@{g['run']}") if g else ""
+                stale = _stale(gpu_stale, f"sentiment@{g.run}") if g else ""
                 row.append(fmt(sentiment_accuracy(gpu_evidence, g)) + stale if g else "not run")
             row.append(fmt(paper.get(task, {}).get(mode)))
         lines.append(md_row([*row, sentiment_delta(ours, evidence, task)]))
@@ -181,7 +181,7 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
     """Which seed chose the settings (``chose``: each choice's file and the seed it ran
     with) against the tables' own, and how the tables' seed's average compares with the
     mean of the study's other seeds."""
-    own = sorted({m["seed"] for m in runs.values()})
+    own = sorted({m.seed for m in runs.values()})
     if not own:
         return ""
     same = [f"`{name}`" for name, seed in chose.items() if seed in own]
@@ -191,7 +191,7 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
         said += ": theirs are the development seed's numbers"
     configs = (seed_study or {}).get("configs", {})
     gaps = [
-        runs[c][AVERAGE] - statistics.mean(r[AVERAGE] for r in rows if r["seed"] not in own)
+        runs[c].scores[AVERAGE] - statistics.mean(r[AVERAGE] for r in rows if r["seed"] not in own)
         for c, rows in configs.items()
         if c in runs and any(r["seed"] not in own for r in rows)
     ]

@@ -112,13 +112,13 @@ def gpu_section(
     config_notes = {s.split("@", 1)[1]: study.stale_note(s) for s in stages if s.startswith("multitask@")}
     task_notes = {
         task: " ".join(n for s in stages if s.startswith(f"sentiment@{task}-") if (n := study.stale_note(s)))
-        for task in {m["task"] for m in study.sentiment}
+        for task in {m.task for m in study.sentiment}
     }
     checkpoints = {c["checkpoint"]["name"]: c["checkpoint"] for c in study.provenance["calls"].values()}
     sizes = ", ".join(
         f"{TASKS[t].title} {len(study.evidence.labels(t)):,}"
         for t in MULTITASK_TASKS
-        if any(t in m for m in study.multitask.values())
+        if any(t in m.scores for m in study.multitask.values())
     )
     lines = [
         f"The study of `dvc exp run {overrides}`: every training row, the paper's epochs where "

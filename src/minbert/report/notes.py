@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
 from minbert.report.formatting import per_task
-from minbert.results import EPOCH, STEPS, history_column
+from minbert.results import history_column
+from minbert.runs import RecordedSettings
 from minbert.tasks import TASKS
 
 
@@ -20,20 +22,29 @@ def selection_note(runs: dict[str, dict], which: str) -> str:
     record's words (once when all agree)."""
     chosen: dict[str, list[str]] = {}
     for name, m in runs.items():
-        chosen.setdefault(m["selection"], []).append(f"`{name}`")
+        chosen.setdefault(m.selection, []).append(f"`{name}`")
     if len(chosen) == 1:
         return f"The epoch of each {which}: {next(iter(chosen))}."
     return f"The epoch of each {which}: " + "; ".join(f"{', '.join(c)}: {s}" for s, c in chosen.items()) + "."
 
 
-def rates(s: dict) -> str:
+def rates(s: RecordedSettings) -> str:
     """A multitask run's optimizer, learning rates and schedule, from its settings; a
     decay per epoch that a one-epoch run never applies says so."""
-    schedule = f"× {s['lr_gamma']} per epoch" if s["lr_schedule"] == "exponential" else "constant"
-    if s["lr_schedule"] == "exponential" and s.get("epochs") == 1:
+    return _rates(s.optimizer, s.lr, s.head_lr, s.lr_schedule, s.lr_gamma, s.epochs)
+
+
+def planned_rates(optimizer: str, spec: dict) -> str:
+    """The same of an optimizer's entry in a scale of params.yaml (a scale not run)."""
+    return _rates(optimizer, spec["lr"], spec.get("head_lr"), spec["lr_schedule"], spec.get("lr_gamma"), None)
+
+
+def _rates(optimizer, lr, head_lr, schedule_name, gamma, epochs) -> str:
+    schedule = f"× {gamma} per epoch" if schedule_name == "exponential" else "constant"
+    if schedule_name == "exponential" and epochs == 1:
         schedule += " (never applied: one epoch)"
-    heads = f" (heads {s['head_lr']:g})" if s.get("head_lr") is not None else ""
-    return f"{s['optimizer']} lr {s['lr']:g}{heads}, {schedule}"
+    heads = f" (heads {head_lr:g})" if head_lr is not None else ""
+    return f"{optimizer} lr {lr:g}{heads}, {schedule}"
 
 
 # What a row's settings say in words: the pair heads, how the tasks share a step, the
@@ -50,9 +61,11 @@ OPTIMIZER_WORDS = {"adamw": "AdamW", "adamaxw": "AdamaxW"}
 ROW_SETTINGS = ("paraphrase_head", "sts_head", "gradient", "optimizer", "smart")
 
 
-def row_settings(settings: dict) -> dict:
+def row_settings(settings: RecordedSettings) -> dict:
     """The run settings a table row's title speaks of (``ROW_SETTINGS``), SMART as on/off."""
-    return {k: settings[k] is not None if k == "smart" else settings[k] for k in ROW_SETTINGS}
+    return {
+        k: getattr(settings, k) is not None if k == "smart" else getattr(settings, k) for k in ROW_SETTINGS
+    }
 
 
 def in_words(settings: dict) -> str:
@@ -67,7 +80,7 @@ def row_title(row: dict, run: dict) -> tuple[str, str | None]:
     """A table row's title and a note: the paper's label where the run's record has the
     settings the row stands for (``stands_for``), else what the run was, in words, and a
     note naming each difference, so that no title names what its run did not do."""
-    ran = row_settings(run["settings"])
+    ran = row_settings(run.settings)
     differ = {k: v for k, v in row.get("stands_for", {}).items() if ran[k] != v}
     if not differ:
         return row["label"], None
@@ -98,8 +111,8 @@ def epoch_count(epochs: int) -> str:
 def training_budget(runs: dict[str, dict]) -> str:
     """``SST 1152, Quora 1152, STS 1152 training examples per task, 1 epoch``: what the
     configurations trained on, the exceptions by name."""
-    sizes = usual({n: f"{per_task(m['train_examples'])} training examples per task" for n, m in runs.items()})
-    epochs = usual({n: epoch_count(m["epochs"]) for n, m in runs.items()})
+    sizes = usual({n: f"{per_task(m.train_examples)} training examples per task" for n, m in runs.items()})
+    epochs = usual({n: epoch_count(m.epochs) for n, m in runs.items()})
     return f"{sizes}, {epochs}"
 
 
@@ -123,9 +136,9 @@ def _value(v) -> str:
 
 def _smart(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     values = {
-        c: ", ".join(f"{SMART_NAMES.get(k, k)} {_value(v)}" for k, v in m["settings"]["smart"].items())
+        c: ", ".join(f"{SMART_NAMES.get(k, k)} {_value(v)}" for k, v in asdict(m.settings.smart).items())
         for c, m in runs.items()
-        if m["settings"].get("smart")
+        if m.settings.smart
     }
     return usual(values) if values else "no configuration with SMART has been run"
 
@@ -133,8 +146,8 @@ def _smart(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
 def _optimizers(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     by_optimizer: dict[str, dict[str, str]] = {}
     for c, m in runs.items():
-        s = m["settings"]
-        by_optimizer.setdefault(s["optimizer"], {})[c] = f"{rates(s)}, weight decay {s['weight_decay']:g}"
+        s = m.settings
+        by_optimizer.setdefault(s.optimizer, {})[c] = f"{rates(s)}, weight decay {s.weight_decay:g}"
     return "; ".join(usual(values) for values in by_optimizer.values()) or "no configuration has been run"
 
 
@@ -142,18 +155,18 @@ def _warmup(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     settings = usual(
         {
             c: "none"
-            if not (m["settings"].get("head_warmup") or {}).get("epochs")
+            if not m.settings.head_warmup.epochs
             else (
-                f"up to {m['settings']['head_warmup']['epochs']} passes over the pooled training "
-                f"vectors at lr {m['settings']['head_warmup']['lr']:g}"
+                f"up to {m.settings.head_warmup.epochs} passes over the pooled training "
+                f"vectors at lr {m.settings.head_warmup.lr:g}"
             )
             for c, m in runs.items()
         }
     )
     kept: dict[str, list[int]] = {}
     for m in runs.values():
-        for task, w in (m.get("head_warmup") or {}).items():
-            kept.setdefault(task, []).append(w["epochs_kept"])
+        for task, w in m.head_warmup.items():
+            kept.setdefault(task, []).append(w.epochs_kept)
     if not kept:
         return settings
     ranges = {t: f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}" for t, k in kept.items()}
@@ -165,15 +178,15 @@ def _steps(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
         return f"`{config}` has not been run"
     m = runs[config]
     return (
-        f"`{config}` made {m[STEPS]:,} optimizer steps over "
-        f"{sum(m['examples_seen'].values()):,} training examples"
+        f"`{config}` made {m.steps:,} optimizer steps over "
+        f"{sum(m.examples_seen.values()):,} training examples"
     )
 
 
-def _rates(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
+def _run_rates(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     if config not in runs:
         return f"`{config}` has not been run"
-    return f"`{config}` {rates(runs[config]['settings'])}"
+    return f"`{config}` {rates(runs[config].settings)}"
 
 
 def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
@@ -184,7 +197,7 @@ def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     column = history_column("dev", TASKS["sts"].metric_key)
     if column not in history.columns:
         raise ValueError(f"{path}: missing column {column}")
-    best, pearson = runs[config][EPOCH], history[column]
+    best, pearson = runs[config].epoch, history[column]
     return (
         f"`{config}`'s dev-slice STS Pearson (its history) is {pearson[0]:.3f} at epoch 0, the "
         f"checkpoint before any encoder update, and {pearson[best]:.3f} at its chosen epoch {best}"
@@ -196,7 +209,7 @@ FACTS = {
     "smart": _smart,
     "optimizers": _optimizers,
     "steps": _steps,
-    "rates": _rates,
+    "rates": _run_rates,
     "cosine": _cosine,
     "warmup": _warmup,
 }

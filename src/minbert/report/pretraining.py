@@ -17,7 +17,6 @@ from minbert.report.comparisons import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER, fmt_interval, md_header, md_row
-from minbert.results import ACCURACY
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # What `minbert mlm-study` (minbert.tools.mlm_study) writes under the metrics folder: the
@@ -77,18 +76,18 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
         ]
     )
     for start, m in pretraining.items():
-        b, c = m["before"], m["corpus"]
+        b, c = m.before, m.corpus
         lines.append(
             md_row(
                 [
                     f"`{start}`",
-                    f"{b['masked_accuracy']:.3f}",
-                    f"{m[ACCURACY]:.3f}",
-                    f"{b['perplexity']:.1f}",
-                    f"{m['after']['perplexity']:.1f}",
-                    str(c["train_sequences"]),
-                    str(c["heldout_sequences"]),
-                    m["head"],
+                    f"{b.masked_accuracy:.3f}",
+                    f"{m.accuracy:.3f}",
+                    f"{b.perplexity:.1f}",
+                    f"{m.after.perplexity:.1f}",
+                    str(c.train_sequences),
+                    str(c.heldout_sequences),
+                    m.head,
                 ]
             )
         )
@@ -111,28 +110,28 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
         ]
     )
     notes = []
-    for m in sorted(tuned, key=lambda m: (m["config"], m["pretraining"]["start"])):
-        name = f"{m['pretraining']['start']}-{m['config']}"
+    for m in sorted(tuned, key=lambda m: (m.config, m.pretraining.start)):
+        name = f"{m.pretraining.start}-{m.config}"
         folder = "multitask-mlm" if mlm.predictions is None else str(mlm.predictions / "multitask-mlm")
         scored = multitask_scored(evidence, folder, name, m)
-        base = runs.get(m["config"])
+        base = runs.get(m.config)
         if base and study is not None:
-            then = study["compared_with"].get(m["config"], {})
-            if any(then.get(k) != base[k] for k in TASK_KEYS):
+            then = study["compared_with"].get(m.config, {})
+            if any(then.get(k) != base.scores[k] for k in TASK_KEYS):
                 # The study's comparison is with a run that is no longer the current one.
                 notes.append(
-                    f"- `{name}`: `{m['config']}` has been retrained since the MLM study "
-                    f"(then {then.get(AVERAGE)}, now {base[AVERAGE]} average): no difference is "
+                    f"- `{name}`: `{m.config}` has been retrained since the MLM study "
+                    f"(then {then.get(AVERAGE)}, now {base.scores[AVERAGE]} average): no difference is "
                     f"shown; rerun `{study['command']}`."
                 )
                 base = None
-        base_scored = multitask_scored(evidence, "multitask", m["config"], base) if base else None
+        base_scored = multitask_scored(evidence, "multitask", m.config, base) if base else None
         # Not in the seed study: the sign across seeds is not checked.
         comparison = Comparison(budget=budget_gap(m, base)) if base else None
         for run, s, origin in ((base, base_scored, "original"), (m, scored, "MLM")):
             if run is None:
                 continue
-            cells = [f"`{m['config']}`", f"`{run['checkpoint']['name']}`"]
+            cells = [f"`{m.config}`", f"`{run.checkpoint.name}`"]
             cells += [fmt_interval(evidence.column(s, c)) for c in COLUMNS]
             cells.append(fmt_budget(run))
             delta = (
@@ -145,6 +144,6 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
             lines.append(md_row(cells + [delta]))
         if base_scored:
             ivs = {c: evidence.column_difference(scored, base_scored, c) for c in COLUMNS}
-            notes.append(Compared(name, m["config"], ivs, comparison).sentence())
+            notes.append(Compared(name, m.config, ivs, comparison).sentence())
     lead = ["", "Δ: ours minus the same configuration fine-tuned from the original checkpoint."]
     return "\n".join(lines + lead + (["", *notes] if notes else []))

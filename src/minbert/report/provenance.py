@@ -10,7 +10,7 @@ from minbert.metrics import DECIMALS
 from minbert.report.comparisons import fmt_budget
 from minbert.report.formatting import NO_NUMBER, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
-from minbert.results import EPOCH
+from minbert.runs import MultitaskRunFile, SentimentRunFile
 from minbert.tasks import TASKS
 
 
@@ -22,12 +22,12 @@ def _sentiment(runs: list[dict]) -> str:
     """The sentiment runs' sizes, per task: training examples, batch, epochs per mode."""
     by_task: dict[str, list[dict]] = {}
     for m in runs:
-        by_task.setdefault(m["task"], []).append(m)
+        by_task.setdefault(m.task, []).append(m)
     parts = []
     for task, ms in by_task.items():
-        epochs = ", ".join(f"{m['epochs']} {m['mode']}" for m in sorted(ms, key=lambda m: m["mode"]))
+        epochs = ", ".join(f"{m.epochs} {m.mode}" for m in sorted(ms, key=lambda m: m.mode))
         parts.append(
-            f"{TASKS[task].title} {ms[0]['train_examples']:,} examples, batch {ms[0]['batch_size']}, "
+            f"{TASKS[task].title} {ms[0].train_examples:,} examples, batch {ms[0].batch_size}, "
             f"epochs {epochs}"
         )
     return "; ".join(parts) or "not run"
@@ -41,31 +41,31 @@ def setup_section(
 ) -> list[str]:
     """The setup table (these runs beside the paper's ``setup`` in paper.yaml), then the
     Quora and checkpoint notes, once for every table."""
-    dev = dict(next(iter(runs.values()))["dev_examples"]) if runs else {}
-    dev.update({m["task"]: m["dev_examples"] for m in sentiment})
-    seeds = _each(runs, lambda m: str(m["seed"])) + " (every table)"
+    dev = dict(next(iter(runs.values())).dev_examples) if runs else {}
+    dev.update({m.task: m.dev_examples for m in sentiment})
+    seeds = _each(runs, lambda m: str(m.seed)) + " (every table)"
     if seed_study:
         seeds += f"; {', '.join(map(str, seed_study['seeds']))} besides it (the seed study)"
     rows = [
-        ("Checkpoint", _each(runs, lambda m: f"`{m['checkpoint']['name']}`"), paper["checkpoint"]),
+        ("Checkpoint", _each(runs, lambda m: f"`{m.checkpoint.name}`"), paper["checkpoint"]),
         (
             "What the heads read",
-            _each(runs, lambda m: f"`{m['settings']['pooling']}` pooling"),
+            _each(runs, lambda m: f"`{m.settings.pooling}` pooling"),
             paper["pooling"],
         ),
         (
             "Multitask training examples per task",
-            _each(runs, lambda m: per_task(m["train_examples"])),
+            _each(runs, lambda m: per_task(m.train_examples)),
             per_task({t: f"{n:,}" for t, n in paper["train_examples"].items()}),
         ),
         (
             "Validation split (chooses the epoch)",
-            _each(runs, lambda m: per_task(m["validation_examples"])),
+            _each(runs, lambda m: per_task(m.validation_examples)),
             paper["validation"],
         ),
         (
             "Multitask epochs; batch per task",
-            _each(runs, lambda m: f"{m['epochs']}; {per_task(m['batch_size'])}"),
+            _each(runs, lambda m: f"{m.epochs}; {per_task(m.batch_size)}"),
             paper["multitask"],
         ),
         ("Sentiment runs (Table 1)", _sentiment(sentiment), paper["sentiment"]),
@@ -77,7 +77,7 @@ def setup_section(
         ("Seeds", seeds if runs else NO_NUMBER, paper["seeds"]),
         (
             "Device",
-            _each({**runs, **{m["run"]: m for m in sentiment}}, lambda m: m["device"]),
+            _each({**runs, **{m.run: m for m in sentiment}}, lambda m: m.device),
             paper["device"],
         ),
     ]
@@ -93,11 +93,11 @@ def quora_notes(runs: dict[str, dict]) -> list[str]:
     carved: dict[str, list[str]] = {}
     official = []
     for name, m in runs.items():
-        split = m["data_split"]["quora"]
-        if split.get("kind") == "official":
+        split = m.data_split.quora
+        if split.kind == "official":
             official.append(name)
         else:
-            carved.setdefault(split.get("note", split.get("kind")), []).append(name)
+            carved.setdefault(split.note or split.kind, []).append(name)
     lines = []
     for note, names in carved.items():
         which = "every table's Quora number" if not official else ", ".join(f"`{c}`" for c in names)
@@ -114,21 +114,21 @@ def checkpoint_notes(runs: list[dict]) -> list[str]:
     training-data file); none for a checkpoint that was only pretrained."""
     notes, seen = [], set()
     for m in runs:
-        ck = m["checkpoint"]
-        data = ck.get("training_data")
-        base = ck["name"].split(" + ")[0]  # an MLM-continued checkpoint keeps its base's record
+        ck = m.checkpoint
+        data = ck.training_data
+        base = ck.name.split(" + ")[0]  # an MLM-continued checkpoint keeps its base's record
         if not data or base in seen:
             continue
         seen.add(base)
         overlap = "; ".join(
-            f"`{o['dataset']}` ({o['examples']:,} examples) from {TASKS[o['task']].source}, "
-            f"which the course's {TASKS[o['task']].title} data also comes from"
-            for o in data["course_overlap"]
+            f"`{o.dataset}` ({o.examples:,} examples) from {TASKS[o.task].source}, "
+            f"which the course's {TASKS[o.task].title} data also comes from"
+            for o in data.course_overlap
         )
         notes.append(
             f"> **Checkpoint:** `{base}` was trained further, after its pretraining, on "
-            f"{data['examples']:,} examples from {data['datasets']} datasets for sentence "
-            f"similarity (its `{data['file']}`)"
+            f"{data.examples:,} examples from {data.datasets} datasets for sentence "
+            f"similarity (its `{data.file}`)"
             + (f", among them {overlap}" if overlap else "")
             + ". Its paraphrase and similarity scores are those of an encoder already tuned to "
             "compare sentences, not of BERT's pretraining alone: the untrained row of Table 2 "
@@ -141,68 +141,64 @@ def checkpoint_notes(runs: list[dict]) -> list[str]:
 
 
 def _multitask_or(sentiment: Callable[[dict], str], multitask: Callable[[dict], str]):
-    return lambda m: sentiment(m) if "task" in m else multitask(m)
+    return lambda m: sentiment(m) if isinstance(m, SentimentRunFile) else multitask(m)
 
 
 # What the provenance table says of each run: (column title, value). A column whose
 # value every run shares becomes one line above the table instead.
 PROVENANCE: list[tuple[str, Callable[[dict], str]]] = [
-    ("Epoch kept", lambda m: f"{m[EPOCH]} of {m['epochs']}"),
+    ("Epoch kept", lambda m: f"{m.epoch} of {m.epochs}"),
     ("Optimizer steps / examples seen", fmt_budget),
     (
         "Training examples",
-        _multitask_or(lambda m: f"{m['train_examples']:,}", lambda m: per_task(m["train_examples"])),
+        _multitask_or(lambda m: f"{m.train_examples:,}", lambda m: per_task(m.train_examples)),
     ),
     (
         "Validation examples",
-        _multitask_or(
-            lambda m: f"{m['validation_examples']:,}", lambda m: per_task(m["validation_examples"])
-        ),
+        _multitask_or(lambda m: f"{m.validation_examples:,}", lambda m: per_task(m.validation_examples)),
     ),
     (
         "Optimizer",
         _multitask_or(
-            lambda m: (
-                f"{m['optimizer']} lr {m['lr']:g}"
-                + (f" (head {m['head_lr']:g})" if m["head_lr"] != m["lr"] else "")
-            ),
-            lambda m: rates(m["settings"]) + f", weight decay {m['settings']['weight_decay']:g}",
+            lambda m: f"{m.optimizer} lr {m.lr:g}" + (f" (head {m.head_lr:g})" if m.head_lr != m.lr else ""),
+            lambda m: rates(m.settings) + f", weight decay {m.settings.weight_decay:g}",
         ),
     ),
-    ("Batch", _multitask_or(lambda m: str(m["batch_size"]), lambda m: per_task(m["batch_size"]))),
+    ("Batch", _multitask_or(lambda m: str(m.batch_size), lambda m: per_task(m.batch_size))),
     (
         "Model",
         _multitask_or(
-            lambda m: f"{TASKS[m['task']].title} head, {m['mode']}",
+            lambda m: f"{TASKS[m.task].title} head, {m.mode}",
             lambda m: (
-                f"pair heads `{m['settings']['paraphrase_head']}` / `{m['settings']['sts_head']}` "
-                f"(STS output `{m['settings']['sts_output']}`), gradient `{m['settings']['gradient']}`, "
-                f"SMART {'on' if m['settings'].get('smart') else 'off'}, dropout {m['settings']['dropout']}"
+                f"pair heads `{m.settings.paraphrase_head}` / `{m.settings.sts_head}` "
+                f"(STS output `{m.settings.sts_output}`), gradient `{m.settings.gradient}`, "
+                f"SMART {'on' if m.settings.smart else 'off'}, dropout {m.settings.dropout}"
             ),
         ),
     ),
     (
         "PCGrad conflicts",
-        lambda m: f"{m['pcgrad_conflict_fraction']:.3f}" if "pcgrad_conflict_fraction" in m else NO_NUMBER,
+        lambda m: (
+            f"{m.pcgrad_conflict_fraction:.3f}"
+            if isinstance(m, MultitaskRunFile) and m.pcgrad_conflict_fraction is not None
+            else NO_NUMBER
+        ),
     ),
     (
         "Checkpoint",
-        lambda m: (
-            f"`{m['checkpoint']['name']}` ({m['checkpoint']['weights']} sha256 "
-            f"{m['checkpoint']['sha256'][:12]}…)"
-        ),
+        lambda m: f"`{m.checkpoint.name}` ({m.checkpoint.weights} sha256 {m.checkpoint.sha256[:12]}…)",
     ),
-    ("Pooling", _multitask_or(lambda m: f"`{m['pooling']}`", lambda m: f"`{m['settings']['pooling']}`")),
-    ("Seed", lambda m: str(m["seed"])),
-    ("Scale", lambda m: f"`{m['scale']}`"),
-    ("Device", lambda m: m["device"]),
+    ("Pooling", _multitask_or(lambda m: f"`{m.pooling}`", lambda m: f"`{m.settings.pooling}`")),
+    ("Seed", lambda m: str(m.seed)),
+    ("Scale", lambda m: f"`{m.scale}`"),
+    ("Device", lambda m: m.device),
 ]
 
 
 def provenance_section(runs: dict[str, dict], sentiment: list[dict]) -> list[str]:
     """One table of how each trained run was produced (``runs``: multitask runs by their
     display name; ``sentiment``: the Table 1 runs)."""
-    rows = {**{f"`{m['run']}`": m for m in sentiment}, **{f"`{n}`": m for n, m in runs.items()}}
+    rows = {**{f"`{m.run}`": m for m in sentiment}, **{f"`{n}`": m for n, m in runs.items()}}
     if not rows:
         return ["No run has been made yet."]
     values = {title: {n: value(m) for n, m in rows.items()} for title, value in PROVENANCE}

@@ -28,7 +28,7 @@ from minbert.report.formatting import (
     md_row,
     per_task,
 )
-from minbert.report.notes import rates, selection_note, usual
+from minbert.report.notes import planned_rates, rates, selection_note, usual
 from minbert.tasks import AVERAGE, SELECTION
 
 
@@ -43,11 +43,11 @@ def selection_section(
     scores, per scale (``params``: the scales not run; ``sources``: what chose the rates)."""
     if not runs:
         return "No multitask configuration has been run (stage `multitask`)."
-    ran = list(dict.fromkeys(m["scale"] for m in runs.values()))
+    ran = list(dict.fromkeys(m.scale for m in runs.values()))
     scales = list(dict.fromkeys([*(params["scales"] if params else []), *ran]))
     lines = [selection_note(runs, "multitask run")]
     if sentiment:
-        lines += ["", selection_note({m["run"]: m for m in sentiment}, "sentiment run (Table 1)")]
+        lines += ["", selection_note({m.run: m for m in sentiment}, "sentiment run (Table 1)")]
     lines += [
         "",
         "The tables keep the paper's metrics (accuracy, Pearson's r and their average); the "
@@ -61,8 +61,8 @@ def selection_section(
             md_row(
                 [
                     f"`{name}`",
-                    *(fmt(m["dev_selection"][k]) for k in SELECTION_COLUMNS),
-                    fmt(m["dev_selection"][SELECTION]),
+                    *(fmt(m.dev_selection[k]) for k in SELECTION_COLUMNS),
+                    fmt(m.dev_selection[SELECTION]),
                 ]
             )
             for name, m in runs.items()
@@ -72,11 +72,11 @@ def selection_section(
     ]
     for scale in scales:
         if scale in ran:
-            mine = {c: m for c, m in runs.items() if m["scale"] == scale}
-            validation = usual({c: per_task(m["validation_examples"]) for c, m in mine.items()})
+            mine = {c: m for c, m in runs.items() if m.scale == scale}
+            validation = usual({c: per_task(m.validation_examples) for c, m in mine.items()})
             by_optimizer: dict[str, dict[str, str]] = {}
             for c, m in mine.items():
-                by_optimizer.setdefault(m["settings"]["optimizer"], {})[c] = rates(m["settings"])
+                by_optimizer.setdefault(m.settings.optimizer, {})[c] = rates(m.settings)
             learning_rates = "; ".join(usual(v) for v in by_optimizer.values())
             label = f"`{scale}` (the runs above)"
         else:
@@ -85,13 +85,13 @@ def selection_section(
                 per_task(sized["validation_examples"]) if "validation_examples" in sized else NO_NUMBER
             )
             learning_rates = "; ".join(
-                rates({"optimizer": name, **spec}) for name, spec in sized["optimizers"].items()
+                planned_rates(name, spec) for name, spec in sized["optimizers"].items()
             )
             label = f"`{scale}` (params.yaml)"
         chosen_by = search_summary(lr_search, runs, scale) if scale in ran else None
         chosen_by = chosen_by or sources.get(scale, "not stated (reference/paper.yaml `learning_rates`)")
         lines.append(md_row([label, validation, learning_rates, chosen_by.strip()]))
-    dev_slice = usual({c: per_task(m["history_examples"]["dev"]) for c, m in runs.items()})
+    dev_slice = usual({c: per_task(m.history_examples["dev"]) for c, m in runs.items()})
     lines += [
         "",
         "Dev is scored once per configuration, with the chosen epoch, for the tables, and "
@@ -208,12 +208,10 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
             text = f"{points[point][SEARCH_SCORE]:.3f}" if point in points else NO_NUMBER
             cells.append(f"**{text}**" if best and (best["lr"], best["head_lr"]) == point else text)
         steps = ", ".join(dict.fromkeys(f"{p['optimizer_steps']:,}" for p in points.values()))
-        run = runs.get(config) if runs.get(config, {}).get("scale") == scale else None
+        run = runs[config] if config in runs and runs[config].scale == scale else None
         row = [f"`{scale}`", f"`{config}`", optimizer, *cells, steps, _used(runs.get(config), scale, best)]
         lines.append(md_row([*row, searched_at(list(points.values()), run)]))
-    unsearched = [
-        f"`{n}`" for n, m in runs.items() if (m["scale"], n, m["settings"]["optimizer"]) not in searched
-    ]
+    unsearched = [f"`{n}`" for n, m in runs.items() if (m.scale, n, m.settings.optimizer) not in searched]
     shared = _optimizer_rates(runs, study)
     if shared:
         lines += ["", shared]
@@ -231,7 +229,7 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
         if key in chosen:
             return ""
         chosen[key] = point
-    used = {n: chosen.get((m["scale"], m["settings"]["optimizer"])) for n, m in runs.items()}
+    used = {n: chosen.get((m.scale, m.settings.optimizer)) for n, m in runs.items()}
     if not any(used.values()):
         return ""
     choices = "; ".join(
@@ -239,10 +237,9 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
         for (scale, optimizer), c in sorted(chosen.items())
     )
     others = [
-        f"`{n}` ({rates(runs[n]['settings'])})"
+        f"`{n}` ({rates(runs[n].settings)})"
         for n, c in used.items()
-        if c is None
-        or (runs[n]["settings"]["lr"], runs[n]["settings"].get("head_lr")) != (c["lr"], c["head_lr"])
+        if c is None or (runs[n].settings.lr, runs[n].settings.head_lr) != (c["lr"], c["head_lr"])
     ]
     return f"Each optimizer's chosen rates: {choices}. " + (
         "Every row runs at its optimizer's."
@@ -253,12 +250,12 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
 
 def _used(run: dict | None, scale: str, best: dict | None) -> str:
     """Whether the tables' run of a searched configuration used the search's choice."""
-    if run is None or run["scale"] != scale:
+    if run is None or run.scale != scale:
         return f"not run at `{scale}`"
     if best is None:
         return NO_NUMBER
-    s = run["settings"]
-    if (s["optimizer"], s["lr"], s.get("head_lr")) == (best["optimizer"], best["lr"], best["head_lr"]):
+    s = run.settings
+    if (s.optimizer, s.lr, s.head_lr) == (best["optimizer"], best["lr"], best["head_lr"]):
         return "the chosen rates"
     return f"not the chosen rates: {rates(s)}"
 
@@ -276,7 +273,7 @@ def seed_section(
             "`minbert seed-study` (docs/experiments.md, The seed study)."
         )
     configs = study["configs"]
-    own = usual({n: str(m["seed"]) for n, m in runs.items()})
+    own = usual({n: str(m.seed) for n, m in runs.items()})
     lines = [
         f"Each configuration trained with seeds {', '.join(map(str, study['seeds']))} (the seed "
         f"study) and with the tables' own seed {own}, read from the current metrics files; the "

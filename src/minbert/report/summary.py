@@ -50,33 +50,33 @@ def beside_the_paper(
     for row in shown:
         name = f"`{row['config']}`"
         multitask.append(md_row([f"{name}, the paper", *(fmt(row["paper"][c]) for c in COLUMNS)]))
-        multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]][c]) for c in COLUMNS)]))
+        multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]].scores[c]) for c in COLUMNS)]))
         if row["config"] in gpu_runs:
             on_gpu = gpu_runs[row["config"]]
             label = f"{name}, {on_gpu_label(['multitask@' + row['config']])}"
-            multitask.append(md_row([label, *(fmt(on_gpu[c]) for c in COLUMNS)]))
+            multitask.append(md_row([label, *(fmt(on_gpu.scores[c]) for c in COLUMNS)]))
 
     published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
     arms = [(task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES]
-    by_name = {m["run"]: m for m in sentiment}
+    by_name = {m.run: m for m in sentiment}
     ours = {(t, m): by_name[f"{t}-{m}"] for t, m in arms if f"{t}-{m}" in by_name}
     single = md_header(
         ["single task, dev accuracy", *(f"{TASKS[t].title}, {MODE_NAMES[m]}" for t, m in arms)]
     )
     single.append(md_row(["the paper", *(fmt(published.get(t, {}).get(m)) for t, m in arms)]))
-    single.append(md_row(["ours", *(fmt(ours[arm]["accuracy"] if arm in ours else None) for arm in arms)]))
-    on_gpu = {m["run"]: m["accuracy"] for m in gpu_sentiment}
+    single.append(md_row(["ours", *(fmt(ours[arm].accuracy if arm in ours else None) for arm in arms)]))
+    on_gpu = {m.run: m.accuracy for m in gpu_sentiment}
     if on_gpu:
         label = on_gpu_label([f"sentiment@{run}" for run in on_gpu])
         single.append(md_row([label, *(fmt(on_gpu.get(f"{t}-{m}")) for t, m in arms)]))
 
     used = {row["config"]: runs[row["config"]] for row in shown}
-    checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in used.items()})
-    scale = usual({n: f"`{m['scale']}`" for n, m in used.items()})
-    sizes = usual({n: per_task(m["train_examples"]) for n, m in used.items()})
-    epochs = usual({n: epoch_count(m["epochs"]) for n, m in used.items()})
-    seeds = usual({n: str(m["seed"]) for n, m in used.items()})
-    full = [(t, ours[(t, "full")]["train_examples"]) for t in SENTIMENT_TASKS if (t, "full") in ours]
+    checkpoint = usual({n: f"`{m.checkpoint.name}`" for n, m in used.items()})
+    scale = usual({n: f"`{m.scale}`" for n, m in used.items()})
+    sizes = usual({n: per_task(m.train_examples) for n, m in used.items()})
+    epochs = usual({n: epoch_count(m.epochs) for n, m in used.items()})
+    seeds = usual({n: str(m.seed) for n, m in used.items()})
+    full = [(t, ours[(t, "full")].train_examples) for t in SENTIMENT_TASKS if (t, "full") in ours]
     reviews = ", ".join(f"{TASKS[t].title} {n:,}" for t, n in full)
     labels = []
     for row in shown:
@@ -113,12 +113,12 @@ def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:
     made = [*runs.values(), *sentiment]
     if not made:
         return ""
-    device = usual({m.get("config", m.get("run")): m["offline_run"]["device"] for m in made})
+    device = usual({m.name: m.offline_run.device for m in made})
     what = "the single-task runs"
     if runs:
-        checkpoint = usual({n: f"`{m['checkpoint']['name']}`" for n, m in runs.items()})
-        sizes = usual({n: per_task(m["train_examples"]) for n, m in runs.items()})
-        epochs = usual({n: epoch_count(m["epochs"]) for n, m in runs.items()})
+        checkpoint = usual({n: f"`{m.checkpoint.name}`" for n, m in runs.items()})
+        sizes = usual({n: per_task(m.train_examples) for n, m in runs.items()})
+        epochs = usual({n: epoch_count(m.epochs) for n, m in runs.items()})
         what = f"{checkpoint} fine-tuned ({sizes} training examples per task, {epochs})"
     return (
         f" Ours on a GPU: {what} at the `gpu` scale on {device}; a row without it has not run "
@@ -129,10 +129,7 @@ def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:
 def _carved_quora(runs: dict[str, dict]) -> int | None:
     """The held-out Quora pairs, when the runs' Quora dev set was carved from the course's
     labelled file (no official train split); None otherwise."""
-    splits = [m.get("data_split", {}).get("quora") for m in runs.values()]
-    carved = [
-        s["heldout_pairs"] for s in splits if isinstance(s, dict) and s.get("kind") == "carved-from-dev"
-    ]
+    carved = [m.data_split.quora.heldout_pairs for m in runs.values() if m.data_split.quora.carved]
     return max(carved) if carved else None
 
 

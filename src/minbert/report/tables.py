@@ -36,7 +36,8 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import row_title
-from minbert.results import ACCURACY, history_column
+from minbert.results import history_column
+from minbert.runs import MultitaskRunFile
 from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 
@@ -51,7 +52,7 @@ def table1(
     references, and full minus last layer, paired (no seed study covers it: † or ‡);
     ``row_notes``: a footnote on a task's row; ``ends``: how validation stood at each
     arm's last epoch (``arm_ends``)."""
-    by_cell = {(m["task"], m["mode"]): m for m in metrics}
+    by_cell = {(m.task, m.mode): m for m in metrics}
     scored = {key: sentiment_scored(evidence, m) for key, m in by_cell.items()}
     refs = spec["references"]
     header = ["Task"]
@@ -112,7 +113,7 @@ def table1(
 
 def fmt_trained(run: dict) -> str:
     """Table 1's "training accuracy / epochs run" cell."""
-    return f"{fmt(run['train_accuracy'])} / {run['epochs_run']} of {run['epochs']}"
+    return f"{fmt(run.train_accuracy)} / {run.epochs_run} of {run.epochs}"
 
 
 def paper_cells(paper: dict | None) -> list[str]:
@@ -197,7 +198,7 @@ def multitask_table(
             label_of(
                 "Untrained checkpoint, zero-shot (`zero-shot`)",
                 "No fine-tuning: "
-                + "; ".join(f"{TASKS[t].title}: {how}" for t, how in zero_shot["method"].items())
+                + "; ".join(f"{TASKS[t].title}: {how}" for t, how in zero_shot.method.items())
                 + ".",
             )
         ]
@@ -276,10 +277,10 @@ def other_spec(shown: set[str], runs: dict[str, dict], parent_name: str) -> dict
     }
 
 
-def smart_table(runs: list[dict]) -> list[str]:
+def smart_table(runs: list[MultitaskRunFile]) -> list[str]:
     """SMART's adversarial smoothness term beside its no-perturbation control, per task,
     for the runs with SMART on (their metrics' ``smart``)."""
-    smart = [m for m in runs if m["settings"].get("smart")]
+    smart = [m for m in runs if m.settings.smart]
     if not smart:
         return ["No configuration of this table with SMART has been run."]
     lines = [
@@ -292,13 +293,13 @@ def smart_table(runs: list[dict]) -> list[str]:
         + [f"{TASKS[t].title} {part}" for t in MULTITASK_TASKS for part in ("adversarial", "control")]
     )
     for m in smart:
-        terms = m["smart"]
+        terms = m.smart
         cells = [
-            f"{terms[part][t]:.3g}"
+            f"{part[t]:.3g}"
             for t in MULTITASK_TASKS
-            for part in ("adversarial", "adversarial_control")
+            for part in (terms.adversarial, terms.adversarial_control)
         ]
-        lines.append(md_row([f"`{m['config']}`", *cells]))
+        lines.append(md_row([f"`{m.config}`", *cells]))
     lines += [
         "",
         "The control is the same divergence with no perturbation, under the same dropout-mask "
@@ -312,13 +313,13 @@ def smart_table(runs: list[dict]) -> list[str]:
 def sentiment_scored(evidence: Evidence, m: dict):
     """A sentiment run's evidence: ``sentiment/<run>/dev-out.csv`` against its accuracy."""
     return evidence.scored(
-        f"sentiment/{m['run']}", {m["task"]: f"sentiment/{m['run']}/dev-out.csv"}, {m["task"]: m[ACCURACY]}
+        f"sentiment/{m.run}", {m.task: f"sentiment/{m.run}/dev-out.csv"}, {m.task: m.accuracy}
     )
 
 
 def sentiment_accuracy(evidence: Evidence, m: dict) -> float:
     """A sentiment run's dev accuracy as recomputed from its predictions (what every cell shows)."""
-    return evidence.cell(sentiment_scored(evidence, m), m["task"]).value
+    return evidence.cell(sentiment_scored(evidence, m), m.task).value
 
 
 def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
@@ -342,10 +343,10 @@ ENDED_WITHIN_NOISE = "its last epoch within its noise"
 def arm_ends(metrics: list[dict], sentiment_dir: Path) -> dict[tuple[str, str], tuple[str, str]]:
     """``validation_end`` of every arm whose history is in ``sentiment_dir``, by (task,
     mode) in the tables' order: read once, for the full table and the first page."""
-    by_cell = {(m["task"], m["mode"]): m for m in metrics}
+    by_cell = {(m.task, m.mode): m for m in metrics}
     ends = {}
     for key in ((task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES):
-        history = Path(sentiment_dir) / f"{by_cell[key]['run']}-history.csv" if key in by_cell else None
+        history = Path(sentiment_dir) / f"{by_cell[key].run}-history.csv" if key in by_cell else None
         if history is not None and history.is_file():
             ends[key] = validation_end(by_cell[key], history)
     return ends
@@ -358,15 +359,15 @@ def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
     scores = history[history_column("val", "mcc")].dropna().tolist()
     if len(scores) < 2:
         return ENDED_WITHIN_NOISE, "one validation score: nothing to compare."
-    n = run["validation_examples"]
+    n = run.validation_examples
     last, before = scores[-1], max(scores[:-1])
     noise = math.sqrt(max(1 - last**2, 0.0) / max(n - 2, 1))
     change = last - before
     said = (
-        f"{run['epochs_run']} of {run['epochs']} epochs; the last changed validation MCC by "
+        f"{run.epochs_run} of {run.epochs} epochs; the last changed validation MCC by "
         f"{change:+.4f} on the best before it (noise ±{noise:.3f}, {n} examples)"
     )
-    if run["epochs_run"] < run["epochs"]:
+    if run.epochs_run < run.epochs:
         kind = STOPPED_WITHIN_NOISE if abs(change) <= noise else STOPPED_BEYOND_NOISE
     else:
         kind = STILL_IMPROVING if change > noise else ENDED_WITHIN_NOISE

@@ -35,17 +35,12 @@ from minbert.report.provenance import cross_cpu_section, provenance_section, set
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
-from minbert.results import STEPS, read_result, read_results
+from minbert.runs import MlmRunFile, MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"
 ZERO_SHOT_FILE = "zero-shot.json"
 LR_SEARCH_FILE = "lr-search.json"
-# What every multitask run must state for the tables (besides the scores): its budget,
-# what chose its epoch, its chance-corrected dev scores, and its start's (the controls).
-RUN_KEYS = (STEPS, "examples_seen", "validation_examples", "selection", "dev_selection", "start_dev")
-# The same of every sentiment run (Table 1).
-SENTIMENT_KEYS = (STEPS, "examples_seen", "selection", "epochs", "epochs_run", "train_accuracy")
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task in the last section)."
@@ -55,14 +50,14 @@ BUDGET_NOTE = (
 def mlm_runs(metrics_dir: Path) -> MlmRuns:
     """The pipeline's MLM runs, or, where it ran none (``mlm.pretrain`` empty, the default),
     those ``minbert mlm-study`` committed under ``metrics/mlm-study``."""
-    pretraining = {m["start"]: m for m in read_results(metrics_dir / "mlm")}
+    pretraining = {m.start: m for m in read_runs(MlmRunFile, metrics_dir / "mlm")}
     if pretraining:
         return MlmRuns(pretraining, load_runs(metrics_dir / "multitask-mlm"))
     study = metrics_dir / MLM_STUDY_DIR
     if not (study / MLM_PROVENANCE).is_file():
         return MlmRuns({}, [])
     return MlmRuns(
-        {m["start"]: m for m in read_results(study / "mlm")},
+        {m.start: m for m in read_runs(MlmRunFile, study / "mlm")},
         load_runs(study / "multitask-mlm"),
         json.loads((study / MLM_PROVENANCE).read_text(encoding="utf-8")),
         # Absolute: the evidence reads it in place of its own predictions folder.
@@ -70,18 +65,14 @@ def mlm_runs(metrics_dir: Path) -> MlmRuns:
     )
 
 
-def load_runs(directory: Path, keys: tuple[str, ...] = RUN_KEYS) -> list[dict]:
-    """A stage's runs, each checked for ``keys`` (and SMART's measured terms when SMART
-    was on)."""
-    runs = read_results(directory)
+def load_runs(directory: Path) -> list[MultitaskRunFile]:
+    """A multitask stage's runs, each with SMART's measured terms when SMART was on."""
+    runs = read_runs(MultitaskRunFile, directory)
     for m in runs:
-        missing = [k for k in keys if k not in m]
-        if m.get("settings", {}).get("smart") and "smart" not in m:
-            missing.append("smart (SMART's adversarial term and its control)")
-        if missing:
+        if m.settings.smart and m.smart is None:
             raise ValueError(
-                f"{directory}/{m.get('config', m.get('run', '?'))}.json: missing key(s) "
-                f"{', '.join(missing)}: written by an older stage; rerun it (dvc repro)"
+                f"{directory}/{m.config}.json: missing key(s) smart (SMART's adversarial term and "
+                "its control): written by an older stage; rerun it (dvc repro)"
             )
     return runs
 
@@ -96,9 +87,9 @@ def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy 
     zero_shot = runs / ZERO_SHOT_FILE
     provenance = read_provenance(metrics_dir / GPU_ROOT)
     return GpuStudy(
-        sentiment=load_runs(runs / "sentiment", SENTIMENT_KEYS),
-        multitask={m["config"]: m for m in load_runs(runs / "multitask")},
-        zero_shot=read_result(zero_shot) if zero_shot.is_file() else None,
+        sentiment=read_runs(SentimentRunFile, runs / "sentiment"),
+        multitask={m.config: m for m in load_runs(runs / "multitask")},
+        zero_shot=read_run(ZeroShotRunFile, zero_shot) if zero_shot.is_file() else None,
         provenance=provenance,
         # The dev sets are the same at every scale: this machine's prepared labels; every
         # number is recomputed from the node's predictions and must equal its metrics file's.
@@ -150,16 +141,16 @@ def write_report(
     check_paper(paper)
     params = yaml.safe_load(Path(params_file).read_text(encoding="utf-8")) if params_file else None
     evidence = Evidence(predictions_dir, prepared_dir)
-    sentiment = load_runs(metrics_dir / "sentiment", SENTIMENT_KEYS)
+    sentiment = read_runs(SentimentRunFile, metrics_dir / "sentiment")
     multitask_dir = metrics_dir / "multitask"
-    multitask = {m["config"]: m for m in load_runs(multitask_dir)}
+    multitask = {m.config: m for m in load_runs(multitask_dir)}
     if not sentiment and not multitask:
         raise FileNotFoundError(
             f"no metrics files to report: neither {metrics_dir}/sentiment nor {multitask_dir} "
             "holds any run (run the `sentiment` or `multitask` stages first)"
         )
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
-    zero_shot = read_result(zero_shot_file) if zero_shot_file.is_file() else None
+    zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
     seed_study = seed_runs(_optional_json(metrics_dir / SEED_STUDY_FILE), multitask)
     mlm = mlm_runs(metrics_dir)
 
@@ -360,7 +351,7 @@ def write_report(
             for spec in paper["figures"]:
                 figures += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
             pages["figures.md"] = ["## Figures", "", *figures]
-        named = {**multitask, **{f"{m['pretraining']['start']}-{m['config']}": m for m in mlm.tuned}}
+        named = {**multitask, **{f"{m.pretraining.start}-{m.config}": m for m in mlm.tuned}}
         pages["provenance.md"] = [
             "## How each number was produced",
             "",

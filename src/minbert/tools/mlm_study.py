@@ -55,7 +55,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
     import dvc.api
 
     from minbert.atomic import atomic_write_text
-    from minbert.results import read_results
+    from minbert.runs import MultitaskRunFile, read_runs
     from minbert.tasks import MULTITASK_TASKS
 
     out = repo / "metrics" / MLM_STUDY_DIR
@@ -67,14 +67,14 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
                 target = out / folder / Path(path).name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(_git(repo, "show", f"{rev}:{path}"), encoding="utf-8")
-    tuned = read_results(out / "multitask-mlm")
-    for run in (f"{m['pretraining']['start']}-{m['config']}" for m in tuned):
+    tuned = read_runs(MultitaskRunFile, out / "multitask-mlm")
+    for run in (f"{m.pretraining.start}-{m.config}" for m in tuned):
         for task in MULTITASK_TASKS:
             source = f"predictions/multitask-mlm/{run}/{task}-dev-out.csv"
             target = out / MLM_PREDICTIONS / "multitask-mlm" / run / f"{task}-dev-out.csv"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(dvc.api.read(source, repo=str(repo), rev=rev), encoding="utf-8")
-    configs = sorted({m["config"] for m in tuned})
+    configs = sorted({m.config for m in tuned})
     provenance = {
         "command": COMMAND,
         "experiment": name,

@@ -20,7 +20,7 @@ from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
 from minbert.report.gpu import GPU_METRICS, GPU_ROOT
 from minbert.report.summary import beside_the_paper
-from minbert.results import read_result, read_results
+from minbert.runs import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
 
 WIDTH = 86  # the README's line length
 SOURCE = "src/minbert/tools/readme.py"
@@ -49,7 +49,7 @@ def _wrap(prose: str) -> str:
 
 def strongest(metrics: Path) -> str:
     """The configuration the report ranks highest on the chance-corrected dev score."""
-    return ranked({m["config"]: m for m in read_results(Path(metrics) / "multitask")})[0][0]
+    return ranked({m.config: m for m in read_runs(MultitaskRunFile, Path(metrics) / "multitask")})[0][0]
 
 
 def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
@@ -57,15 +57,15 @@ def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
     a GPU row marked stale where its code differs in ``sources`` (the repository root)."""
     metrics = Path(metrics)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
-    runs = {m["config"]: m for m in read_results(metrics / "multitask")}
+    runs = {m.config: m for m in read_runs(MultitaskRunFile, metrics / "multitask")}
     gpu = metrics / GPU_METRICS
     provenance = read_provenance(metrics / GPU_ROOT)
     tables, prose = beside_the_paper(
         runs,
-        read_results(metrics / "sentiment"),
+        read_runs(SentimentRunFile, metrics / "sentiment"),
         paper,
-        {m["config"]: m for m in read_results(gpu / "multitask")},
-        read_results(gpu / "sentiment"),
+        {m.config: m for m in read_runs(MultitaskRunFile, gpu / "multitask")},
+        read_runs(SentimentRunFile, gpu / "sentiment"),
         provenance,
         changed_code(provenance, sources),
     )
@@ -78,26 +78,27 @@ def model_block(metrics: Path) -> str:
     """The model worth trying: its dev numbers beside the untrained checkpoint's, and the
     commands that try it (without its markers)."""
     metrics = Path(metrics)
-    runs = {m["config"]: m for m in read_results(metrics / "multitask")}
-    untrained = read_result(metrics / "zero-shot.json")
+    runs = {m.config: m for m in read_runs(MultitaskRunFile, metrics / "multitask")}
+    untrained = read_run(ZeroShotRunFile, metrics / "zero-shot.json").scores
     (top, score), *others = ranked(runs)
     run = runs[top]
+    scores = run.scores
     next_one = f" (next: `{others[0][0]}`, {others[0][1]:.3f})" if others else ""
-    below = [COLUMN_TITLES[c] for c in COLUMNS if run[c] < untrained[c]]
+    below = [COLUMN_TITLES[c] for c in COLUMNS if scores[c] < untrained[c]]
     prose = (
         f"Ranked highest by the report on the chance-corrected dev score ({SELECTION_MEAN}; "
         f"a constant answer scores 0): **`{top}`**, {score:.3f}{next_one}, fine-tuned from "
-        f"`{run['checkpoint']['name']}` on {per_task(run['train_examples'])} training examples "
-        f"(scale `{run['scale']}`; epoch {run['epoch']} of {run['epochs']}, chosen on validation). "
+        f"`{run.checkpoint.name}` on {per_task(run.train_examples)} training examples "
+        f"(scale `{run.scale}`; epoch {run.epoch} of {run.epochs}, chosen on validation). "
         "On the full dev sets, beside the untrained checkpoint it starts from (the `zero-shot` stage)"
         + (f", it scores below it on {', '.join(below)}" if below else "")
         + ' (the "Findings" table of report/findings.md gives the differences\' intervals):'
     )
     table = [
         *md_header(["full dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)]),
-        md_row([f"`{top}`", *(f"{run[c]:.3f}" for c in COLUMNS)]),
+        md_row([f"`{top}`", *(f"{scores[c]:.3f}" for c in COLUMNS)]),
         md_row(["untrained checkpoint", *(f"{untrained[c]:.3f}" for c in COLUMNS)]),
-        md_row(["difference", *(f"{run[c] - untrained[c]:+.3f}" for c in COLUMNS)]),
+        md_row(["difference", *(f"{scores[c] - untrained[c]:+.3f}" for c in COLUMNS)]),
     ]
     model = f"models/multitask/{top}"
     examples = [f"minbert predict {model} --task {task} {given}" for task, given in EXAMPLES]

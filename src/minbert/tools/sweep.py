@@ -270,6 +270,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     from minbert.pipeline.params import load
     from minbert.progress import console
     from minbert.report.comparisons import settings_digest
+    from minbert.runs import multitask_run
 
     params = load(repo / "params.yaml")
     study = params["seed_study"]
@@ -298,7 +299,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     # run counted has the same parameters but the seed; the report checks its runs against it.
     by_name = {r.name: r for r in runs}
     settings = {
-        config: settings_digest(by_name[rows[0]["run"]].metrics[f"multitask/{config}"])
+        config: settings_digest(multitask_run(by_name[rows[0]["run"]].metrics[f"multitask/{config}"], config))
         for config, rows in configs.items()
     }
     result = {
