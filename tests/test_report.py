@@ -580,10 +580,11 @@ def test_seed_study_section_reads_the_own_seed_from_the_metrics_files(outputs, t
 
     def runs(sst, averages, stale):
         extra = [
-            {"seed": s, "sst": sst + 0.01 * k, "quora": 0.7, "sts": 0.8, "average": a}
+            {"seed": s, "run": f"seed-{s}", "sst": sst + 0.01 * k, "quora": 0.7, "sts": 0.8, "average": a}
             for k, (s, a) in enumerate(zip((1, 2, 3), averages))
         ]
-        return [*extra, {"seed": 11711, "sst": stale, "quora": stale, "sts": stale, "average": stale}]
+        stale_copy = {"sst": stale, "quora": stale, "sts": stale, "average": stale}
+        return [*extra, {"seed": 11711, "run": "seed-11711", **stale_copy}]
 
     study = {
         "command": "minbert seed-study",

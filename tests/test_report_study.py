@@ -71,7 +71,8 @@ def _outputs(root: Path, configs: list[str]) -> Path:
 def _seed_rows(config_values: dict[int, float]) -> list[dict]:
     """Seed-study rows whose every column is the given value for that seed."""
     return [
-        {"seed": seed, "average": v, **dict.fromkeys(MULTITASK_TASKS, v)} for seed, v in config_values.items()
+        {"seed": seed, "run": f"seed-{seed}", "average": v, **dict.fromkeys(MULTITASK_TASKS, v)}
+        for seed, v in config_values.items()
     ]
 
 
@@ -788,6 +789,7 @@ def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
     recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES} | {"seed": 11711}
     point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"ran_at": recorded}
     chosen = {"scale": "cpu", "config": "best", "optimizer": "adamaxw", "lr": 1e-4, "head_lr": 1e-3}
+    chosen["validation_selection"] = 0.4
     search = {"command": "minbert lr-search", "runs": [point], "chosen": {"cpu/best/adamaxw": chosen}}
     (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
     section = _sections(report(root, tmp_path / "same"))["What chose what"]

@@ -19,7 +19,7 @@ from minbert import metrics as scoring
 from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_signed, per_task
-from minbert.runs import MultitaskRunFile, ZeroShotRunFile
+from minbert.runs import MultitaskRunFile, SeedRun, SeedStudyFile, ZeroShotRunFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # The fewest seeds a paired interval over seeds is computed from (seed_interval).
@@ -103,42 +103,49 @@ def settings_digest(run: MultitaskRunFile) -> str:
     return hashlib.sha256(json.dumps(ran_at(run), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def seed_runs(study: dict | None, runs: dict[str, dict]) -> dict | None:
+@dataclass(frozen=True)
+class SeedRuns:
+    """The seed study as the report uses it (``seed_runs``): per configuration its runs,
+    the tables' own seed among them; ``seeds``: the extra seeds only; the configurations
+    whose extra seeds ran at other settings, and those whose settings it does not record."""
+
+    study: SeedStudyFile
+    seeds: list[int]
+    configs: dict[str, list[SeedRun]]
+    other_settings: list[str]
+    settings_unrecorded: list[str]
+
+
+def seed_runs(study: SeedStudyFile | None, runs: dict[str, MultitaskRunFile]) -> SeedRuns | None:
     """The seed study's extra seeds with the tables' own seed taken from the current metrics
-    files (``runs``), per configuration and seed; ``seeds``: the extra seeds only. A
-    configuration whose extra seeds ran at other settings than its current run (the study
-    records them, ``settings``) keeps its own seed alone, and is named in ``other_settings``."""
+    files (``runs``), per configuration and seed. A configuration whose extra seeds ran at
+    other settings than its current run (the study records them, ``settings``) keeps its
+    own seed alone, and is named in ``other_settings``."""
     if study is None:
         return None
     own = {m.seed for m in runs.values()}
-    recorded = study.get("settings", {})
+    recorded = study.settings
     configs, other = {}, []
-    for config, rows in study["configs"].items():
-        kept = [r for r in rows if r["seed"] not in own]
+    for config, rows in study.configs.items():
+        kept = [r for r in rows if r.seed not in own]
         if config in runs and config in recorded and recorded[config] != settings_digest(runs[config]):
             other.append(config)
             kept = []
         if config in runs:
-            kept.append({"seed": runs[config].seed, **{c: runs[config].scores[c] for c in COLUMNS}})
-        configs[config] = sorted(kept, key=lambda r: r["seed"])
+            kept.append(SeedRun(runs[config].seed, config, {c: runs[config].scores[c] for c in COLUMNS}))
+        configs[config] = sorted(kept, key=lambda r: r.seed)
     unrecorded = [c for c in configs if c not in recorded]
-    return {
-        **study,
-        "seeds": sorted(set(study["seeds"]) - own),
-        "configs": configs,
-        "other_settings": other,
-        "settings_unrecorded": unrecorded,
-    }
+    return SeedRuns(study, sorted(set(study.seeds) - own), configs, other, unrecorded)
 
 
-def seed_differences(study: dict | None, config: str, parent: str) -> dict[str, list[float]] | None:
+def seed_differences(study: SeedRuns | None, config: str, parent: str) -> dict[str, list[float]] | None:
     """Per column, ``config``'s number minus ``parent``'s with each seed both were trained
     with in the seed study (``seed_runs``), in the order of the seeds; None without one."""
     if study is None:
         return None
-    parent_runs = {r["seed"]: r for r in study["configs"].get(parent, [])}
-    shared = [r for r in study["configs"].get(config, []) if r["seed"] in parent_runs]
-    return {c: [r[c] - parent_runs[r["seed"]][c] for r in shared] for c in COLUMNS}
+    parent_runs = {r.seed: r for r in study.configs.get(parent, [])}
+    shared = [r for r in study.configs.get(config, []) if r.seed in parent_runs]
+    return {c: [r.scores[c] - parent_runs[r.seed].scores[c] for r in shared] for c in COLUMNS}
 
 
 def seed_interval(differences: list[float]) -> Interval | None:

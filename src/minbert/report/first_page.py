@@ -119,14 +119,14 @@ def compact_table(
     if with_paper:
         header += [f"paper {COLUMN_TITLES[c]}" for c in COLUMNS]
     lines = md_header(header)
-    seeded = (seed_study or {}).get("configs", {})
+    seeded = seed_study.configs if seed_study else {}
 
     def numbers(ev: Evidence, folder: str, config: str, run: dict | None, seeds: bool = False) -> list[str]:
         if run is None:
             return ["not run"] * len(COLUMNS)
         rows = seeded.get(config, []) if seeds else []
         if len(rows) >= MIN_SEEDS:
-            return [fmt(statistics.mean(r[c] for r in rows)) for c in COLUMNS]
+            return [fmt(statistics.mean(r.scores[c] for r in rows)) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
         return [fmt(ev.column(scored, c).value) for c in COLUMNS]
 
@@ -189,11 +189,11 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
     if same:
         said += f", the seed the choices of {', '.join(same)} were made with"
         said += ": theirs are the development seed's numbers"
-    configs = (seed_study or {}).get("configs", {})
+    configs = seed_study.configs if seed_study else {}
     gaps = [
-        runs[c].scores[AVERAGE] - statistics.mean(r[AVERAGE] for r in rows if r["seed"] not in own)
+        runs[c].scores[AVERAGE] - statistics.mean(r.scores[AVERAGE] for r in rows if r.seed not in own)
         for c, rows in configs.items()
-        if c in runs and any(r["seed"] not in own for r in rows)
+        if c in runs and any(r.seed not in own for r in rows)
     ]
     if gaps:
         said += (

@@ -17,6 +17,7 @@ from minbert.report.comparisons import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER, fmt_interval, md_header, md_row
+from minbert.runs import MlmStudyFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # What `minbert mlm-study` (minbert.tools.mlm_study) writes under the metrics folder: the
@@ -35,7 +36,7 @@ class MlmRuns:
 
     pretraining: dict[str, dict]
     tuned: list[dict]
-    study: dict | None = None
+    study: MlmStudyFile | None = None
     predictions: Path | None = None
 
 
@@ -58,8 +59,8 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
     if study is not None:
         intro = [
             "Not part of the default `dvc repro`, which leaves `mlm.pretrain` empty to keep "
-            f"within its time budget: `{study['command']}` ran it as the experiment "
-            f"`{study['experiment']}` ({study['how']}) and copied its metrics files and dev "
+            f"within its time budget: `{study.command}` ran it as the experiment "
+            f"`{study.experiment}` ({study.how}) and copied its metrics files and dev "
             "predictions to `metrics/mlm-study/`.",
             "",
         ]
@@ -116,13 +117,13 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
         scored = multitask_scored(evidence, folder, name, m)
         base = runs.get(m.config)
         if base and study is not None:
-            then = study["compared_with"].get(m.config, {})
+            then = study.compared_with.get(m.config, {})
             if any(then.get(k) != base.scores[k] for k in TASK_KEYS):
                 # The study's comparison is with a run that is no longer the current one.
                 notes.append(
                     f"- `{name}`: `{m.config}` has been retrained since the MLM study "
                     f"(then {then.get(AVERAGE)}, now {base.scores[AVERAGE]} average): no difference is "
-                    f"shown; rerun `{study['command']}`."
+                    f"shown; rerun `{study.command}`."
                 )
                 base = None
         base_scored = multitask_scored(evidence, "multitask", m.config, base) if base else None

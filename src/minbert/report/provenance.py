@@ -45,7 +45,7 @@ def setup_section(
     dev.update({m.task: m.dev_examples for m in sentiment})
     seeds = _each(runs, lambda m: str(m.seed)) + " (every table)"
     if seed_study:
-        seeds += f"; {', '.join(map(str, seed_study['seeds']))} besides it (the seed study)"
+        seeds += f"; {', '.join(map(str, seed_study.seeds))} besides it (the seed study)"
     rows = [
         ("Checkpoint", _each(runs, lambda m: f"`{m.checkpoint.name}`"), paper["checkpoint"]),
         (

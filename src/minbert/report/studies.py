@@ -10,6 +10,7 @@ from minbert.report.comparisons import (
     MIN_SEEDS,
     POWER,
     Compared,
+    SeedRuns,
     level,
     ran_at,
     seed_detectable,
@@ -29,6 +30,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import planned_rates, rates, selection_note, usual
+from minbert.runs import LrSearchFile, SearchChoice, SearchPoint
 from minbert.tasks import AVERAGE, SELECTION
 
 
@@ -36,7 +38,7 @@ def selection_section(
     runs: dict[str, dict],
     sentiment: list[dict],
     params: dict | None,
-    lr_search: dict | None,
+    lr_search: LrSearchFile | None,
     sources: dict[str, str],
 ) -> str:
     """What chose each run's epoch and rates, and the multitask runs' chance-corrected dev
@@ -104,24 +106,22 @@ def selection_section(
     return "\n".join(lines)
 
 
-# A search point's score: its best epoch's validation selection score (SELECTION_MEAN).
-SEARCH_SCORE = f"validation_{SELECTION}"
 # What a search point varies, or trains without (minbert.tools.lr_search): left out of the
 # settings it records (`ran_at`, as a run's record states them), and of their comparison
 # with the runs it chose for.
 SEARCH_VARIES = ("lr", "head_lr", "test_predictions")
 
 
-def search_summary(study: dict | None, runs: dict[str, dict], scale: str) -> str | None:
+def search_summary(study: LrSearchFile | None, runs: dict[str, dict], scale: str) -> str | None:
     """What chose the rates of the runs at ``scale``, from the search's own file: which
     configuration each optimizer's rates were searched on, and at which settings; None
     without a search at that scale."""
     if study is None:
         return None
-    points: dict[tuple[str, str], list[dict]] = {}
-    for p in study["runs"]:
-        if p["scale"] == scale:
-            points.setdefault((p["optimizer"], p["config"]), []).append(p)
+    points: dict[tuple[str, str], list[SearchPoint]] = {}
+    for p in study.runs:
+        if p.scale == scale:
+            points.setdefault((p.optimizer, p.config), []).append(p)
     if not points:
         return None
     said = "; ".join(
@@ -131,13 +131,13 @@ def search_summary(study: dict | None, runs: dict[str, dict], scale: str) -> str
     return f"`minbert lr-search` on the validation split, never dev (`metrics/lr-search.json`): {said}"
 
 
-def searched_at(points: list[dict], run: dict | None) -> str:
+def searched_at(points: list[SearchPoint], run: dict | None) -> str:
     """Whether a configuration's search points ran at the settings of the tables' run of
     it (``ran_at``, the rates apart): the same, those that differ (searched, then run),
     or not recorded."""
     if run is None:
         return NO_NUMBER
-    recorded = [p.get("ran_at") for p in points]
+    recorded = [p.ran_at for p in points]
     if any(r is None for r in recorded):
         return "settings not recorded (the file names its scale alone)"
     # Every setting the run's record states (a point also records some it does not: the
@@ -158,10 +158,7 @@ def _short(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-LR_SEARCH_KEYS = ("scale", "config", "optimizer", "lr", "head_lr", SEARCH_SCORE, "optimizer_steps")
-
-
-def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
+def lr_search_section(study: LrSearchFile | None, runs: dict[str, dict]) -> list[str]:
     """The learning-rate search (``metrics/lr-search.json``): per configuration, every
     grid point's score, its chosen point in bold, and whether the tables' run used it."""
     if study is None:
@@ -169,19 +166,12 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
             "No learning-rate search has been committed (`metrics/lr-search.json`); run "
             "`minbert lr-search` (docs/parameters.md, Learning rates)."
         ]
-    for i, point in enumerate(study["runs"]):
-        missing = [k for k in LR_SEARCH_KEYS if k not in point]
-        if missing:
-            raise ValueError(
-                f"metrics/lr-search.json: runs[{i}] lacks {', '.join(missing)}: written by an "
-                "older `minbert lr-search`; rerun it"
-            )
-    grid = sorted({(p["lr"], p["head_lr"]) for p in study["runs"]})
+    grid = sorted({(p.lr, p.head_lr) for p in study.runs})
     searched: dict[tuple, dict] = {}
-    for p in study["runs"]:
-        searched.setdefault((p["scale"], p["config"], p["optimizer"]), {})[p["lr"], p["head_lr"]] = p
+    for p in study.runs:
+        searched.setdefault((p.scale, p.config, p.optimizer), {})[p.lr, p.head_lr] = p
     lines = [
-        f"Learning-rate search (`metrics/lr-search.json`, `{study['command']}`): each searched "
+        f"Learning-rate search (`metrics/lr-search.json`, `{study.command}`): each searched "
         "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
         "lr) without scoring dev; a point scores the validation selection score of its best "
         f"epoch ({SELECTION_MEAN}, as the epochs are chosen); each searched configuration's best "
@@ -202,12 +192,12 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
         ),
     ]
     for (scale, config, optimizer), points in sorted(searched.items()):
-        best = study["chosen"].get(f"{scale}/{config}/{optimizer}")
+        best = study.chosen.get(f"{scale}/{config}/{optimizer}")
         cells = []
         for point in grid:
-            text = f"{points[point][SEARCH_SCORE]:.3f}" if point in points else NO_NUMBER
-            cells.append(f"**{text}**" if best and (best["lr"], best["head_lr"]) == point else text)
-        steps = ", ".join(dict.fromkeys(f"{p['optimizer_steps']:,}" for p in points.values()))
+            text = f"{points[point].score:.3f}" if point in points else NO_NUMBER
+            cells.append(f"**{text}**" if best and (best.lr, best.head_lr) == point else text)
+        steps = ", ".join(dict.fromkeys(f"{p.optimizer_steps:,}" for p in points.values()))
         run = runs[config] if config in runs and runs[config].scale == scale else None
         row = [f"`{scale}`", f"`{config}`", optimizer, *cells, steps, _used(runs.get(config), scale, best)]
         lines.append(md_row([*row, searched_at(list(points.values()), run)]))
@@ -220,12 +210,12 @@ def lr_search_section(study: dict | None, runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
+def _optimizer_rates(runs: dict[str, dict], study: LrSearchFile) -> str:
     """A line naming each optimizer's chosen rates (each searched on one configuration) and
     whether every run uses its optimizer's; '' when an optimizer's choice is not unique."""
-    chosen: dict[tuple[str, str], dict] = {}
-    for point in study["chosen"].values():
-        key = (point["scale"], point["optimizer"])
+    chosen: dict[tuple[str, str], SearchChoice] = {}
+    for point in study.chosen.values():
+        key = (point.scale, point.optimizer)
         if key in chosen:
             return ""
         chosen[key] = point
@@ -233,13 +223,13 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
     if not any(used.values()):
         return ""
     choices = "; ".join(
-        f"{optimizer} at `{scale}`: lr {c['lr']:g}, heads {c['head_lr']:g} (searched on `{c['config']}`)"
+        f"{optimizer} at `{scale}`: lr {c.lr:g}, heads {c.head_lr:g} (searched on `{c.config}`)"
         for (scale, optimizer), c in sorted(chosen.items())
     )
     others = [
         f"`{n}` ({rates(runs[n].settings)})"
         for n, c in used.items()
-        if c is None or (runs[n].settings.lr, runs[n].settings.head_lr) != (c["lr"], c["head_lr"])
+        if c is None or (runs[n].settings.lr, runs[n].settings.head_lr) != (c.lr, c.head_lr)
     ]
     return f"Each optimizer's chosen rates: {choices}. " + (
         "Every row runs at its optimizer's."
@@ -248,20 +238,23 @@ def _optimizer_rates(runs: dict[str, dict], study: dict) -> str:
     )
 
 
-def _used(run: dict | None, scale: str, best: dict | None) -> str:
+def _used(run: dict | None, scale: str, best: SearchChoice | None) -> str:
     """Whether the tables' run of a searched configuration used the search's choice."""
     if run is None or run.scale != scale:
         return f"not run at `{scale}`"
     if best is None:
         return NO_NUMBER
     s = run.settings
-    if (s.optimizer, s.lr, s.head_lr) == (best["optimizer"], best["lr"], best["head_lr"]):
+    if (s.optimizer, s.lr, s.head_lr) == (best.optimizer, best.lr, best.head_lr):
         return "the chosen rates"
     return f"not the chosen rates: {rates(s)}"
 
 
 def seed_section(
-    study: dict | None, parents: dict[str, str], runs: dict[str, dict], compared: list[Compared] | None = None
+    study: SeedRuns | None,
+    parents: dict[str, str],
+    runs: dict[str, dict],
+    compared: list[Compared] | None = None,
 ) -> str:
     """The seed study with the tables' own seed: mean ± sd per cell, and each configuration
     minus its ablation parent seed by seed, with the paired interval over seeds; each
@@ -272,30 +265,30 @@ def seed_section(
             "No seed study has been committed (`metrics/seed-study.json`). Run it with "
             "`minbert seed-study` (docs/experiments.md, The seed study)."
         )
-    configs = study["configs"]
+    configs = study.configs
     own = usual({n: str(m.seed) for n, m in runs.items()})
     lines = [
-        f"Each configuration trained with seeds {', '.join(map(str, study['seeds']))} (the seed "
+        f"Each configuration trained with seeds {', '.join(map(str, study.seeds))} (the seed "
         f"study) and with the tables' own seed {own}, read from the current metrics files; the "
         "seed changes the heads' initialisation, the dropout masks, the training subsets "
         "and the batch order, and every cell is the mean ± sample standard deviation over the "
-        f"seeds on the full dev sets. Regenerate the study with `{study['command']}` "
-        f"({study['how']}).",
+        f"seeds on the full dev sets. Regenerate the study with `{study.study.command}` "
+        f"({study.study.how}).",
         "",
     ]
-    if study.get("other_settings"):
+    if study.other_settings:
         lines += [
             "Left out: the extra seeds of "
-            + ", ".join(f"`{c}`" for c in study["other_settings"])
+            + ", ".join(f"`{c}`" for c in study.other_settings)
             + ", whose runs had other settings than the tables' run (the study records each "
             "configuration's): their rows below hold the tables' own seed alone, and no verdict "
             "rests on those seeds.",
             "",
         ]
-    if study.get("settings_unrecorded"):
+    if study.settings_unrecorded:
         lines += [
             "Not checked against the tables' runs (the study does not record their settings): "
-            + ", ".join(f"`{c}`" for c in study["settings_unrecorded"])
+            + ", ".join(f"`{c}`" for c in study.settings_unrecorded)
             + ".",
             "",
         ]
@@ -313,13 +306,13 @@ def seed_section(
     for config, rows in configs.items():
         cells = [f"`{config}`"]
         for c in COLUMNS:
-            values = [r[c] for r in rows]
+            values = [r.scores[c] for r in rows]
             cells.append(
                 f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
                 if len(values) > 1
                 else f"{values[0]:.3f}"
             )
-        cells.append(", ".join(str(r["seed"]) for r in rows))
+        cells.append(", ".join(str(r.seed) for r in rows))
         parent = parents.get(config)
         diffs = seed_differences(study, config, parent)[AVERAGE] if parent in configs else []
         if diffs:
@@ -352,13 +345,7 @@ def seed_section(
     return "\n".join(lines)
 
 
-def choice_seeds(choices: dict[str, dict | None]) -> dict[str, int]:
-    """Each committed choice's file (``choices``: its path and content, None when absent)
-    and the one seed it ran with: a search's points (``runs``) or a bench's ``args``."""
-    chose = {}
-    for name, found in choices.items():
-        seeds = {r["seed"] for r in (found or {}).get("runs", []) if "seed" in r}
-        seeds |= {found["args"]["seed"]} if found and "seed" in found.get("args", {}) else set()
-        if len(seeds) == 1:
-            chose[name] = seeds.pop()
-    return chose
+def choice_seeds(choices: dict[str, set[int]]) -> dict[str, int]:
+    """Each committed choice's file (``choices``: its path and the seeds it ran with) and
+    its seed, where it ran with one."""
+    return {name: next(iter(seeds)) for name, seeds in choices.items() if len(seeds) == 1}

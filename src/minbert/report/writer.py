@@ -35,7 +35,17 @@ from minbert.report.provenance import cross_cpu_section, provenance_section, set
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
-from minbert.runs import MlmRunFile, MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
+from minbert.runs import (
+    MlmRunFile,
+    MultitaskRunFile,
+    SentimentRunFile,
+    ZeroShotRunFile,
+    read_lr_search,
+    read_mlm_study,
+    read_run,
+    read_runs,
+    read_seed_study,
+)
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"
@@ -59,7 +69,7 @@ def mlm_runs(metrics_dir: Path) -> MlmRuns:
     return MlmRuns(
         {m.start: m for m in read_runs(MlmRunFile, study / "mlm")},
         load_runs(study / "multitask-mlm"),
-        json.loads((study / MLM_PROVENANCE).read_text(encoding="utf-8")),
+        read_mlm_study(study / MLM_PROVENANCE),
         # Absolute: the evidence reads it in place of its own predictions folder.
         (study / MLM_PREDICTIONS).resolve(),
     )
@@ -101,6 +111,12 @@ def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy 
 
 def _optional_json(path: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _bench_seeds(path: Path) -> set[int]:
+    """The seed a benchmark's result (``bench/results/*.json``) ran with, if it says."""
+    found = _optional_json(path)
+    return {found["args"]["seed"]} if found and "seed" in found.get("args", {}) else set()
 
 
 def check_paper(paper: dict) -> None:
@@ -151,7 +167,8 @@ def write_report(
         )
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
     zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
-    seed_study = seed_runs(_optional_json(metrics_dir / SEED_STUDY_FILE), multitask)
+    seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask)
+    lr_search = read_lr_search(metrics_dir / LR_SEARCH_FILE)
     mlm = mlm_runs(metrics_dir)
 
     specs = {
@@ -222,8 +239,10 @@ def write_report(
             seed_study,
             choice_seeds(
                 {
-                    (metrics_dir / LR_SEARCH_FILE).as_posix(): _optional_json(metrics_dir / LR_SEARCH_FILE),
-                    **({Path(smart_file).as_posix(): _optional_json(Path(smart_file))} if smart_file else {}),
+                    (metrics_dir / LR_SEARCH_FILE).as_posix(): {p.seed for p in lr_search.runs if p.seed}
+                    if lr_search
+                    else set(),
+                    **({Path(smart_file).as_posix(): _bench_seeds(Path(smart_file))} if smart_file else {}),
                 }
             ),
         ),
@@ -337,7 +356,7 @@ def write_report(
             multitask,
             sentiment,
             params,
-            _optional_json(metrics_dir / LR_SEARCH_FILE),
+            lr_search,
             paper.get("learning_rates", {}),
         ),
         "",

@@ -1,4 +1,4 @@
-"""Every training run's files, typed for their readers: a multitask, sentiment, zero-shot
+"""The stages' run files, typed for their readers: a multitask, sentiment, zero-shot
 or MLM run is its metrics file joined with its record (``minbert.results``), read here
 once into a frozen dataclass whose fields are the record's keys. The report reads runs
 only through these; a file that lacks a key, or holds one this version does not know,

@@ -1,0 +1,50 @@
+"""Every run's and study's files, typed for their readers (``training``: the stages' runs;
+``study_files``: the seed study, the learning-rate search, the MLM study). Torch-free."""
+
+from minbert.runs.study_files import (
+    LrSearchFile,
+    MlmStudyFile,
+    SearchChoice,
+    SearchPoint,
+    SeedRun,
+    SeedStudyFile,
+    read_lr_search,
+    read_mlm_study,
+    read_seed_study,
+)
+from minbert.runs.training import (
+    STATED_APART,
+    Checkpoint,
+    DataSplit,
+    MlmRunFile,
+    MultitaskRunFile,
+    RecordedSettings,
+    SentimentRunFile,
+    ZeroShotRunFile,
+    multitask_run,
+    read_run,
+    read_runs,
+)
+
+__all__ = [
+    "STATED_APART",
+    "Checkpoint",
+    "DataSplit",
+    "LrSearchFile",
+    "MlmRunFile",
+    "MlmStudyFile",
+    "MultitaskRunFile",
+    "RecordedSettings",
+    "SearchChoice",
+    "SearchPoint",
+    "SeedRun",
+    "SeedStudyFile",
+    "SentimentRunFile",
+    "ZeroShotRunFile",
+    "multitask_run",
+    "read_lr_search",
+    "read_mlm_study",
+    "read_run",
+    "read_runs",
+    "read_seed_study",
+]

@@ -1,0 +1,171 @@
+"""The studies' files, typed for their readers: the seed study (``minbert seed-study``),
+the learning-rate search (``minbert lr-search``) and the MLM study (``minbert
+mlm-study``). A file that lacks a key is named in one line with the command that
+rewrites it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+from minbert.tasks import AVERAGE, MULTITASK_TASKS
+
+SCORE_KEYS = (*MULTITASK_TASKS, AVERAGE)
+
+
+def _load(path: Path) -> dict | None:
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return content
+
+
+def _require(where: str, values: dict, kind: type, rerun: str) -> None:
+    required = [f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in values]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}: written by an older `{rerun}`; rerun it")
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One seed's run of a configuration: its experiment's name and its dev scores."""
+
+    seed: int
+    run: str
+    scores: dict[str, float]
+
+
+@dataclass(frozen=True)
+class SeedStudyFile:
+    """``metrics/seed-study.json``: each configuration trained with other seeds."""
+
+    command: str
+    how: str
+    seeds: list[int]
+    configs: dict[str, list[SeedRun]]
+    # Each configuration's settings digest (``minbert.report.comparisons.settings_digest``).
+    settings: dict[str, str] = field(default_factory=dict)
+    settings_note: str | None = None
+
+
+def read_seed_study(path: Path) -> SeedStudyFile | None:
+    values = _load(path)
+    if values is None:
+        return None
+    _require(str(path), values, SeedStudyFile, "minbert seed-study")
+    configs = {
+        config: [SeedRun(r["seed"], r["run"], {k: r[k] for k in SCORE_KEYS}) for r in rows]
+        for config, rows in values["configs"].items()
+    }
+    return SeedStudyFile(**{**values, "configs": configs})
+
+
+@dataclass(frozen=True)
+class SearchPoint:
+    """One point of the learning-rate search: a configuration trained at one pair of
+    rates without scoring dev; ``validation``: its best epoch's scores by key
+    (``selection`` the score it is chosen on)."""
+
+    scale: str
+    config: str
+    optimizer: str
+    lr: float
+    head_lr: float
+    optimizer_steps: int
+    validation: dict[str, float]
+    seed: int | None = None
+    best_epoch: int | None = None
+    selection_per_epoch: list[float] = field(default_factory=list)
+    ran_at: dict | None = None  # the settings it ran at, in a run record's form
+
+    @property
+    def score(self) -> float:
+        return self.validation["selection"]
+
+
+@dataclass(frozen=True)
+class SearchChoice:
+    scale: str
+    config: str
+    optimizer: str
+    lr: float
+    head_lr: float
+    validation_selection: float
+
+
+@dataclass(frozen=True)
+class LrSearchFile:
+    """``metrics/lr-search.json``: every point, and each (scale, configuration, optimizer)'s
+    chosen rates."""
+
+    command: str
+    runs: list[SearchPoint]
+    chosen: dict[str, SearchChoice]
+
+
+_POINT = ("scale", "config", "optimizer", "lr", "head_lr", "validation_selection", "optimizer_steps")
+
+
+def read_lr_search(path: Path) -> LrSearchFile | None:
+    values = _load(path)
+    if values is None:
+        return None
+    _require(str(path), values, LrSearchFile, "minbert lr-search")
+    points = []
+    for i, p in enumerate(values["runs"]):
+        missing = [k for k in _POINT if k not in p]
+        if missing:
+            raise ValueError(
+                f"metrics/lr-search.json: runs[{i}] lacks {', '.join(missing)}: written by an "
+                "older `minbert lr-search`; rerun it"
+            )
+        validation = {
+            k[len("validation_") :]: v
+            for k, v in p.items()
+            if k.startswith("validation_") and k != "validation_selection_per_epoch"
+        }
+        points.append(
+            SearchPoint(
+                p["scale"],
+                p["config"],
+                p["optimizer"],
+                p["lr"],
+                p["head_lr"],
+                p["optimizer_steps"],
+                validation,
+                p.get("seed"),
+                p.get("best_epoch"),
+                p.get("validation_selection_per_epoch", []),
+                p.get("ran_at"),
+            )  # fmt: skip
+        )
+    chosen = {key: SearchChoice(**c) for key, c in values["chosen"].items()}
+    return LrSearchFile(values["command"], points, chosen)
+
+
+@dataclass(frozen=True)
+class MlmStudyFile:
+    """``metrics/mlm-study/study.json``: the MLM study's experiment and the metrics of each
+    configuration it was compared with, then."""
+
+    command: str
+    experiment: str
+    experiment_commit: str
+    how: str
+    compared_with: dict[str, dict[str, float]]
+
+
+def read_mlm_study(path: Path) -> MlmStudyFile | None:
+    values = _load(path)
+    if values is None:
+        return None
+    _require(str(path), values, MlmStudyFile, "minbert mlm-study")
+    return MlmStudyFile(**values)
