@@ -994,3 +994,23 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
     # The larger the validation split, the smaller the change it can tell from noise.
     assert ended([0.0, 0.70, 0.75], epochs=2, n=100)[0] == ENDED_WITHIN_NOISE
     assert ended([0.0, 0.70, 0.75], epochs=2, n=10_000)[0] == STILL_IMPROVING
+
+
+def test_no_committed_row_claims_a_schedule_that_did_not_act():
+    """Each committed multitask run's rates as the report words them (the cpu and the gpu
+    study), against the learning rates its history says were applied: a decay that never
+    changed the rate says so."""
+    for directory in (REPO / "metrics" / "multitask", REPO / "metrics" / "gpu" / "metrics" / "multitask"):
+        for run in read_runs(MultitaskRunFile, directory):
+            _said_as_applied(
+                run, pd.read_csv(directory / f"{run.config}-history.csv")["lr"].dropna().unique()
+            )
+
+
+def _said_as_applied(run: MultitaskRunFile, applied) -> None:
+    from minbert.report.notes import rates
+
+    said = rates(run.settings)
+    decays = run.settings.lr_schedule == "exponential"
+    assert ("never applied" in said) == (decays and len(applied) == 1), (run.config, said, applied)
+    assert ("per epoch" in said) == decays, (run.config, said)
