@@ -20,6 +20,7 @@ from minbert.offline.calls import (
 )
 from minbert.offline.lanes import ASSUMED_SHARING
 from minbert.offline.smoke import SMOKE_STAGES
+from minbert.runs.gpu_calls import CheckpointCopy, GpuCall, Unfinished
 
 STAGES = json.loads((REPO / "bench" / "results" / "gpu_study_ops.json").read_text())["results"]["stages"]
 
@@ -161,27 +162,26 @@ def made_up_calls(
     failed.append({"stage": "multitask@concatenation", "reason": "exit status 1", "seconds": 1.0})
     outside = {"prepare": 1.0, "resolve": 0.5, "tokenize": 7.5, "features": 6.0}
     seconds = sum(ran.values()) + sum(f["seconds"] for f in failed) + sum(outside.values())
-    calls = {
-        "2026-11-26T23:01:34": {
-            "device": "a made-up GPU",
-            "seconds": seconds,
-            "finished": {**outside, **ran},
-            "failed": failed,
-            "not_run": [],
-        }
-    }
+    calls = {"2026-11-26T23:01:34": _call(seconds=seconds, finished={**outside, **ran}, failed=failed)}
     if shared:  # a lane call: these stages side by side, each slowed by its factor
         slowed = {n: f * (stage_start_s + STAGES[n]["ops"] * us_per_op * 1e-6) for n, f in shared.items()}
-        calls["2026-11-27T10:00:00"] = {
-            "device": "a made-up GPU",
-            "seconds": 15.0 + max(slowed.values()),
-            "lanes": len(shared),
-            "finished": {**outside, **slowed},
-            "shared_with": {n: sorted(set(shared) - {n}) for n in shared},
-            "failed": [],
-            "not_run": [],
-        }
+        calls["2026-11-27T10:00:00"] = _call(
+            seconds=15.0 + max(slowed.values()),
+            lanes=len(shared),
+            finished={**outside, **slowed},
+            shared_with={n: sorted(set(shared) - {n}) for n in shared},
+        )
     return calls
+
+
+def _call(failed: list[dict] = (), **fields) -> GpuCall:
+    """A call as provenance.json records it, on a made-up GPU."""
+    checkpoint = CheckpointCopy("all-minilm-l6-v2", "model.safetensors", "0" * 64, "fp16", "a copy")
+    where = {"commit": "0" * 40, "uncommitted_changes": [], "device": "a made-up GPU", "torch": "2.11"}
+    return GpuCall(
+        **where, cuda="13.0", python="3.12", checkpoint=checkpoint, failed=[Unfinished(**f) for f in failed],
+        not_run=[], **fields,
+    )  # fmt: skip
 
 
 FINISHED = ["zero-shot", "sentiment@sst-full", "sentiment@cfimdb-full", "multitask@baseline"]
@@ -235,7 +235,7 @@ def test_a_stage_slower_than_its_operators_say_is_planned_at_its_own_measured_se
     calls = made_up_calls(20.0, 12.0, FINISHED, {}, shared)
     rate = Rate.from_calls(calls, STAGES)
     assert rate.sharing == pytest.approx(1.5) and set(rate.measured_s) == {slow, "multitask@concatenation"}
-    measured = calls["2026-11-27T10:00:00"]["finished"][slow]
+    measured = calls["2026-11-27T10:00:00"].finished[slow]
     operators, own = rate.estimate(STAGES[slow]), rate.estimate(STAGES[slow], slow)
     assert measured == pytest.approx(3.0 * operators.expected_s, abs=0.2)
     assert own.expected_s == pytest.approx(measured / rate.sharing, abs=0.05)

@@ -663,7 +663,8 @@ def _gpu_study(root: Path, configs: list[str]) -> None:
     call = {
         "commit": "aebbd8d6cd45d446d679d6a49a0a1a796942ca19", "uncommitted_changes": [],
         "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0", "python": "3.12.3",
-        "checkpoint": {"name": "all-minilm-l6-v2", "note": "weights stored in fp16"},
+        "checkpoint": {"name": "all-minilm-l6-v2", "source_weights": "model.safetensors",
+                       "source_sha256": "53aa5117", "copy": "fp16", "note": "weights stored in fp16"},
         "seconds": 368.0, "finished": {f"multitask@{c}": 63.0 for c in configs},
         "failed": [{"stage": "multitask@best", "reason": "stopped at the --deadline", "seconds": 130.6}],
         "not_run": [],
@@ -673,10 +674,8 @@ def _gpu_study(root: Path, configs: list[str]) -> None:
     code.parent.mkdir(parents=True, exist_ok=True)
     code.write_text("# the step as it ran on the GPU\n")
     fingerprint = {GPU_CODE: hashlib.sha256(code.read_bytes()).hexdigest(), "cmd of prepare": "0" * 64}
-    stages = {
-        f"multitask@{c}": {"call": CALL, "seconds": 63.0, "files": [], "fingerprint": fingerprint}
-        for c in configs
-    }
+    ran = {"call": CALL, "seconds": 63.0, "files": [], "fingerprint": fingerprint, "log": None}
+    stages = {f"multitask@{c}": ran for c in configs}
     provenance = {
         "format": "minbert-gpu-results/1", "overrides": ["scale=gpu"],
         "calls": {CALL: call}, "stages": stages, "failures": {},

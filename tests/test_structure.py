@@ -272,3 +272,10 @@ def test_run_files_are_read_only_through_the_runs_module():
         if re.search(r"\bread_results?\b", path.read_text(encoding="utf-8"))
     )
     assert readers == ["src/minbert/results.py", "src/minbert/runs/training.py"], readers
+    # The studies' files and the GPU study's provenance too: the report parses JSON only for
+    # the benchmarks' results (bench/results/*.json), in one function.
+    parsers = {
+        str(path.relative_to(REPO)): path.read_text(encoding="utf-8").count("json.loads")
+        for path in (REPO / "src" / "minbert" / "report").glob("*.py")
+    }
+    assert {name: n for name, n in parsers.items() if n} == {"src/minbert/report/writer.py": 1}

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import typer
 
-from minbert.gpu_study import GPU_RESULTS_DIR, read_provenance
+from minbert.gpu_study import GPU_RESULTS_DIR
 from minbert.offline.calls import PERIOD_MINUTES, STUDY_OPS
 from minbert.progress import console
+from minbert.runs.gpu_calls import read_gpu_provenance
 
 
 def bundle(
@@ -130,7 +131,7 @@ def gpu_plan(
     from minbert.offline.calls import cut, describe, read_ops, study_rate
 
     _, measured = read_ops(ops)
-    calls = read_provenance(into)["calls"]
+    calls = read_gpu_provenance(into).calls
     rate = study_rate(calls, measured, json.loads(smoke.read_text()) if smoke is not None else None)
     names = list(measured)
     if not_current and calls:

@@ -7,23 +7,11 @@ ran with code that has changed since (``changed_code``)."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
+from minbert.runs.gpu_calls import GpuProvenance
+
 GPU_RESULTS_DIR = Path("metrics/gpu")  # where `minbert gpu-unpack` gathers a study by default
-PROVENANCE_FILE = "provenance.json"
-PROVENANCE_FORMAT = "minbert-gpu-results/1"
-
-
-def read_provenance(gpu_results: Path) -> dict:
-    """``provenance.json`` of the study under ``gpu_results``; empty before its first call."""
-    path = Path(gpu_results) / PROVENANCE_FILE
-    if not path.is_file():
-        return {"format": PROVENANCE_FORMAT, "overrides": None, "calls": {}, "stages": {}, "failures": {}}
-    provenance = json.loads(path.read_text(encoding="utf-8"))
-    if provenance.get("format") != PROVENANCE_FORMAT:
-        raise ValueError(f"{path}: format {provenance.get('format')!r}, expected {PROVENANCE_FORMAT!r}")
-    return provenance
 
 
 # A stage's code, among the files its fingerprint names (minbert.offline.plan): the rest
@@ -35,22 +23,17 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
 
 
-def changed_code(provenance: dict, repo: Path) -> dict[str, list[str]]:
+def changed_code(provenance: GpuProvenance, repo: Path) -> dict[str, list[str]]:
     """Each stage with GPU results: the code files (``CODE``) it ran with that differ in
     ``repo`` now, or are gone."""
     now: dict[str, str] = {}
     found = {}
-    for stage, known in provenance["stages"].items():
-        code = {n: d for n, d in known["fingerprint"].items() if n.startswith(CODE)}
+    for stage, known in provenance.stages.items():
+        code = {n: d for n, d in known.fingerprint.items() if n.startswith(CODE)}
         for name in code.keys() - now.keys():
             now[name] = _sha256(Path(repo) / name)
         found[stage] = sorted(n for n, d in code.items() if now[n] != d)
     return found
-
-
-def ran_at(provenance: dict, stage: str) -> str:
-    """The commit a stage's GPU results ran at (its call's), shortened."""
-    return provenance["calls"][provenance["stages"][stage]["call"]]["commit"][:7]
 
 
 def named_files(files: list[str], at_most: int = 3) -> str:

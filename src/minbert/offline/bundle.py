@@ -123,17 +123,18 @@ def bundle_study(repo: Path, out: Path, overrides: list[str], data_dir: Path | N
     with the course files and the checkpoint; refused (and removed) when one call would
     send the node more than SEND_LIMIT. Returns the line to print."""
     from minbert.data.prepare import resolve_source
-    from minbert.gpu_study import GPU_RESULTS_DIR, read_provenance
+    from minbert.gpu_study import GPU_RESULTS_DIR
     from minbert.model.checkpoint import resolve_checkpoint
     from minbert.offline.calls import STUDY_OPS, bundle_call_plan
     from minbert.offline.plan import resolve_plan, returned
+    from minbert.runs.gpu_calls import read_gpu_provenance
 
     plan = resolve_plan(repo, overrides)
     data_dir = data_dir or resolve_source(plan["params"]["data"]["source"])
     if data_dir is None:
         raise FileNotFoundError("no local course files to bundle: give --data DIR")
     results = [s["name"] for s in plan["stages"] if returned(s)]
-    calls = read_provenance(Path(repo) / GPU_RESULTS_DIR)["calls"]
+    calls = read_gpu_provenance(Path(repo) / GPU_RESULTS_DIR).calls
     call_plan = bundle_call_plan(results, plan["params"]["scale"], calls, Path(repo) / STUDY_OPS)
     checkpoint = resolve_checkpoint(plan["params"]["checkpoint"])
     described = make_bundle(repo, out, data_dir, checkpoint, plan, call_plan)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from minbert.offline.lanes import ASSUMED_SHARING, STOPPED_AT_DEADLINE, Estimate, Lanes, simulate
+from minbert.runs.gpu_calls import GpuCall
 
 # A call's --deadline: a node command runs at most 10 minutes; one is left for the
 # interpreter's start, the SIGTERM grace and packing what finished.
@@ -78,7 +79,7 @@ class Rate:
         )
 
     @classmethod
-    def from_calls(cls, calls: dict[str, dict], stages: dict[str, dict]) -> Rate:
+    def from_calls(cls, calls: dict[str, GpuCall], stages: dict[str, dict]) -> Rate:
         """From the study's own calls (``provenance.json``'s ``calls``): a least-squares line
         through the seconds of the stages that ran alone against their operators (raised
         where a stage stopped at the deadline ran slower); the sharing factor, the median
@@ -89,19 +90,19 @@ class Rate:
         count of host operators cannot see a stage bound by the device."""
         alone, shared, stopped, starts, lanes, ran_in = [], [], [], [], set(), []
         for key, call in calls.items():
-            ran = {n: s for n, s in call["finished"].items() if n in stages}
-            sharing = call.get("shared_with", {})
+            ran = {n: s for n, s in call.finished.items() if n in stages}
+            sharing = call.shared_with
             for name, seconds in ran.items():
                 (shared if sharing.get(name) else alone).append((stages[name]["ops"], seconds))
                 ran_in.append((key, name, seconds, bool(sharing.get(name))))
-            lanes.update([call.get("lanes", 1)] if any(sharing.get(n) for n in ran) else [])
-            cut_short = [f for f in call["failed"] if f["reason"] == STOPPED_AT_DEADLINE]
+            lanes.update([call.lanes] if any(sharing.get(n) for n in ran) else [])
+            cut_short = [f for f in call.failed if f.reason == STOPPED_AT_DEADLINE]
             stopped += [
-                (stages[f["stage"]]["ops"], f["seconds"])
+                (stages[f.stage]["ops"], f.seconds)
                 for f in cut_short
-                if f["stage"] in stages and not f.get("shared_with")
+                if f.stage in stages and not f.shared_with
             ]
-            starts.append(call["seconds"] - sum(ran.values()) - sum(f["seconds"] for f in call["failed"]))
+            starts.append(call.seconds - sum(ran.values()) - sum(f.seconds or 0.0 for f in call.failed))
         points = alone if len({ops for ops, _ in alone}) >= 2 else shared
         if len({ops for ops, _ in points}) < 2:
             raise ValueError(
@@ -119,7 +120,7 @@ class Rate:
             sharing, sharing_source = 1.0, "in the rate: every stage measured shared the GPU"
         else:
             sharing, sharing_source = ASSUMED_SHARING, "assumed: no call has shared the GPU yet"
-        devices = sorted({call["device"] for call in calls.values()})
+        devices = sorted({call.device for call in calls.values()})
         rate = cls(
             per_op * 1e6,
             per_op * 1e6,
@@ -317,7 +318,7 @@ def read_ops(ops_file: Path = STUDY_OPS) -> tuple[str, dict[str, dict]]:
     return results["scale"], results["stages"]
 
 
-def study_rate(calls: dict[str, dict], stages: dict[str, dict], smoke: dict | None = None) -> Rate:
+def study_rate(calls: dict[str, GpuCall], stages: dict[str, dict], smoke: dict | None = None) -> Rate:
     """The rate a plan uses: the smoke call's if given, else the study's calls', else assumed."""
     if smoke is not None:
         return Rate.measured(smoke, stages)
@@ -325,7 +326,7 @@ def study_rate(calls: dict[str, dict], stages: dict[str, dict], smoke: dict | No
 
 
 def bundle_call_plan(
-    names: list[str], scale: str, calls: dict[str, dict], ops_file: Path = STUDY_OPS
+    names: list[str], scale: str, calls: dict[str, GpuCall], ops_file: Path = STUDY_OPS
 ) -> dict:
     """What ``bundle.json`` tells the runner: the lanes the plan chooses, the sharing factor
     and every stage's estimate (none when the operators were counted at another scale)."""

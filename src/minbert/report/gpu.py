@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from minbert.gpu_study import GPU_RESULTS_DIR, named_files, ran_at
+from minbert.gpu_study import GPU_RESULTS_DIR, named_files
 from minbert.report.comparisons import Compared
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.notes import with_facts
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, table1
+from minbert.runs import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile
+from minbert.runs.gpu_calls import GpuProvenance
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and
@@ -26,10 +28,10 @@ class GpuStudy:
     """What ``metrics/gpu`` holds: the runs (as the report loads the CPU study's) and
     ``provenance.json``."""
 
-    sentiment: list[dict]
-    multitask: dict[str, dict]
-    zero_shot: dict | None
-    provenance: dict
+    sentiment: list[SentimentRunFile]
+    multitask: dict[str, MultitaskRunFile]
+    zero_shot: ZeroShotRunFile | None
+    provenance: GpuProvenance
     evidence: Evidence
     stale: dict[str, list[str]]  # each stage's code files changed since it ran (gpu_study.changed_code)
     multitask_dir: Path  # its multitask runs' files (histories, for the notes' facts)
@@ -39,29 +41,29 @@ class GpuStudy:
         if not self.stale.get(stage):
             return None
         return (
-            f"Stale: `{stage}` ran at {ran_at(self.provenance, stage)}; since then "
+            f"Stale: `{stage}` ran at {self.provenance.ran_at(stage)}; since then "
             f"{named_files(self.stale[stage])} changed (`minbert gpu-status`), so this row is not what "
             "the code gives now until a call runs it again."
         )
 
 
-def calls_table(provenance: dict) -> list[str]:
+def calls_table(provenance: GpuProvenance) -> list[str]:
     """One row per call: when, where, from which commit, what it finished and failed."""
     lines = md_header(
         ["call (node clock, UTC)", "device", "torch / CUDA", "commit", "seconds", "finished", "failed"]
     )
-    for started, call in sorted(provenance["calls"].items()):
-        commit = call["commit"][:7] + (" + changes" if call["uncommitted_changes"] else "")
-        finished = ", ".join(f"`{s}` {t:.0f} s" for s, t in call["finished"].items())
-        failed = "; ".join(f"`{f['stage']}`: {f['reason']}" for f in call["failed"] + call["not_run"])
+    for started, call in sorted(provenance.calls.items()):
+        commit = call.commit[:7] + (" + changes" if call.uncommitted_changes else "")
+        finished = ", ".join(f"`{s}` {t:.0f} s" for s, t in call.finished.items())
+        failed = "; ".join(f"`{f.stage}`: {f.reason}" for f in call.failed + call.not_run)
         lines.append(
             md_row(
                 [
                     started[:19],
-                    call["device"],
-                    f"{call['torch']} / {call['cuda']}",
+                    call.device,
+                    f"{call.torch} / {call.cuda}",
                     commit,
-                    f"{call['seconds']:.0f}",
+                    f"{call.seconds:.0f}",
                     finished or "—",
                     failed or "—",
                 ]
@@ -74,9 +76,9 @@ def results_table(study: GpuStudy) -> list[str]:
     """One row per stage with results: the call and commit it ran at, and the code files
     that changed since (none: current)."""
     lines = md_header(["stage", "call (node clock, UTC)", "commit", "code changed since"])
-    for stage, known in sorted(study.provenance["stages"].items()):
+    for stage, known in sorted(study.provenance.stages.items()):
         changed = study.stale.get(stage)
-        cells = [f"`{stage}`", known["call"][:19], ran_at(study.provenance, stage)]
+        cells = [f"`{stage}`", known.call[:19], study.provenance.ran_at(stage)]
         lines.append(md_row([*cells, named_files(changed, 6) if changed else "none"]))
     return lines
 
@@ -107,14 +109,14 @@ def gpu_section(
             "No GPU results yet: the `gpu` scale's study runs on a GPU node (docs/gpu-node.md) and "
             "`minbert gpu-unpack` gathers it under `metrics/gpu/`.",
         ]
-    overrides = " ".join(f"-S '{o}'" for o in study.provenance["overrides"])
-    stages = study.provenance["stages"]
+    overrides = " ".join(f"-S '{o}'" for o in study.provenance.overrides)
+    stages = study.provenance.stages
     config_notes = {s.split("@", 1)[1]: study.stale_note(s) for s in stages if s.startswith("multitask@")}
     task_notes = {
         task: " ".join(n for s in stages if s.startswith(f"sentiment@{task}-") if (n := study.stale_note(s)))
         for task in {m.task for m in study.sentiment}
     }
-    checkpoints = {c["checkpoint"]["name"]: c["checkpoint"] for c in study.provenance["calls"].values()}
+    checkpoints = {c.checkpoint.name: c.checkpoint for c in study.provenance.calls.values()}
     sizes = ", ".join(
         f"{TASKS[t].title} {len(study.evidence.labels(t)):,}"
         for t in MULTITASK_TASKS
@@ -127,7 +129,7 @@ def gpu_section(
         + ". It ran on a GPU node without DVC, one `minbert offline-run` call at a time "
         "(docs/gpu-node.md), and was gathered here from `metrics/gpu/`; `minbert gpu-status` "
         "says which stages are current for this commit. Checkpoint: "
-        + "; ".join(f"`{name}` ({c['note']})" for name, c in checkpoints.items())
+        + "; ".join(f"`{name}` ({c.note})" for name, c in checkpoints.items())
         + ". A configuration not yet run says so; no seed study covers this scale, so each "
         "difference is one run's (its interval covers the dev examples, not the seeds).",
         "",

@@ -4,7 +4,6 @@ arms), the budget ours were made at, and what that budget can and cannot show.""
 
 from __future__ import annotations
 
-from minbert.gpu_study import ran_at
 from minbert.report.comparisons import VERDICTS, Compared
 from minbert.report.controls import Starts
 from minbert.report.formatting import (
@@ -17,6 +16,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import epoch_count, row_title, usual
+from minbert.runs.gpu_calls import GpuProvenance
 from minbert.tasks import AVERAGE, SENTIMENT_TASKS, TASKS
 
 
@@ -26,7 +26,7 @@ def beside_the_paper(
     paper: dict,
     gpu_runs: dict[str, dict] | None = None,
     gpu_sentiment: list[dict] | None = None,
-    gpu_provenance: dict | None = None,
+    gpu_provenance: GpuProvenance | None = None,
     gpu_stale: dict[str, list[str]] | None = None,
 ) -> tuple[list[str], str]:
     """The two tables (Table 2's rows with all four published numbers, each the paper's
@@ -36,8 +36,8 @@ def beside_the_paper(
     gpu_runs, gpu_sentiment, gpu_stale = gpu_runs or {}, gpu_sentiment or [], gpu_stale or {}
 
     def on_gpu_label(stages: list[str]) -> str:
-        known = [s for s in stages if gpu_provenance and s in gpu_provenance["stages"]]
-        commits = sorted({ran_at(gpu_provenance, s) for s in known})
+        known = [s for s in stages if gpu_provenance and s in gpu_provenance.stages]
+        commits = sorted({gpu_provenance.ran_at(s) for s in known})
         stale = ", stale" if any(gpu_stale.get(s) for s in stages) else ""
         return f"ours on a GPU ({', '.join(commits)}{stale})" if commits else "ours on a GPU"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from minbert.atomic import atomic_directory
-from minbert.gpu_study import PROVENANCE_FILE, changed_code, read_provenance
+from minbert.gpu_study import changed_code
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section, smart_collapse_section
@@ -46,6 +46,7 @@ from minbert.runs import (
     read_runs,
     read_seed_study,
 )
+from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"
@@ -95,7 +96,7 @@ def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy 
         return None
     runs = metrics_dir / GPU_METRICS
     zero_shot = runs / ZERO_SHOT_FILE
-    provenance = read_provenance(metrics_dir / GPU_ROOT)
+    provenance = read_gpu_provenance(metrics_dir / GPU_ROOT)
     return GpuStudy(
         sentiment=read_runs(SentimentRunFile, runs / "sentiment"),
         multitask={m.config: m for m in load_runs(runs / "multitask")},

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from minbert.gpu_study import changed_code, read_provenance
+from minbert.gpu_study import changed_code
 from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
 from minbert.report.gpu import GPU_METRICS, GPU_ROOT
 from minbert.report.summary import beside_the_paper
 from minbert.runs import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
+from minbert.runs.gpu_calls import read_gpu_provenance
 
 WIDTH = 86  # the README's line length
 SOURCE = "src/minbert/tools/readme.py"
@@ -59,7 +60,7 @@ def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     runs = {m.config: m for m in read_runs(MultitaskRunFile, metrics / "multitask")}
     gpu = metrics / GPU_METRICS
-    provenance = read_provenance(metrics / GPU_ROOT)
+    provenance = read_gpu_provenance(metrics / GPU_ROOT)
     tables, prose = beside_the_paper(
         runs,
         read_runs(SentimentRunFile, metrics / "sentiment"),
