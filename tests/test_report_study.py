@@ -504,6 +504,7 @@ def test_mlm_section_without_runs_or_study_says_how_to_run_it(tmp_path):
 
 def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
     from minbert.report.detectable import smart_collapse_section
+    from minbert.runs import smart_measurement
 
     def epoch(e, mcc):
         return {"epoch": e, "validation": {"quora_mcc": mcc}} | (
@@ -521,7 +522,7 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
             },
         },
     }
-    text = smart_collapse_section(measurement, "bench/results/smart_collapse.json")
+    text = smart_collapse_section(smart_measurement(measurement), "bench/results/smart_collapse.json")
     assert (
         "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | loss | smoothness | Bregman "
         "| The runs' SMART settings |"
@@ -539,11 +540,11 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
         return SimpleNamespace(settings=SimpleNamespace(smart=smart), steps=steps)
 
     runs = {"best": run(smart), "baseline": run(None)}
-    text = smart_collapse_section(measurement, "x.json", runs)
+    text = smart_collapse_section(smart_measurement(measurement), "x.json", runs)
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | `best` |" in text
     assert "`best` 144 optimizer steps against the measurement's 72; each ran with the settings" in text
     runs["best"] = run(replace(smart, token_norm=0.01))
-    text = smart_collapse_section(measurement, "x.json", runs)
+    text = smart_collapse_section(smart_measurement(measurement), "x.json", runs)
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
     assert "token_norm 0.01, dropout_masks shared) are those of no" in text
     assert "SMART's settings were chosen at other settings than the committed runs'" in text

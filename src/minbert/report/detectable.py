@@ -14,6 +14,7 @@ import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p
 from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
+from minbert.runs import SmartMeasurement
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
@@ -115,7 +116,9 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
     return lines + (["", *reasons] if reasons else [])
 
 
-def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str, dict] | None = None) -> str:
+def smart_collapse_section(
+    measurement: SmartMeasurement | None, source: str, runs: dict[str, dict] | None = None
+) -> str:
     """Why SMART's settings are what they are here: ``bench/smart_collapse.py``'s runs of one
     configuration per variant of SMART's settings (``measurement``: its result file), the
     validation Quora MCC by epoch and the first epoch's gradient norms on the Quora head;
@@ -125,14 +128,14 @@ def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str
         return (
             f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
         )
-    found = measurement["results"]
-    variants = found["variants"]
-    epochs = len(next(iter(variants.values()))["epochs"])
+    found = measurement
+    variants = found.variants
+    epochs = len(next(iter(variants.values())).quora_mcc)
     used = {n: asdict(m.settings.smart) for n, m in (runs or {}).items() if m.settings.smart}
     lines = [
-        f"`{found['config']}` at the cpu scale, trained once per variant of SMART's settings on the "
-        f"validation split (seed {measurement['args']['seed']}, {found['steps']} optimizer steps"
-        + (f", encoder lr {found['lr']:g}" if "lr" in found else "")
+        f"`{found.config}` at the cpu scale, trained once per variant of SMART's settings on the "
+        f"validation split (seed {found.seed}, {found.steps} optimizer steps"
+        + (f", encoder lr {found.lr:g}" if found.lr is not None else "")
         + "; "
         f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
         "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
@@ -152,18 +155,18 @@ def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str
     ]
     matched = []
     for name, variant in variants.items():
-        gradient = variant["epochs"][1]["head_gradient_quora"]
-        same = [n for n, smart in used.items() if "smart" in variant and variant["smart"] == smart]
+        gradient = variant.first_epoch_quora_gradient
+        same = [n for n, smart in used.items() if variant.smart == smart]
         matched += same
         lines.append(
             md_row(
                 [
                     name,
-                    *(f"{e['validation']['quora_mcc']:.3f}" for e in variant["epochs"]),
+                    *(f"{mcc:.3f}" for mcc in variant.quora_mcc),
                     *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
                     ", ".join(f"`{n}`" for n in same)
                     if same
-                    else ("not recorded" if "smart" not in variant else "no"),
+                    else ("not recorded" if variant.smart is None else "no"),
                 ]
             )
         )
@@ -173,7 +176,7 @@ def smart_collapse_section(measurement: dict | None, source: str, runs: dict[str
         lines += [
             "",
             f"The tables' runs with SMART made {steps} optimizer steps against the measurement's "
-            f"{found['steps']}"
+            f"{found.steps}"
             + (
                 f"; the settings of {', '.join(f'`{n}`' for n in unmatched)} ("
                 + "; ".join(sorted({_smart_words(used[n]) for n in unmatched}))

@@ -45,6 +45,7 @@ from minbert.runs import (
     read_run,
     read_runs,
     read_seed_study,
+    read_smart_measurement,
 )
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 
@@ -114,12 +115,6 @@ def _optional_json(path: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _bench_seeds(path: Path) -> set[int]:
-    """The seed a benchmark's result (``bench/results/*.json``) ran with, if it says."""
-    found = _optional_json(path)
-    return {found["args"]["seed"]} if found and "seed" in found.get("args", {}) else set()
-
-
 def check_paper(paper: dict) -> None:
     """Fail early, naming the entry, on a paper.yaml the report cannot read."""
     if "setup" not in paper:
@@ -170,6 +165,7 @@ def write_report(
     zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
     seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask)
     lr_search = read_lr_search(metrics_dir / LR_SEARCH_FILE)
+    smart = read_smart_measurement(Path(smart_file)) if smart_file else None
     mlm = mlm_runs(metrics_dir)
 
     specs = {
@@ -243,7 +239,7 @@ def write_report(
                     (metrics_dir / LR_SEARCH_FILE).as_posix(): {p.seed for p in lr_search.runs if p.seed}
                     if lr_search
                     else set(),
-                    **({Path(smart_file).as_posix(): _bench_seeds(Path(smart_file))} if smart_file else {}),
+                    **({Path(smart_file).as_posix(): {smart.seed} - {None}} if smart else {}),
                 }
             ),
         ),
@@ -340,7 +336,7 @@ def write_report(
         pages["smart.md"] = [
             "## SMART at this budget: what its settings rest on",
             "",
-            smart_collapse_section(_optional_json(Path(smart_file)), Path(smart_file).as_posix(), multitask),
+            smart_collapse_section(smart, Path(smart_file).as_posix(), multitask),
             "",
         ]
     if paper.get("choices"):

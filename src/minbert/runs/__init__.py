@@ -1,5 +1,6 @@
 """Every run's and study's files, typed for their readers (``training``: the stages' runs;
-``study_files``: the seed study, the learning-rate search, the MLM study). Torch-free."""
+``study_files``: the seed study, the learning-rate search, the MLM study, the SMART
+measurement; ``gpu_calls``: the GPU study's provenance). Torch-free."""
 
 from minbert.runs.study_files import (
     LrSearchFile,
@@ -8,9 +9,13 @@ from minbert.runs.study_files import (
     SearchPoint,
     SeedRun,
     SeedStudyFile,
+    SmartMeasurement,
+    SmartVariant,
     read_lr_search,
     read_mlm_study,
     read_seed_study,
+    read_smart_measurement,
+    smart_measurement,
 )
 from minbert.runs.training import (
     STATED_APART,
@@ -40,6 +45,8 @@ __all__ = [
     "SeedRun",
     "SeedStudyFile",
     "SentimentRunFile",
+    "SmartMeasurement",
+    "SmartVariant",
     "ZeroShotRunFile",
     "multitask_run",
     "read_lr_search",
@@ -47,4 +54,6 @@ __all__ = [
     "read_run",
     "read_runs",
     "read_seed_study",
+    "read_smart_measurement",
+    "smart_measurement",
 ]

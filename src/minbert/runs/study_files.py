@@ -169,3 +169,47 @@ def read_mlm_study(path: Path) -> MlmStudyFile | None:
         return None
     _require(str(path), values, MlmStudyFile, "minbert mlm-study")
     return MlmStudyFile(**values)
+
+
+@dataclass(frozen=True)
+class SmartVariant:
+    """One variant of SMART's settings trained by ``bench/smart_collapse.py``: the settings
+    (None in an older file), the validation Quora MCC by epoch, and the first epoch's mean
+    gradient norms on the Quora head per term (loss, adversarial, bregman)."""
+
+    smart: dict | None
+    quora_mcc: list[float]
+    first_epoch_quora_gradient: dict[str, float]
+
+
+@dataclass(frozen=True)
+class SmartMeasurement:
+    """``bench/results/smart_collapse.json``, the choice of SMART's settings: one
+    configuration trained per variant on the validation split."""
+
+    config: str
+    steps: int
+    lr: float | None
+    seed: int | None
+    variants: dict[str, SmartVariant]
+
+
+def smart_measurement(values: dict) -> SmartMeasurement:
+    """The measurement from its result file's content (``common.finish``'s record)."""
+    found = values["results"]
+    variants = {
+        name: SmartVariant(
+            v.get("smart"),
+            [e["validation"]["quora_mcc"] for e in v["epochs"]],
+            v["epochs"][1]["head_gradient_quora"],
+        )
+        for name, v in found["variants"].items()
+    }
+    return SmartMeasurement(
+        found["config"], found["steps"], found.get("lr"), values["args"].get("seed"), variants
+    )
+
+
+def read_smart_measurement(path: Path) -> SmartMeasurement | None:
+    values = _load(path)
+    return None if values is None else smart_measurement(values)
