@@ -176,9 +176,10 @@ def main() -> None:
     if args.cuda_graphs:
         from minbert.train.graphed_step import GraphedStep, compare_with_eager, shape_key
 
-        # On the CPU (--quick) a stand-in "graph" reruns the step: the path, not its speed.
-        cpu = GraphedStep(step, new_capture=lambda: lambda fn: fn) if device.type != "cuda" else None
-        run = graphed = cpu or GraphedStep(step)
+        if device.type == "cuda":
+            run = graphed = GraphedStep(step)
+        else:  # --quick: a stand-in "graph" reruns the step: the path, not its speed
+            run = graphed = GraphedStep(step, new_capture=lambda: lambda fn: fn)
     for rows in warmup:
         run(rows)
     if graphed:

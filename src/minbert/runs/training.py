@@ -313,15 +313,13 @@ _SCORE_KEYS = (*MULTITASK_TASKS, AVERAGE)
 def _typed(kind: type[Run], path: Path, values: dict) -> Run:
     """``values`` (a run's joined files) as ``kind``, or one line naming what does not fit."""
     known = {f.name for f in fields(kind)}
-    if "scores" in known:
-        values = {k: v for k, v in values.items() if k not in _SCORE_KEYS} | {
-            "scores": {k: values[k] for k in _SCORE_KEYS if k in values}
-        }
-        if len(values["scores"]) != len(_SCORE_KEYS):
-            missing = [k for k in _SCORE_KEYS if k not in values["scores"]]
-            values |= {"scores": None, "missing scores": missing}
+    missing_scores = []
+    if "scores" in known:  # the metrics file's task scores, gathered under one field
+        missing_scores = [k for k in _SCORE_KEYS if k not in values]
+        scores = {k: values[k] for k in _SCORE_KEYS if k in values}
+        values = {k: v for k, v in values.items() if k not in _SCORE_KEYS} | {"scores": scores}
     required = {f.name for f in fields(kind) if f.default is dataclasses.MISSING}
-    missing = sorted(required - values.keys()) + values.pop("missing scores", [])
+    missing = sorted(required - values.keys()) + missing_scores
     unknown = sorted(values.keys() - known)
     if missing or unknown:
         said = [
