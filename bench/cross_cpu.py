@@ -17,7 +17,6 @@ slower).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import common
 import yaml
+
+from minbert.results import metrics_from_text
 
 
 def main() -> None:
@@ -48,8 +49,13 @@ def main() -> None:
             env = {**os.environ, "MKL_CBWR": args.branch}
             common.console.print(f"[bold]{config}[/] under MKL_CBWR={args.branch}")
             subprocess.run(command, cwd=common.REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-            committed = json.loads((common.REPO / "metrics" / "multitask" / f"{config}.json").read_text())
-            rerun = json.loads((Path(scratch) / "metrics" / f"{config}.json").read_text())
+            committed, rerun = (
+                metrics_from_text(path.read_text(), str(path))
+                for path in (
+                    common.REPO / "metrics" / "multitask" / f"{config}.json",
+                    Path(scratch) / "metrics" / f"{config}.json",
+                )
+            )
             results[config] = {
                 "identical": committed == rerun,
                 "differences": {

@@ -320,6 +320,38 @@ def test_after_the_experiment_every_view_says_what_ran(experiment):
     assert plots["sst-loss"][0]["content"]["encoding"]["x"]["field"] == "step" and len(steps) == 2, steps
 
 
+def test_no_layout_fits_every_average_into_dvc_exp_show_at_200_columns(tmp_path):
+    """docs/experiments.md: DVC's own table cannot show every configuration's average in a
+    200-column terminal, however the pipeline is laid out. The smallest layout, a scratch
+    project whose only metrics file holds the configurations' averages under their names,
+    with one parameter and one code dependency, shows some of them after an experiment
+    and collapses the rest to "…": the names alone are wider than the terminal leaves."""
+    configs = list(yaml.safe_load((REPO / "params.yaml").read_text())["configs"])
+    (tmp_path / "params.yaml").write_text("optimizer: adamw\n")
+    averages = json.dumps(dict.fromkeys(configs, 0.4567))
+    (tmp_path / "summary.py").write_text(f"open('summary.json', 'w').write({averages!r})\n")
+    stage = {"cmd": "python summary.py", "deps": ["summary.py"], "params": ["optimizer"]}
+    stage["metrics"] = [{"summary.json": {"cache": False}}]
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"summary": stage}}))
+    for command in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["dvc", "repro", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "summary"],
+        ["dvc", "exp", "run", "-q", "-S", "optimizer=adamaxw"],
+    ):
+        _run(command, tmp_path)
+    env = {**tool_env(), "COLUMNS": "200"}
+    shown = subprocess.run(
+        ["dvc", "exp", "show", "--no-pager"], cwd=tmp_path, env=env, capture_output=True, text=True
+    ).stdout
+    header = next(line for line in shown.splitlines() if "Experiment" in line).split()
+    named = [c for c in configs if c in header]
+    assert "…" in header and 0 < len(named) < len(configs), shown
+    assert len(re.findall(r"0\.4567", shown)) >= 3 * len(named), shown  # numbers, not "…"
+
+
 def test_compare_renders_every_configuration_within_a_terminal(experiment):
     """`minbert compare` (the README's ablation recipe; docs/experiments.md) after the experiment: a table
     per metric, every configuration's average for each experiment, 120 columns. (Without

@@ -48,7 +48,7 @@ from minbert.report.studies import SEARCH_VARIES
 from minbert.report.summary import beside_the_paper
 from minbert.report.writer import gpu_study, load_runs
 from minbert.results import read_result
-from minbert.runs import MultitaskRunFile, SentimentRunFile, read_run, read_runs
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile, read_run, read_runs
 from minbert.settings import SmartSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
@@ -504,7 +504,7 @@ def test_mlm_section_without_runs_or_study_says_how_to_run_it(tmp_path):
 
 def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
     from minbert.report.detectable import smart_collapse_section
-    from minbert.runs import smart_measurement
+    from minbert.runs.study_files import smart_measurement
 
     def epoch(e, mcc):
         return {"epoch": e, "validation": {"quora_mcc": mcc}} | (

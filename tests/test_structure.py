@@ -272,6 +272,21 @@ def test_run_files_are_read_only_through_the_runs_module():
         if re.search(r"\bread_results?\b", path.read_text(encoding="utf-8"))
     )
     assert readers == ["src/minbert/results.py", "src/minbert/runs/training.py"], readers
+    # Nor parses one itself (a metrics file or a record: a line that loads JSON and names
+    # metrics or a record), the stages, tools and benches included. Two handle a returned
+    # record as a JSON document, every key kept as it is: the node's runner stamps how the
+    # stage ran onto it, and the lanes bench strips that stamp to compare two calls' files.
+    documents = {"src/minbert/offline/runner.py", "bench/lanes.py"}
+    parsed = sorted(
+        f"{path.relative_to(REPO)}:{n}"
+        for folder in ("src", "stages", "bench")
+        for path in (REPO / folder).rglob("*.py")
+        if not str(path.relative_to(REPO)).startswith(("src/minbert/runs/", "src/minbert/results.py"))
+        and str(path.relative_to(REPO)) not in documents
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"json\.loads?\(", line) and re.search(r"metrics|record", line)
+    )
+    assert parsed == [], parsed
     # The studies' files and the GPU study's provenance too: the report parses JSON only for
     # the benchmarks' results (bench/results/*.json), in one function.
     parsers = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+from dataclasses import replace
 
 import pytest
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
@@ -12,8 +13,16 @@ from test_pipeline import _run, make_project, tool_env
 
 from minbert.cores import threads_each
 from minbert.report.comparisons import settings_digest
-from minbert.runs import multitask_run
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile, read_run
 from minbert.tools.sweep import Run, aggregate, collect_runs, seed_study
+
+# Runs as a commit holds them: committed runs of the study with the numbers a test sets.
+_MULTITASK = read_run(MultitaskRunFile, REPO / "metrics" / "multitask" / "baseline.json")
+_SENTIMENT = read_run(SentimentRunFile, REPO / "metrics" / "sentiment" / "sst-full.json")
+
+
+def multitask(seed=11711, sst=0.4, quora=0.7, sts=0.5, average=0.5) -> MultitaskRunFile:
+    return replace(_MULTITASK, seed=seed, scores={"sst": sst, "quora": quora, "sts": sts, "average": average})
 
 
 def _run_of(name, seed, optimizer, average, acc):
@@ -21,8 +30,8 @@ def _run_of(name, seed, optimizer, average, acc):
         name,
         {"seed": seed, "optimizer": optimizer, "smart": {"enabled": False}},
         {
-            "multitask/baseline": {"sst": acc, "quora": 0.7, "sts": 0.5, "average": average},
-            "sentiment/sst-full": {"accuracy": acc},
+            "multitask/baseline": multitask(seed, sst=acc, average=average),
+            "sentiment/sst-full": replace(_SENTIMENT, seed=seed, accuracy=acc),
         },
     )
 
@@ -100,11 +109,9 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     experiments = [r for r in collect_runs(root, ["HEAD"]) if r.name != "workspace"]
     assert len(experiments) == 2
     for run in experiments:
-        assert run.metrics["multitask/baseline"]["device"] == f"cpu ({threads_each(2)} threads)", run.name
+        assert run.metrics["multitask/baseline"].device == f"cpu ({threads_each(2)} threads)", run.name
     # The settings its runs share (all but the seed), which the report checks the tables' run against.
-    shared = {
-        settings_digest(multitask_run(run.metrics["multitask/baseline"], run.name)) for run in experiments
-    }
+    shared = {settings_digest(run.metrics["multitask/baseline"]) for run in experiments}
     assert study["settings"] == {"baseline": shared.pop()} and not shared
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
@@ -119,16 +126,7 @@ def test_seed_study_takes_only_other_seeds_of_the_same_parameters_from_their_own
     params = {"seed": 11711, "optimizer": "adamw"}
 
     def run(name, seed, config_seeds, optimizer="adamw"):
-        metrics = {
-            f"multitask/{c}": {
-                "seed": s,
-                "sst": 0.4,
-                "quora": 0.7,
-                "sts": 0.5,
-                "average": 0.5 + s / 1e5,
-            }
-            for c, s in config_seeds.items()
-        }
+        metrics = {f"multitask/{c}": multitask(s, average=0.5 + s / 1e5) for c, s in config_seeds.items()}
         return Run(name, {"seed": seed, "optimizer": optimizer}, metrics)
 
     runs = [
@@ -152,7 +150,7 @@ def test_seed_study_ignores_parameters_no_multitask_stage_reads():
 
     def run(name, seed, **changed):
         p = {**params, "seed": seed, **changed}
-        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        m = multitask(seed)
         return Run(name, p, {"multitask/a": m})
 
     runs = [
@@ -171,7 +169,7 @@ def test_seed_study_counts_a_run_of_another_commit_only_where_its_stage_ran_the_
         return {"multitask@a": {"deps": deps}}
 
     def run(name, seed, md5):
-        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        m = multitask(seed)
         return Run(name, {"seed": seed}, {"multitask/a": m}, lock(md5, seed))
 
     runs = [run("same", 1, "abc"), run("older-code", 2, "old")]
@@ -193,7 +191,7 @@ def test_seed_study_compares_the_features_stage_not_the_features_of_another_seed
         return {"multitask@a": {"deps": multitask}, "features": {"deps": features}}
 
     def run(name, seed, features_code):
-        m = {"seed": seed, "sst": 0.4, "quora": 0.7, "sts": 0.5, "average": 0.5}
+        m = multitask(seed)
         return Run(name, {"seed": seed}, {"multitask/a": m}, lock(seed, features_code))
 
     runs = [run("current", 1, "f1"), run("older-features", 2, "f0")]
@@ -219,7 +217,7 @@ def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(
     monkeypatch.setattr(dvc.api, "exp_show", lambda repo, revs=None: rows)
 
     def read_run(repo, rev, name):
-        metrics = {} if rev == "e5" else {"multitask/best": {"average": 0.5}}
+        metrics = {} if rev == "e5" else {"multitask/best": multitask()}
         return Run(name, {"seed": rev}, metrics)
 
     monkeypatch.setattr(sweep, "read_run", read_run)

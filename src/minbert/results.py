@@ -85,16 +85,44 @@ def write_result(directory: Path, name: str, numbers: dict, record: dict) -> Non
     atomic_write_text(metrics_file(directory, name), _json(numbers))
 
 
+def _parsed(text: str, source: str) -> dict:
+    try:
+        content = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{source}: not a JSON object")
+    return content
+
+
 def _read(path: Path) -> dict:
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing (rerun the stage that writes it: dvc repro)") from None
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(content, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return content
+    return _parsed(text, str(path))
+
+
+def _joined(numbers: dict, record: dict, source: str) -> dict:
+    overlap = sorted(set(numbers) & set(record))
+    if overlap:
+        raise ValueError(f"{source}: {overlap} stated in both the metrics file and its record")
+    return {**record, **numbers}
+
+
+def metrics_from_text(text: str, source: str) -> dict[str, float]:
+    """A metrics file's numbers from its text (a commit's, ``git show``): flat, numbers
+    only, or one line naming ``source`` and the key that is not."""
+    numbers = _parsed(text, source)
+    for key, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{source}: metrics file value {key} = {value!r} is not a number")
+    return numbers
+
+
+def joined_texts(numbers: str, record: str, source: str) -> dict:
+    """A run's metrics file and record from their texts (a commit's, ``git show``), joined."""
+    return _joined(_parsed(numbers, source), _parsed(record, f"{source} (record)"), source)
 
 
 def read_result(path: Path) -> dict:
@@ -102,10 +130,7 @@ def read_result(path: Path) -> dict:
     path = Path(path)
     numbers = _read(path)
     record = _read(record_file(path.parent, path.name[: -len(".json")]))
-    overlap = sorted(set(numbers) & set(record))
-    if overlap:
-        raise ValueError(f"{path}: {overlap} stated in both the metrics file and its record")
-    return {**record, **numbers}
+    return _joined(numbers, record, str(path))
 
 
 def read_results(directory: Path) -> list[dict]:

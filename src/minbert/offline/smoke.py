@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minbert.offline.bundle import read_bundle
 from minbert.offline.plan import by_name, select
+from minbert.runs.training import MultitaskRunFile, read_run
 
 SMOKE_FORMAT = "minbert-gpu-smoke/1"
 SMOKE_FILE = "smoke.json"
@@ -189,9 +190,9 @@ def smoke_call(repo: Path, bundle: Path, out: Path, deadline_minutes: float | No
             config = name.split("@", 1)[1]
             stage = {"kind": kind, "seconds": seconds.get(name)}
             if name in seconds:
-                metrics = json.loads((work / "metrics" / "multitask" / f"{config}.json").read_text())
+                run = read_run(MultitaskRunFile, work / "metrics" / "multitask" / f"{config}.json")
                 history = work / "metrics" / "multitask" / f"{config}-history.csv"
-                stage.update(steps=metrics["steps"], **_history_checks(history))
+                stage.update(steps=run.steps, **_history_checks(history))
                 log(f"smoke: timing {name}'s steps and scoring in-process")
                 stage["measured"] = _measure(work, config, linked / "checkpoint")
             stages[name] = stage

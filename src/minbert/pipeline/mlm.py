@@ -4,7 +4,6 @@ written as a checkpoint directory that the fine-tuning stages read like any othe
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 from minbert.atomic import atomic_directory
@@ -14,7 +13,8 @@ from minbert.model.checkpoint import TRAINING_DATA_FILE
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
-from minbert.results import ACCURACY, STEPS, write_result
+from minbert.runs.record_parts import Checkpoint, MaskedScores, MlmCorpus
+from minbert.runs.training import MlmRunFile, write_run
 from minbert.settings import MlmSettings, RunContext
 from minbert.train.mlm import build_model, train_mlm
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
@@ -53,29 +53,27 @@ def run(
         # A continued checkpoint keeps the record of what its base was trained on.
         if start == "continue" and (checkpoint_dir / TRAINING_DATA_FILE).is_file():
             shutil.copyfile(checkpoint_dir / TRAINING_DATA_FILE, tmp / TRAINING_DATA_FILE)
-    numbers = {
-        ACCURACY: result.after["masked_accuracy"],
-        STEPS: result.optimizer_steps,
-    }
-    record = {
-        "start": start,
-        "base_checkpoint": source if start == "continue" else None,
-        "head": model.head_report,
-        "model": model.config.to_json_dict() if start == "scratch" else None,
+    file = MlmRunFile(
+        start=start,
+        accuracy=result.after["masked_accuracy"],
+        steps=result.optimizer_steps,
+        base_checkpoint=Checkpoint.from_dict(source) if start == "continue" else None,
+        head=model.head_report,
+        model=model.config.to_json_dict() if start == "scratch" else None,
         # Held-out masked-token accuracy, perplexity and loss before and after pretraining,
         # on the same masked positions (the accuracy after it: the metrics file's).
-        "before": result.before,
-        "after": {k: v for k, v in result.after.items() if k != "masked_accuracy"},
-        "corpus": result.corpus,
-        "settings": {k: v for k, v in asdict(settings).items() if k != "seed"},
-        "scale": context.scale,
-        "seed": settings.seed,
-        "device": stage.device_name,
-    }
+        before=MaskedScores(**result.before),
+        after=MaskedScores(**{k: v for k, v in result.after.items() if k != "masked_accuracy"}),
+        corpus=MlmCorpus(**result.corpus),
+        settings=settings,
+        scale=context.scale,
+        seed=settings.seed,
+        device=stage.device_name,
+    )
     outputs.write_history(metrics_dir / f"{start}-history.csv", result.history)
-    write_result(metrics_dir, start, numbers, record)
+    written = write_run(file, metrics_dir, start)
     resume.clear()
-    return {**record, **numbers}
+    return written
 
 
 main = stage_main(run, "tokenized", "models", "metrics")

@@ -17,7 +17,7 @@ from minbert.pipeline.entry import stage_main
 from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
 from minbert.pipeline.run_record import MultitaskRun
 from minbert.pipeline.stage import started
-from minbert.results import write_result
+from minbert.runs.training import joined, write_run
 from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import MULTITASK_TASKS, SPLITS
 from minbert.train.head_warmup import ProbeFeatures
@@ -94,7 +94,7 @@ def run(
                 models,
             )
             resume.clear()
-        return {**run.record(), **run.metrics()}
+        return joined(run.file())
 
 
 def _write(name, run, max_length, result, tables, stage, metrics_dir, predictions_dir, models_dir) -> None:
@@ -121,7 +121,7 @@ def _write(name, run, max_length, result, tables, stage, metrics_dir, prediction
     outputs.write_history(metrics_dir / f"{name}-history.csv", [epoch.row() for epoch in result.history])
     outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
     outputs.write_step_losses(metrics_dir / f"{name}-steps.csv", result.step_losses, STEP_LOSS_COLUMNS)
-    write_result(metrics_dir, name, run.metrics(), run.record())
+    write_run(run.file(), metrics_dir, name)
 
 
 # ``--checkpoint``: an MLM stage's output to fine-tune from (stage multitask-mlm).

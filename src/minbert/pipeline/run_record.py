@@ -1,16 +1,25 @@
 """One multitask run as its outputs state it: a typed record made once from what training
-returned, of which the metrics file, the run record, the model's ``minbert.json`` info and
-its model card are serialisations (``minbert.results``, ``minbert.pipeline.model_card``)."""
+returned, of which the run's files (``file``, written by ``minbert.runs.training``), the
+model's ``minbert.json`` info and its model card (``minbert.pipeline.model_card``) are
+serialisations."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from minbert.metrics import fixed
 from minbert.pipeline import outputs
 from minbert.pipeline.stage import Started
-from minbert.results import EPOCH, STEPS
+from minbert.runs.record_parts import (
+    Checkpoint,
+    DataSplit,
+    Pretraining,
+    RecordedSettings,
+    SmartTerms,
+    WarmupKept,
+)
+from minbert.runs.training import MultitaskRunFile
 from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.multitask import LOSS_KEYS, MultitaskResult
@@ -23,8 +32,6 @@ SELECTION_RULE = (
     "from the training rows (never trained on); dev is scored with the start and with "
     "that epoch; a run that keeps epoch 0 was not helped by fine-tuning"
 )
-# Settings the record states on their own (per task) or beside the settings.
-_STATED_APART = ("batch_size", "train_examples", "validation_examples", "history_examples", "seed")
 
 
 @dataclass(frozen=True)
@@ -97,43 +104,40 @@ class MultitaskRun:
             AVERAGE: fixed(self.dev[AVERAGE]),
         }
 
-    def metrics(self) -> dict:
-        """The metrics file: numbers only, what ``dvc metrics`` compares."""
-        return {**self.dev_scores(), EPOCH: self.best_epoch, STEPS: self.optimizer_steps}
-
-    def record(self) -> dict:
-        """The run record: how the numbers were made."""
-        record = {
-            "config": self.context.name,
-            "epochs": self.settings.epochs,
-            "selection": SELECTION_RULE,
+    def file(self) -> MultitaskRunFile:
+        """The run's metrics file and record, typed (``minbert.runs.training`` writes them)."""
+        s = self.settings
+        return MultitaskRunFile(
+            config=self.context.name,
+            scores=self.dev_scores(),
+            epoch=self.best_epoch,
+            steps=self.optimizer_steps,
+            epochs=s.epochs,
+            selection=SELECTION_RULE,
             # The chance-corrected scores of the kept epoch on the full dev sets.
-            "dev_selection": {
+            dev_selection={
                 **{TASKS[t].selection_key: fixed(self.dev[TASKS[t].selection_key]) for t in MULTITASK_TASKS},
                 SELECTION: fixed(self.dev[SELECTION]),
             },
-            "start_dev": {k: fixed(v) for k, v in self.start_dev.items()},
-            "examples_seen": self.examples_seen,
-            "train_examples": self.train_examples,
-            "validation_examples": self.validation_examples,
-            "head_warmup": self.head_warmup,
-            "dev_examples": self.dev_examples,
-            "history_examples": self.history_examples,
-            "data_split": self.data_split,
-            "settings": {k: v for k, v in asdict(self.settings).items() if k not in _STATED_APART},
-            "batch_size": self.settings.batch_size,
-            "processes": self.processes,
-            "checkpoint": self.checkpoint,
-            "pretraining": self.pretraining,
-            "scale": self.context.scale,
-            "seed": self.settings.seed,
-            "device": self.device,
-        }
-        if self.smart_terms is not None:
-            record["smart"] = self.smart_terms
-        if self.pcgrad_conflict_fraction is not None:
-            record["pcgrad_conflict_fraction"] = self.pcgrad_conflict_fraction
-        return record
+            start_dev={k: fixed(v) for k, v in self.start_dev.items()},
+            examples_seen=self.examples_seen,
+            train_examples=self.train_examples,
+            validation_examples=self.validation_examples,
+            head_warmup={t: WarmupKept(**kept) for t, kept in self.head_warmup.items()},
+            dev_examples=self.dev_examples,
+            history_examples=self.history_examples,
+            data_split=DataSplit.from_dict(self.data_split),
+            settings=RecordedSettings.of(s),
+            batch_size=s.batch_size,
+            processes=self.processes,
+            checkpoint=Checkpoint.from_dict(self.checkpoint),
+            pretraining=None if self.pretraining is None else Pretraining(**self.pretraining),
+            scale=self.context.scale,
+            seed=s.seed,
+            device=self.device,
+            smart=None if self.smart_terms is None else SmartTerms(**self.smart_terms),
+            pcgrad_conflict_fraction=self.pcgrad_conflict_fraction,
+        )
 
     def model_info(self, name: str, max_length: dict[str, int]) -> dict:
         """What the model directory's ``minbert.json`` says of the run that made it."""

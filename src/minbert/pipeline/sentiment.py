@@ -11,7 +11,8 @@ from minbert.model.bert import BertModel
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
-from minbert.results import ACCURACY, EPOCH, STEPS, write_result
+from minbert.runs.record_parts import Checkpoint
+from minbert.runs.training import SentimentRunFile, write_run
 from minbert.settings import RunContext, SentimentSettings
 from minbert.train.resume import DEFAULT_DIRECTORY as RESUME_DIRECTORY
 from minbert.train.sentiment import train_sentiment
@@ -43,40 +44,38 @@ def run(
         result = train_sentiment(
             settings, encoder, tables["train"], tables["dev"], tables.get("test"), stage.device, resume=resume
         )
-    numbers = {
-        ACCURACY: fixed(result.dev_accuracy),
-        EPOCH: result.best_epoch,
-        STEPS: result.optimizer_steps,
-    }
-    record = {
-        "run": run,
-        "task": settings.task,
-        "mode": settings.mode,
-        "epochs": settings.epochs,
+    file = SentimentRunFile(
+        run=run,
+        task=settings.task,
+        mode=settings.mode,
+        accuracy=fixed(result.dev_accuracy),
+        epoch=result.best_epoch,
+        steps=result.optimizer_steps,
+        epochs=settings.epochs,
         # Epochs run (fewer when validation stopped improving) and the kept epoch's
         # accuracy on its own training rows (as trained, dropout on): what it learned.
-        "epochs_run": len(result.history) - 1,
-        "train_accuracy": result.history[result.best_epoch]["train_accuracy"],
-        "selection": "the epoch (0, the start, or later) with the best MCC (chance-corrected: a "
+        epochs_run=len(result.history) - 1,
+        train_accuracy=result.history[result.best_epoch]["train_accuracy"],
+        selection="the epoch (0, the start, or later) with the best MCC (chance-corrected: a "
         "constant answer scores 0) on the validation split, set aside from the training rows "
         "(never trained on); dev is scored with that epoch",
         # The chosen epoch's chance-corrected score on dev, and its training budget.
-        "dev_mcc": fixed(mcc(tables["dev"].labels, result.dev_predictions)),
-        "examples_seen": result.examples_seen,
-        "lr": settings.lr,
-        "head_lr": settings.lr if settings.head_lr is None else settings.head_lr,
-        "batch_size": settings.batch_size,
-        "optimizer": settings.optimizer,
-        "pooling": settings.pooling,
-        "train_examples": result.train_examples,
-        "validation_examples": result.validation_examples,
-        "dev_examples": len(tables["dev"]),
-        "data_split": f"course {settings.task} train / dev",
-        "checkpoint": stage.checkpoint,
-        "scale": context.scale,
-        "seed": settings.seed,
-        "device": stage.device_name,
-    }
+        dev_mcc=fixed(mcc(tables["dev"].labels, result.dev_predictions)),
+        examples_seen=result.examples_seen,
+        lr=settings.lr,
+        head_lr=settings.lr if settings.head_lr is None else settings.head_lr,
+        batch_size=settings.batch_size,
+        optimizer=settings.optimizer,
+        pooling=settings.pooling,
+        train_examples=result.train_examples,
+        validation_examples=result.validation_examples,
+        dev_examples=len(tables["dev"]),
+        data_split=f"course {settings.task} train / dev",
+        checkpoint=Checkpoint.from_dict(stage.checkpoint),
+        scale=context.scale,
+        seed=settings.seed,
+        device=stage.device_name,
+    )
     outputs.write_predictions(
         predictions_dir / run / "dev-out.csv",
         settings.task,
@@ -91,9 +90,9 @@ def run(
             result.test_predictions.tolist(),
         )
     outputs.write_history(metrics_dir / f"{run}-history.csv", result.history)
-    write_result(metrics_dir, run, numbers, record)
+    written = write_run(file, metrics_dir, run)
     resume.clear()
-    return {**record, **numbers}
+    return written
 
 
 main = stage_main(run, "tokenized", "metrics", "predictions")

@@ -17,7 +17,8 @@ from minbert.model.bert import BertModel
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
-from minbert.results import write_result
+from minbert.runs.record_parts import Checkpoint, DataSplit
+from minbert.runs.training import ZeroShotRunFile, write_run
 from minbert.settings import RunContext, RunStart
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.train.head_warmup import ProbeFeatures
@@ -70,29 +71,30 @@ def run(
         outputs.write_predictions(
             predictions_dir / f"{task}-dev-out.csv", task, tables[task, "dev"].ids, result.predictions[task]
         )
-    numbers = {
-        **{t: fixed(result.scores[TASKS[t].metric_key]) for t in MULTITASK_TASKS},
-        AVERAGE: fixed(result.scores[AVERAGE]),
-    }
-    record = {
-        "config": "zero-shot",
-        "dev_examples": {t: len(tables[t, "dev"]) for t in MULTITASK_TASKS},
-        "method": {
+    file = ZeroShotRunFile(
+        config="zero-shot",
+        scores={
+            **{t: fixed(result.scores[TASKS[t].metric_key]) for t in MULTITASK_TASKS},
+            AVERAGE: fixed(result.scores[AVERAGE]),
+        },
+        dev_examples={t: len(tables[t, "dev"]) for t in MULTITASK_TASKS},
+        method={
             "sst": result.sst_method,
             "quora": f"cosine of the pooled sentence vectors above {result.quora_threshold:.4f}, the "
             f"most accurate threshold on {result.quora_threshold_pairs} training pairs",
             "sts": "cosine of the pooled sentence vectors, mapped onto 0-5",
         },
-        "sst_majority_class": result.sst_majority_class,
-        "pooling": resolved["pooling"],
-        "data_split": outputs.data_split(json.loads(Path(manifest).read_text(encoding="utf-8"))),
-        "checkpoint": stage.checkpoint,
-        "scale": context.scale,
-        "seed": resolved["seed"],
-        "device": stage.device_name,
-    }
-    write_result(metrics_file.parent, metrics_file.stem, numbers, record)
-    return {**record, **numbers}
+        sst_majority_class=result.sst_majority_class,
+        pooling=resolved["pooling"],
+        data_split=DataSplit.from_dict(
+            outputs.data_split(json.loads(Path(manifest).read_text(encoding="utf-8")))
+        ),
+        checkpoint=Checkpoint.from_dict(stage.checkpoint),
+        scale=context.scale,
+        seed=resolved["seed"],
+        device=stage.device_name,
+    )
+    return write_run(file, metrics_file.parent, metrics_file.stem)
 
 
 main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", optional=("features",))

@@ -19,7 +19,8 @@ from minbert import metrics as scoring
 from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_signed, per_task
-from minbert.runs import MultitaskRunFile, SeedRun, SeedStudyFile, ZeroShotRunFile
+from minbert.runs.study_files import SeedRun, SeedStudyFile
+from minbert.runs.training import MultitaskRunFile, ZeroShotRunFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # The fewest seeds a paired interval over seeds is computed from (seed_interval).

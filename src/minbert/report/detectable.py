@@ -14,7 +14,7 @@ import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p
 from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
-from minbert.runs import SmartMeasurement
+from minbert.runs.study_files import SmartMeasurement
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")

@@ -13,8 +13,8 @@ from minbert.report.evidence import Evidence
 from minbert.report.formatting import md_header, md_row
 from minbert.report.notes import with_facts
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, table1
-from minbert.runs import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile
 from minbert.runs.gpu_calls import GpuProvenance
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile
 from minbert.tasks import MULTITASK_TASKS, TASKS
 
 # Under the metrics folder: the GPU study, which mirrors the repository's metrics/ and

@@ -13,7 +13,7 @@ import pandas as pd
 
 from minbert.report.formatting import per_task
 from minbert.results import history_column
-from minbert.runs import RecordedSettings
+from minbert.runs.record_parts import RecordedSettings
 from minbert.tasks import TASKS
 
 

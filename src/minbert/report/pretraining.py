@@ -17,7 +17,7 @@ from minbert.report.comparisons import (
 )
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER, fmt_interval, md_header, md_row
-from minbert.runs import MlmStudyFile
+from minbert.runs.study_files import MlmStudyFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # What `minbert mlm-study` (minbert.tools.mlm_study) writes under the metrics folder: the

@@ -10,7 +10,7 @@ from minbert.metrics import DECIMALS
 from minbert.report.comparisons import fmt_budget
 from minbert.report.formatting import NO_NUMBER, md_header, md_row, per_task
 from minbert.report.notes import rates, usual
-from minbert.runs import MultitaskRunFile, SentimentRunFile
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile
 from minbert.tasks import TASKS
 
 

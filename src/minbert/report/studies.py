@@ -30,7 +30,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import planned_rates, rates, selection_note, usual
-from minbert.runs import LrSearchFile, SearchChoice, SearchPoint
+from minbert.runs.study_files import LrSearchFile, SearchChoice, SearchPoint
 from minbert.tasks import AVERAGE, SELECTION
 
 

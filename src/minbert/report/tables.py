@@ -37,7 +37,7 @@ from minbert.report.formatting import (
 )
 from minbert.report.notes import row_title
 from minbert.results import history_column
-from minbert.runs import MultitaskRunFile
+from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
 

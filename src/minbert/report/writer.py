@@ -35,19 +35,16 @@ from minbert.report.provenance import cross_cpu_section, provenance_section, set
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
-from minbert.runs import (
+from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
+from minbert.runs.study_files import read_lr_search, read_mlm_study, read_seed_study, read_smart_measurement
+from minbert.runs.training import (
     MlmRunFile,
     MultitaskRunFile,
     SentimentRunFile,
     ZeroShotRunFile,
-    read_lr_search,
-    read_mlm_study,
     read_run,
     read_runs,
-    read_seed_study,
-    read_smart_measurement,
 )
-from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"

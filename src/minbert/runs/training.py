@@ -1,181 +1,42 @@
-"""The stages' run files, typed for their readers: a multitask, sentiment, zero-shot
-or MLM run is its metrics file joined with its record (``minbert.results``), read here
-once into a frozen dataclass whose fields are the record's keys. The report reads runs
-only through these; a file that lacks a key, or holds one this version does not know,
-is named in one line (written by another version of its stage: rerun it), never a
-KeyError deep in a page. Torch-free."""
+"""The stages' run files, typed both ways: a multitask, sentiment, zero-shot or MLM run
+is its metrics file (the numbers DVC shows) and its record (``minbert.results`` names
+both), written here from a frozen dataclass whose fields are the files' keys in their
+order (``write_run``) and read back into one (``read_run``). The stages write and the
+report reads runs only through these, so neither can state a key the other does not
+know; a file that lacks a key, or holds one this version does not know, is named in one
+line (written by another version of its stage: rerun it), never a KeyError deep in a
+page. Torch-free."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
-from minbert.results import is_record, read_result
-from minbert.settings import HeadWarmup, MlmSettings, MultitaskSettings, SmartSettings
+from minbert.results import is_record, joined_texts, read_result, write_result
+from minbert.runs.record_parts import (
+    STATED_APART,
+    Checkpoint,
+    DataSplit,
+    MaskedScores,
+    MlmCorpus,
+    OfflineRun,
+    Pretraining,
+    RecordedSettings,
+    SmartTerms,
+    WarmupKept,
+    record_form,
+)
+from minbert.settings import MlmSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
-
-# The multitask settings a record states apart from its `settings` (per task, or beside them).
-STATED_APART = ("batch_size", "train_examples", "validation_examples", "history_examples", "seed")
-
-
-@dataclass(frozen=True)
-class RecordedSettings:
-    """A multitask run's ``settings`` as its record states them: ``MultitaskSettings`` less
-    what the record states apart (``STATED_APART``)."""
-
-    paraphrase_head: str
-    sts_head: str
-    gradient: str
-    optimizer: str
-    lr: float
-    weight_decay: float
-    lr_schedule: str
-    lr_gamma: float
-    epochs: int
-    eval_batch_size: int
-    dropout: float
-    grad_clip: float
-    smart: SmartSettings | None
-    max_tokens: int
-    compile: bool
-    pooling: str
-    sts_output: str
-    test_predictions: bool
-    head_lr: float | None
-    carved_quora_batch: str
-    head_warmup: HeadWarmup
-
-    @classmethod
-    def from_dict(cls, values: dict) -> RecordedSettings:
-        smart, warmup = values.get("smart"), values.get("head_warmup") or {}
-        return cls(
-            **{k: v for k, v in values.items() if k not in ("smart", "head_warmup")},
-            smart=None if smart is None else SmartSettings(**smart),
-            head_warmup=HeadWarmup(**{k: tuple(v) if k == "tasks" else v for k, v in warmup.items()}),
-        )
-
-    def as_dict(self) -> dict:
-        """The record's form, as JSON reads it back (the order it was written in)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-
-assert [f.name for f in fields(RecordedSettings)] == [
-    f.name for f in fields(MultitaskSettings) if f.name not in STATED_APART
-], "RecordedSettings must follow MultitaskSettings"
-
-
-@dataclass(frozen=True)
-class CourseOverlap:
-    """A dataset a checkpoint was trained on that a course task's data also comes from."""
-
-    task: str
-    dataset: str
-    examples: int
-
-
-@dataclass(frozen=True)
-class TrainingData:
-    """What a checkpoint's card says it was trained on (``describe_checkpoint``)."""
-
-    file: str
-    datasets: int
-    examples: int
-    course_overlap: list[CourseOverlap]
-
-    @classmethod
-    def from_dict(cls, values: dict) -> TrainingData:
-        return cls(**{**values, "course_overlap": [CourseOverlap(**o) for o in values["course_overlap"]]})
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    name: str
-    weights: str | None = None
-    sha256: str | None = None
-    training_data: TrainingData | None = None
-
-    @classmethod
-    def from_dict(cls, values: dict) -> Checkpoint:
-        data = values.get("training_data")
-        return cls(**{**values, "training_data": None if data is None else TrainingData.from_dict(data)})
-
-
-@dataclass(frozen=True)
-class QuoraSplit:
-    """Where the Quora pairs came from (the data stage's manifest): the official split, or
-    train and dev carved from the course's labelled dev file."""
-
-    kind: str
-    note: str | None
-    heldout_pairs: int | None
-    values: dict  # the rest, as the manifest states it
-
-    @property
-    def carved(self) -> bool:
-        return self.kind == "carved-from-dev"
-
-
-@dataclass(frozen=True)
-class DataSplit:
-    """Which data a multitask run's numbers come from, per task."""
-
-    sst: str
-    sts: str
-    quora: QuoraSplit
-
-    @classmethod
-    def from_dict(cls, values: dict) -> DataSplit:
-        quora = values["quora"]
-        if isinstance(quora, str):
-            quora = {"kind": quora}
-        split = QuoraSplit(quora["kind"], quora.get("note"), quora.get("heldout_pairs"), quora)
-        return cls(values["sst"], values["sts"], split)
-
-
-@dataclass(frozen=True)
-class OfflineRun:
-    """How a stage ran on a GPU node (``minbert.offline.runner``)."""
-
-    device: str
-    values: dict  # the rest, as the node wrote it
-
-    @classmethod
-    def from_dict(cls, values: dict) -> OfflineRun:
-        return cls(values["device"], values)
-
-
-@dataclass(frozen=True)
-class WarmupKept:
-    """A task's head warm-up in a run (``minbert.train.head_warmup``)."""
-
-    rows: int
-    epochs_kept: int
-    validation_loss_before: float
-    validation_loss_after: float
-
-
-@dataclass(frozen=True)
-class Pretraining:
-    """The MLM stage a multitask run started from."""
-
-    start: str
-    directory: str
-
-
-@dataclass(frozen=True)
-class SmartTerms:
-    """SMART's last-epoch terms per task: R_s as trained, and its control."""
-
-    adversarial: dict[str, float]
-    adversarial_control: dict[str, float]
 
 
 @dataclass(frozen=True)
 class MultitaskRunFile:
     """``metrics/multitask/<config>.json`` with ``<config>-run.json``."""
+
+    NUMBERS: ClassVar = ("scores", "epoch", "steps")  # the metrics file's; the rest: the record's
 
     config: str
     scores: dict[str, float]  # each task's dev metric and AVERAGE, at the kept epoch
@@ -217,6 +78,8 @@ class MultitaskRunFile:
 class SentimentRunFile:
     """``metrics/sentiment/<run>.json`` with ``<run>-run.json``."""
 
+    NUMBERS: ClassVar = ("accuracy", "epoch", "steps")
+
     run: str
     task: str
     mode: str
@@ -253,6 +116,8 @@ class SentimentRunFile:
 class ZeroShotRunFile:
     """``metrics/zero-shot.json`` with its record: the untrained checkpoint on dev."""
 
+    NUMBERS: ClassVar = ("scores",)
+
     config: str
     scores: dict[str, float]
     dev_examples: dict[str, int]
@@ -268,27 +133,10 @@ class ZeroShotRunFile:
 
 
 @dataclass(frozen=True)
-class MaskedScores:
-    """Masked-token scores on the held-out sequences (before: the start; after: trained)."""
-
-    perplexity: float
-    loss: float
-    masked_tokens: int
-    masked_accuracy: float | None = None  # after: the metrics file's accuracy
-
-
-@dataclass(frozen=True)
-class MlmCorpus:
-    train_sequences: int
-    heldout_sequences: int
-    train_tokens: int
-    sources: dict[str, int]
-    text: str
-
-
-@dataclass(frozen=True)
 class MlmRunFile:
     """``metrics/mlm/<start>.json`` with its record: one MLM pretraining run."""
+
+    NUMBERS: ClassVar = ("accuracy", "steps")
 
     start: str
     accuracy: float
@@ -356,6 +204,12 @@ def multitask_run(values: dict, source: str) -> MultitaskRunFile:
     return _typed(MultitaskRunFile, Path(source), dict(values))
 
 
+def run_from_texts(kind: type[Run], numbers: str, record: str, source: str) -> Run:
+    """A run from its two files' texts, as a commit holds them (``git show``); ``source``
+    names them in errors."""
+    return _typed(kind, Path(source), joined_texts(numbers, record, source))
+
+
 def read_run(kind: type[Run], path: Path) -> Run:
     """One run of ``kind`` from its metrics file ``path`` (and the record beside it)."""
     return _typed(kind, Path(path), read_result(path))
@@ -364,3 +218,32 @@ def read_run(kind: type[Run], path: Path) -> Run:
 def read_runs(kind: type[Run], directory: Path) -> list[Run]:
     """Every run of a stage's metrics folder, by name; none when it does not exist."""
     return [read_run(kind, p) for p in sorted(Path(directory).glob("*.json")) if not is_record(p)]
+
+
+def file_parts(run: Run) -> tuple[dict, dict]:
+    """``run`` as its two files state it: the metrics file's numbers (a run's task scores
+    flat, under the tasks' names) and the record."""
+    numbers, record = {}, {}
+    for f in fields(run):
+        value = getattr(run, f.name)
+        if f.name == "scores":
+            numbers |= value
+        elif f.name in run.NUMBERS:
+            numbers[f.name] = value
+        elif not (f.default is None and value is None):
+            record[f.name] = record_form(value)
+    return numbers, record
+
+
+def joined(run: Run) -> dict:
+    """``run``'s two files joined, as ``minbert.results.read_result`` reads them back."""
+    numbers, record = file_parts(run)
+    return {**record, **numbers}
+
+
+def write_run(run: Run, directory: Path, name: str) -> dict:
+    """``run``'s metrics file and record, ``<name>.json`` and ``<name>-run.json`` in
+    ``directory``; returns the two joined."""
+    numbers, record = file_parts(run)
+    write_result(Path(directory), name, numbers, record)
+    return {**record, **numbers}

@@ -18,7 +18,7 @@ import yaml
 
 from minbert.data.predictions import read_predictions
 from minbert.metrics import Interval, fixed, paired, paired_average, score
-from minbert.results import ACCURACY, EPOCH, STEPS, is_record
+from minbert.results import ACCURACY, EPOCH, STEPS, is_record, metrics_from_text
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.tools.sweep import DVC, flatten_params
 
@@ -66,7 +66,7 @@ RUN_METRICS = ("metrics/sentiment/", "metrics/multitask/", "metrics/multitask-ml
 UNTRAINED = "metrics/zero-shot.json"
 
 
-def run_metrics(repo: Path, rev: str) -> dict[str, dict]:
+def run_metrics(repo: Path, rev: str) -> dict[str, dict[str, float]]:
     """Every run's metrics file at ``rev`` (a commit, or the workspace), by run:
     ``multitask/best`` -> its numbers."""
     repo = Path(repo)
@@ -92,7 +92,8 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict]:
             text = subprocess.run(
                 ["git", "show", f"{rev}:{name}"], cwd=repo, capture_output=True, text=True
             ).stdout
-        out[name[len("metrics/") : -len(".json")]] = json.loads(text)
+        source = name if rev == WORKSPACE else f"{rev[:7]}:{name}"
+        out[name[len("metrics/") : -len(".json")]] = metrics_from_text(text, source)
     return out
 
 

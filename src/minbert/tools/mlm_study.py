@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR
+from minbert.results import metrics_from_text
 from minbert.tools.sweep import DVC, _git
 
 COMMAND = "minbert mlm-study"
@@ -55,7 +56,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
     import dvc.api
 
     from minbert.atomic import atomic_write_text
-    from minbert.runs import MultitaskRunFile, read_runs
+    from minbert.runs.training import MultitaskRunFile, read_runs
     from minbert.tasks import MULTITASK_TASKS
 
     out = repo / "metrics" / MLM_STUDY_DIR
@@ -82,7 +83,8 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
         "how": how,
         # The metrics file of each configuration fine-tuned from the original checkpoint.
         "compared_with": {
-            c: json.loads(_git(repo, "show", f"{rev}:metrics/multitask/{c}.json")) for c in configs
+            c: metrics_from_text(_git(repo, "show", f"{rev}:metrics/multitask/{c}.json"), f"{rev[:7]}:{c}")
+            for c in configs
         },
     }
     atomic_write_text(out / MLM_PROVENANCE, json.dumps(provenance, indent=2) + "\n")

@@ -179,14 +179,14 @@ def training_rows(model_dir: str | Path, frame: pd.DataFrame, task: str, source:
     """What to say about the rows of ``frame`` the model learned from or chose its
     epoch on (its directory's ``TRAINING_IDS``): their score is no held-out score, so
     they are an error naming the count unless ``allow``, then a warning."""
-    record = Path(model_dir) / TRAINING_IDS
-    if not record.is_file():
+    ids_file = Path(model_dir) / TRAINING_IDS
+    if not ids_file.is_file():
         return f"note: {model_dir} has no {TRAINING_IDS}: {source} was not checked against its training rows"
     try:
-        ids = json.loads(gzip.decompress(record.read_bytes()))["tasks"][task]
+        ids = json.loads(gzip.decompress(ids_file.read_bytes()))["tasks"][task]
         seen = {str(i) for i in ids["trained"]} | {str(i) for i in ids["validation"]}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{record}: not a record of {task}'s training rows ({exc!r})") from None
+        raise ValueError(f"{ids_file}: not a record of {task}'s training rows ({exc!r})") from None
     shared = int(frame["id"].astype(str).isin(seen).sum())
     said = (
         f"{source}: {shared} of its {len(frame)} rows are {model_dir}'s training rows (trained or validation)"

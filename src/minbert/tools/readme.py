@@ -20,8 +20,8 @@ from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
 from minbert.report.gpu import GPU_METRICS, GPU_ROOT
 from minbert.report.summary import beside_the_paper
-from minbert.runs import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
 from minbert.runs.gpu_calls import read_gpu_provenance
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
 
 WIDTH = 86  # the README's line length
 SOURCE = "src/minbert/tools/readme.py"

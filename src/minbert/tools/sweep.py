@@ -15,6 +15,14 @@ from pathlib import Path
 import yaml
 
 from minbert.results import ACCURACY, RECORD_SUFFIX, is_record
+from minbert.runs.training import (
+    MlmRunFile,
+    MultitaskRunFile,
+    SentimentRunFile,
+    ZeroShotRunFile,
+    file_parts,
+    run_from_texts,
+)
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 # DVC as this Python runs it, whether or not its environment is activated.
@@ -29,13 +37,24 @@ RESULTS = {
 }
 
 
+RunFile = MultitaskRunFile | SentimentRunFile | ZeroShotRunFile | MlmRunFile
+# Each run file's kind, by its folder under metrics/ (the untrained checkpoint's: by path).
+_KINDS = {
+    "multitask": MultitaskRunFile,
+    "multitask-mlm": MultitaskRunFile,
+    "sentiment": SentimentRunFile,
+    "mlm": MlmRunFile,
+    "metrics/zero-shot.json": ZeroShotRunFile,
+}
+
+
 @dataclass(frozen=True)
 class Run:
     """One run of the pipeline: its name, parameters and metrics files."""
 
     name: str
     params: dict
-    metrics: dict[str, dict]  # "multitask/baseline" -> its metrics file joined with its record
+    metrics: dict[str, RunFile]  # "multitask/baseline" -> its metrics file and record, typed
     lock: dict = field(default_factory=dict)  # its dvc.lock's stages ({} when it has none)
 
 
@@ -94,8 +113,12 @@ def aggregate(runs: list[Run]) -> str:
             header = ["Result", *(title for _, title in columns), "n"]
             lines += [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
             for name in names:
-                found = [r.metrics[f"{folder}/{name}"] for r in members if f"{folder}/{name}" in r.metrics]
-                cells = [_mean_std([m[field] for m in found]) for field, _ in columns]
+                found = [
+                    file_parts(r.metrics[f"{folder}/{name}"])[0]
+                    for r in members
+                    if f"{folder}/{name}" in r.metrics
+                ]
+                cells = [_mean_std([numbers[key] for numbers in found]) for key, _ in columns]
                 lines.append(f"| `{folder}/{name}` | {' | '.join(cells)} | {len(found)} |")
             lines.append("")
     return "\n".join(lines)
@@ -118,12 +141,13 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
     metrics = {}
     for path in sorted(paths):
         record = path[: -len(".json")] + RECORD_SUFFIX
-        if path.endswith(".json") and not is_record(path) and record in paths:
+        kind = _KINDS.get(path.split("/")[1] if path.count("/") == 2 else path)
+        if kind is not None and path.endswith(".json") and not is_record(path) and record in paths:
             folder, file = path.split("/")[-2:]
-            metrics[f"{folder}/{file[: -len('.json')]}"] = {
-                **json.loads(_git(repo, "show", f"{rev}:{record}")),
-                **json.loads(_git(repo, "show", f"{rev}:{path}")),
-            }
+            source = f"{rev[:7]}:{path}"
+            metrics[f"{folder}/{file[: -len('.json')]}"] = run_from_texts(
+                kind, _git(repo, "show", f"{rev}:{path}"), _git(repo, "show", f"{rev}:{record}"), source
+            )
     lock = yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) if "dvc.lock" in _tracked(repo, rev) else {}
     return Run(name, params, metrics, (lock or {}).get("stages", {}))
 
@@ -225,14 +249,10 @@ def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | N
             m = run.metrics.get(f"multitask/{config}")
             if (
                 m is not None
-                and m["seed"] == run.params["seed"]
+                and m.seed == run.params["seed"]
                 and same_code(run, lock or {}, f"multitask@{config}")
             ):
-                by_seed[m["seed"]] = {
-                    "seed": m["seed"],
-                    "run": run.name,
-                    **{k: m[k] for k in (*MULTITASK_TASKS, AVERAGE)},
-                }
+                by_seed[m.seed] = {"seed": m.seed, "run": run.name, **m.scores}
         if not by_seed:
             raise ValueError(f"no finished run of configuration {config!r} with these parameters")
         out[config] = [by_seed[s] for s in sorted(by_seed)]
@@ -270,7 +290,6 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     from minbert.pipeline.params import load
     from minbert.progress import console
     from minbert.report.comparisons import settings_digest
-    from minbert.runs import multitask_run
 
     params = load(repo / "params.yaml")
     study = params["seed_study"]
@@ -299,7 +318,7 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
     # run counted has the same parameters but the seed; the report checks its runs against it.
     by_name = {r.name: r for r in runs}
     settings = {
-        config: settings_digest(multitask_run(by_name[rows[0]["run"]].metrics[f"multitask/{config}"], config))
+        config: settings_digest(by_name[rows[0]["run"]].metrics[f"multitask/{config}"])
         for config, rows in configs.items()
     }
     result = {
