@@ -224,6 +224,35 @@ def test_a_configuration_runs_at_its_optimizers_rates(committed):
         validate(committed)
 
 
+def test_a_family_runs_at_its_own_rates_over_its_optimizers(committed):
+    """`scales.<scale>.multitask.rates.<family>.<optimizer>` (what `minbert rate-search`
+    chooses) sets the rates of every configuration of the family that runs with that
+    optimizer; the family's other optimizers, and other families, keep the optimizer's."""
+    scale = committed["scales"]["cpu"]["multitask"]
+    scale["rates"] = {"best": {"adamaxw": {"lr": 7e-4}}, "siamese": {"adamw": {"lr": 2e-5, "head_lr": 3e-3}}}
+    validate(committed)
+    adamw, adamaxw = scale["optimizers"]["adamw"], scale["optimizers"]["adamaxw"]
+    for config, lr, head_lr in (
+        ("best", 7e-4, adamaxw["head_lr"]),
+        ("best-summed", 7e-4, adamaxw["head_lr"]),  # a family member through `from: best`
+        ("best-adamw", adamw["lr"], adamw["head_lr"]),  # its family has no AdamW rates
+        ("baseline", 2e-5, 3e-3),
+        ("cosine-sts", 2e-5, 3e-3),  # the top-level family
+        ("concatenation", adamw["lr"], adamw["head_lr"]),  # a family without rates
+    ):
+        settings = params.multitask_settings(committed, config)
+        assert (settings.lr, settings.head_lr) == (lr, head_lr), config
+    scale["rates"]["best"]["sgd"] = {"lr": 1e-3}
+    with pytest.raises(ParamsError, match="unknown key 'scales.cpu.multitask.rates.best.sgd'"):
+        validate(committed)
+
+
+def test_the_rate_search_needs_three_seeds(committed):
+    committed["lr_search"]["seeds"] = [101, 102]
+    with pytest.raises(ParamsError, match="lr_search.seeds has 2"):
+        validate(committed)
+
+
 def test_numbers_in_scientific_notation_are_numbers(tmp_path):
     """`dvc exp run -S lr=3e-5` writes `3e-05`, a float in YAML 1.2 (PyYAML's 1.1 reads a string)."""
     from dvc.utils.serialize import modify_yaml
@@ -309,6 +338,12 @@ READ_ELSEWHERE = {
     "seed_study.seeds": ("src/minbert/tools/sweep.py", 'study["seeds"]'),
     "seed_study.configs": ("src/minbert/tools/sweep.py", 'study["configs"]'),
     "seed_study.jobs": ("src/minbert/tools/sweep.py", 'study["jobs"]'),
+    "lr_search": ("src/minbert/tools/rate_search.py", 'params["lr_search"]'),
+    # A family's configurations are those the search trains (resolved here once the
+    # family has rates of its own).
+    "rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
+    "configs.concatenation.rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
+    "configs.best.rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
     **{
         f"data.{key}": ("src/minbert/pipeline/prepare.py", f'data["{key}"]')
         for key in ("source", "quora_holdout_fraction", "split_seed", "skip_ids", "allow_unverified")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from minbert import cli_offline
+from minbert import cli_offline, cli_studies
 from minbert.cli_help import Command, Group, RepeatedValues
 from minbert.errors import report_errors
 from minbert.progress import console
@@ -302,82 +302,11 @@ def readme(
         console.print(f"{', '.join(map(str, stale))}: generated blocks rewritten from the results")
 
 
-@command("lr-search")
-def lr_search(
-    config: list[str] = typer.Option(
-        ..., "--config", help="A configuration (a key of params.yaml's configs); repeat for several."
-    ),
-    lr: list[float] = typer.Option(..., "--lr", help="Encoder learning rates to try (repeat the option)."),
-    head_lr: list[float] = typer.Option(..., "--head-lr", help="Heads' learning rates to try (repeat)."),
-    out: Path = typer.Option(
-        Path("metrics/lr-search.json"), "--out", help="The search's record (the report reads it)."
-    ),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-) -> None:
-    """Choose a scale's learning rates on the validation split, never on dev.
+# ----------------------------------------------------------------------------- studies
 
-    Trains every --config at params.yaml's scale for every (--lr, --head-lr) pair, reading
-    only the training tables of `dvc repro tokenize` and the vectors of `dvc repro
-    features`, and scores each by its best epoch's validation selection score (the mean
-    of the tasks' chance-corrected metrics, which also chooses each stage's epoch). Adds
-    the points to --out with the best per configuration; put those into
-    `scales.<scale>.multitask` of params.yaml and run `dvc repro`.
-    """
-    from minbert.tools.lr_search import SCORE
-    from minbert.tools.lr_search import lr_search as search
-
-    study = search(config, lr, head_lr, out, device=device)
-    for name, best in study["chosen"].items():
-        typer.echo(f"{name}: lr {best['lr']:g}, head_lr {best['head_lr']:g} (validation {best[SCORE]:.4f})")
-
-
-@command("seed-study")
-def seed_study(
-    out: Path = typer.Option(
-        Path("metrics/seed-study.json"), "--out", help="Where to write the study (the report reads it)."
-    ),
-    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
-    queue: bool = typer.Option(
-        True, "--queue/--no-queue", help="Queue and run the experiments first (--no-queue: aggregate only)."
-    ),
-    baseline: list[str] = typer.Option(
-        [], "--baseline", help="Also an earlier commit's experiments, where their code is current."
-    ),
-) -> None:
-    """The seed study of params.yaml's `seed_study`: retrain its configurations with its
-    seeds through DVC's experiment queue, then write each configuration's full-dev
-    metrics per seed (the committed results are the default seed's) to --out.
-
-    Run `dvc repro` afterwards: the report's seed-study section reads --out.
-    """
-    from minbert.tools.sweep import run_seed_study
-
-    result = run_seed_study(repo, out, queue, tuple(baseline))
-    # The command's result goes to stdout (progress and DVC's own output to stderr).
-    configs, seeds = len(result["configs"]), result["seeds"]
-    typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")
-
-
-@command("mlm-study")
-def mlm_study(
-    start: list[str] = typer.Option(
-        ["continue"], "--start", help="MLM starts to pretrain (names under mlm.starts); repeat for several."
-    ),
-    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
-) -> None:
-    """MLM pretraining, then the configurations of params.yaml's `mlm.finetune` fine-tuned
-    again from its checkpoint: one DVC experiment from the current commit, in a temporary
-    copy (the default pipeline leaves `mlm.pretrain` empty to keep within its time
-    budget). Its metrics files, records and dev predictions are copied to
-    metrics/mlm-study/, which the report's MLM section reads.
-
-    Commit metrics/mlm-study/ and run `dvc repro` afterwards.
-    """
-    from minbert.tools.mlm_study import run_mlm_study
-
-    study = run_mlm_study(repo, list(start))
-    # The command's result goes to stdout (progress and DVC's own output to stderr).
-    typer.echo(f"{repo / 'metrics' / 'mlm-study'}: experiment {study['experiment']}; now run `dvc repro`")
+# Defined in minbert.cli_studies, in its order.
+for _name, _command in cli_studies.COMMANDS.items():
+    command(_name)(_command)
 
 
 # ----------------------------------------------------------------------------- offline GPU nodes

@@ -109,6 +109,13 @@ def head_warmup(params: dict) -> HeadWarmup:
     return _settings(HeadWarmup, **{k: tuple(v) if k == "tasks" else v for k, v in given.items()})
 
 
+def family_rates(params: dict, values: dict) -> dict:
+    """The rates (lr, head_lr) the configuration's family has for its optimizer at the
+    scale; none: the optimizer's own."""
+    rates = scale(params)["multitask"]["rates"]
+    return dict(rates.get(values["rate_family"], {}).get(values["optimizer"], {}))
+
+
 def multitask_settings(
     params: dict, config: str | None, quora_split: dict | None = None
 ) -> MultitaskSettings:
@@ -118,9 +125,10 @@ def multitask_settings(
     values = config_values(params, config)
     common, sized = params["multitask"], scale(params)["multitask"]
     smart = values["smart"]
-    # The learning rates (each optimizer's own, searched on `best`: metrics/lr-search.json),
-    # their schedule and the weight decay belong to the optimizer.
+    # The schedule and the weight decay belong to the optimizer; so do the learning rates,
+    # unless the configuration's family has its own for that optimizer (`minbert lr-search`).
     optimizer = sized["optimizers"][values["optimizer"]]
+    optimizer = {**optimizer, **family_rates(params, values)}
     batch_size = {t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()}
     batch_size["quora"] = quora_batch_size(batch_size["quora"], sized, quora_split)
     return _settings(

@@ -121,6 +121,18 @@ def _each(keys, setting: Setting) -> dict[str, Setting]:
 
 
 M, W = MultitaskSettings, SentimentSettings
+# Parameters that only choose settings (no settings field of their own), declared here.
+RATE_FAMILY = Setting(
+    str,
+    "the learning-rate family: configurations that share a head and a way of stepping share "
+    "their rates (scales.<scale>.multitask.rates.<family>), searched on one of them",
+)
+FAMILY_RATES = Partial(_fields(M, "lr", "head_lr"))
+LR_SEARCH = {
+    "seeds": Setting([s.SEED.allowed], "the seeds every grid point is trained with (at least 3)"),
+    "lrs": _each(s.OPTIMIZERS, Setting([s.LEARNING_RATE], "the encoder learning rates of its grid")),
+    "jobs": s.SEED_STUDY_JOBS,
+}
 DATA_SCHEMA = dict(s.DATA)
 # One optimizer's hyperparameters; lr_gamma is read by the exponential schedule only.
 _LR_GAMMA = {"lr_gamma": LeftOut.of(s.LR_GAMMA)}
@@ -147,6 +159,8 @@ _SCALE = {
         "history_examples": _each(("dev", "train"), declared(M, "history_examples")),
         "head_warmup": Partial(_fields(HeadWarmup, "epochs", "lr", "batch_size", "tasks")),
         "optimizers": _each(s.OPTIMIZERS, _OPTIMIZER),
+        # A family's searched rates per optimizer, over the optimizer's own (optimizers).
+        "rates": {"*": Partial(_each(s.OPTIMIZERS, FAMILY_RATES))},
     },
     "mlm": _fields(MlmSettings, "max_length", "epochs", "batch_size", "sequences"),
 }
@@ -155,6 +169,7 @@ _SMART = {"enabled": s.SMART_ENABLED, **_fields(SmartSettings, *(f.name for f in
 _CONFIG = {
     **_fields(M, "optimizer", "paraphrase_head", "sts_head", "sts_output", "gradient"),
     "batch_size_factor": s.BATCH_SIZE_FACTOR,
+    "rate_family": RATE_FAMILY,
     "smart": _SMART,
 }
 SCHEMA: dict[str, Any] = {
@@ -163,6 +178,7 @@ SCHEMA: dict[str, Any] = {
     "multitask": _fields(M, "grad_clip", "compile"),
     "zero_shot": {"quora_train_pairs": s.QUORA_TRAIN_PAIRS},
     "seed_study": {"seeds": s.SEED_STUDY_SEEDS, "configs": s.SEED_STUDY_CONFIGS, "jobs": s.SEED_STUDY_JOBS},
+    "lr_search": LR_SEARCH,
     "seed": s.SEED,
     "device": s.DEVICE,
     "launcher": s.LAUNCHER,  # checked in validate()
@@ -261,6 +277,11 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
                 f"{source}: {key}: lr_gamma (the exponential schedule's factor per epoch) goes with "
                 f"lr_schedule: exponential and only with it; lr_schedule is {spec['lr_schedule']}"
             )
+    if len(params["lr_search"]["seeds"]) < 3:
+        raise ParamsError(
+            f"{source}: lr_search.seeds has {len(params['lr_search']['seeds'])}; a grid point's mean "
+            "over seeds needs at least 3 to have an interval worth the name"
+        )
     if not params["mlm"]["sources"]:
         raise ParamsError(f"{source}: mlm.sources is empty; allowed: {list(s.MLM_SOURCES)}")
     for name in params["configs"]:

@@ -213,3 +213,79 @@ def smart_measurement(values: dict) -> SmartMeasurement:
 def read_smart_measurement(path: Path) -> SmartMeasurement | None:
     values = _load(path)
     return None if values is None else smart_measurement(values)
+
+
+@dataclass(frozen=True)
+class FamilyPoint:
+    """One run of a family's search (``minbert rate-search``), scored on validation."""
+
+    scale: str
+    family: str
+    config: str
+    optimizer: str
+    lr: float
+    head_lr: float
+    seed: int
+    experiment: str
+    best_epoch: int
+    validation_selection: float
+    validation_per_epoch: list[float]
+    ran_at: dict  # the settings it ran at, in a run record's form, the rates and seed apart
+
+
+@dataclass(frozen=True)
+class RateMean:
+    """A rate's mean over ``seeds``; the chosen rate's paired difference from it (mean,
+    low, high; None for the chosen rate, or from fewer than three seeds)."""
+
+    lr: float
+    seeds: list[int]
+    mean: float
+    chosen_minus: list[float] | None
+
+
+@dataclass(frozen=True)
+class FamilyChoice:
+    """A family's rate for one optimizer and scale, its interval over the seeds."""
+
+    scale: str
+    family: str
+    optimizer: str
+    lr: float
+    interval: list[float] | None
+    grid: list[RateMean]
+
+
+@dataclass(frozen=True)
+class FamilySearchFile:
+    """``metrics/lr-search-families.json``: every family's search runs and choices."""
+
+    command: str
+    how: str
+    points: list[FamilyPoint]
+    chosen: list[FamilyChoice]
+
+
+def write_family_search(study: FamilySearchFile, path: Path) -> None:
+    from dataclasses import asdict
+
+    from minbert.atomic import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(asdict(study), indent=2) + "\n")
+
+
+def read_family_search(path: Path) -> FamilySearchFile | None:
+    values = _load(path)
+    if values is None:
+        return None
+    where = str(path)
+    _require(where, values, FamilySearchFile, "minbert rate-search")
+    for p in values["points"]:
+        _require(f"{where}: a point", p, FamilyPoint, "minbert rate-search")
+    chosen = [FamilyChoice(**{**c, "grid": [RateMean(**g) for g in c["grid"]]}) for c in values["chosen"]]
+    return FamilySearchFile(
+        command=values["command"],
+        how=values["how"],
+        points=[FamilyPoint(**p) for p in values["points"]],
+        chosen=chosen,
+    )

@@ -56,6 +56,7 @@ class Run:
     params: dict
     metrics: dict[str, RunFile]  # "multitask/baseline" -> its metrics file and record, typed
     lock: dict = field(default_factory=dict)  # its dvc.lock's stages ({} when it has none)
+    rev: str = ""  # the commit its files are read from
 
 
 def flatten_params(d: dict, prefix: str = "") -> dict:
@@ -149,7 +150,7 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
                 kind, _git(repo, "show", f"{rev}:{path}"), _git(repo, "show", f"{rev}:{record}"), source
             )
     lock = yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) if "dvc.lock" in _tracked(repo, rev) else {}
-    return Run(name, params, metrics, (lock or {}).get("stages", {}))
+    return Run(name, params, metrics, (lock or {}).get("stages", {}), rev)
 
 
 def _tracked(repo: Path, rev: str) -> set[str]:
@@ -192,8 +193,9 @@ def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[
 
 
 # Parameters that no multitask stage reads, besides the seed (what the study varies): the
-# study's own, and MLM pretraining's (its stages run beside the configurations).
-NOT_READ_BY_MULTITASK = ("seed_study.", "mlm.")
+# study's own, the rate search's, and MLM pretraining's (its stages run beside the
+# configurations).
+NOT_READ_BY_MULTITASK = ("seed_study.", "lr_search.", "mlm.")
 
 
 def _without_seed(params: dict) -> str:
