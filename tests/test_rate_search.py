@@ -8,7 +8,7 @@ import yaml
 from conftest import REPO
 
 from minbert.runs.study_files import FamilyPoint
-from minbert.tools.rate_search import choose, searched_configs
+from minbert.tools.rate_search import choose, family_members, searched_configs
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_the_highest_mean_over_the_seeds_is_chosen_with_its_paired_differences()
     scores = {3e-5: [0.40, 0.41, 0.39], 1e-4: [0.46, 0.47, 0.45], 3e-4: [0.42, 0.40, 0.48]}
     points = [_point(lr, seed, s) for lr, runs in scores.items() for seed, s in zip((1, 2, 3), runs)]
     points.append(_point(1e-4, 1, 0.2, optimizer="adamaxw"))  # another grid, chosen apart
-    (adamaxw, adamw) = choose(points)
+    (adamaxw, adamw) = choose(points, {("siamese", "adamw"): ["baseline", "cosine-sts"]})
     assert (adamaxw.optimizer, adamaxw.lr, adamaxw.interval) == ("adamaxw", 1e-4, None)  # one seed
     assert adamw.lr == 1e-4 and adamw.interval[0] == pytest.approx(0.46)
     low, high = adamw.interval[1:]
@@ -62,7 +62,7 @@ def test_the_highest_mean_over_the_seeds_is_chosen_with_its_paired_differences()
 
 def test_a_tie_keeps_the_smaller_rate():
     points = [_point(lr, seed, 0.5) for lr in (3e-4, 1e-4) for seed in (1, 2, 3)]
-    (chosen,) = choose(points)
+    (chosen,) = choose(points, {})
     assert chosen.lr == 1e-4
 
 
@@ -119,3 +119,35 @@ def json_key(value: dict) -> str:
     import json
 
     return json.dumps(value, sort_keys=True)
+
+
+def test_the_committed_search_ran_at_the_committed_settings_and_recomputes():
+    """metrics/lr-search-families.json: every family searched so far has each grid rate at
+    three seeds or more, every run at the settings of the tables' run of its configuration
+    (the rates and the seed apart), and its choices recompute from its points."""
+    from minbert.report.comparisons import ran_at
+    from minbert.report.family_rates import REALIZED
+    from minbert.report.studies import SEARCH_VARIES
+    from minbert.runs.study_files import read_family_search
+    from minbert.runs.training import MultitaskRunFile, read_run
+
+    study = read_family_search(REPO / "metrics" / "lr-search-families.json")
+    assert study is not None and study.points
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for p in study.points:
+        assert p.scale == params["scale"] and p.seed in params["lr_search"]["seeds"], p.experiment
+        assert p.lr in params["lr_search"]["lrs"][p.optimizer], p.experiment
+        assert searched_configs(params, p.family)[p.optimizer] == p.config
+        committed = read_run(MultitaskRunFile, REPO / "metrics" / "multitask" / f"{p.config}.json")
+        ours = {k: v for k, v in ran_at(committed).items() if k not in (*SEARCH_VARIES, *REALIZED)}
+        assert {k: v for k, v in p.ran_at.items() if k not in REALIZED} == ours, p.experiment
+        # The counts a seed realizes: the requested ones, give or take a question group.
+        largest = committed.data_split.quora.values["largest_group_pairs"]
+        for key in REALIZED:
+            requested = params["scales"][p.scale]["multitask"][key]
+            for task, n in p.ran_at[key].items():
+                assert abs(n - requested[task]) <= largest or not requested[task], (p.experiment, key)
+    for c in study.chosen:
+        assert all(len(g.seeds) >= 3 for g in c.grid), (c.family, c.optimizer)
+        assert {g.lr for g in c.grid} == set(params["lr_search"]["lrs"][c.optimizer])
+    assert study.chosen == choose(study.points, family_members(params))

@@ -131,10 +131,10 @@ def search_summary(study: LrSearchFile | None, runs: dict[str, dict], scale: str
     return f"`minbert lr-search` on the validation split, never dev (`metrics/lr-search.json`): {said}"
 
 
-def searched_at(points: list[SearchPoint], run: dict | None) -> str:
+def searched_at(points: list[SearchPoint], run: dict | None, apart: tuple[str, ...] = ()) -> str:
     """Whether a configuration's search points ran at the settings of the tables' run of
-    it (``ran_at``, the rates apart): the same, those that differ (searched, then run),
-    or not recorded."""
+    it (``ran_at``, the rates and ``apart`` aside): the same, those that differ (searched,
+    then run), or not recorded."""
     if run is None:
         return NO_NUMBER
     recorded = [p.ran_at for p in points]
@@ -142,7 +142,7 @@ def searched_at(points: list[SearchPoint], run: dict | None) -> str:
         return "settings not recorded (the file names its scale alone)"
     # Every setting the run's record states (a point also records some it does not: the
     # history's slices, the seed, which the search file states apart).
-    ours = {k: v for k, v in ran_at(run).items() if k not in SEARCH_VARIES}
+    ours = {k: v for k, v in ran_at(run).items() if k not in (*SEARCH_VARIES, *apart)}
     differ = {}
     for r in recorded:
         differ |= {k: r.get(k) for k in sorted(ours) if r.get(k) != ours[k]}

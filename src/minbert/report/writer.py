@@ -17,6 +17,7 @@ from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section, smart_collapse_section
 from minbert.report.evidence import Evidence
+from minbert.report.family_rates import family_search_section
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
 from minbert.report.first_page import (
@@ -36,7 +37,12 @@ from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
-from minbert.runs.study_files import read_lr_search, read_mlm_study, read_seed_study, read_smart_measurement
+from minbert.runs.study_files import (
+    read_lr_search,
+    read_mlm_study,
+    read_seed_study,
+    read_smart_measurement,
+)
 from minbert.runs.training import (
     MlmRunFile,
     MultitaskRunFile,
@@ -353,6 +359,8 @@ def write_report(
             lr_search,
             paper.get("learning_rates", {}),
         ),
+        "",
+        *family_search_section(metrics_dir, multitask),
         "",
     ]
     with atomic_directory(out_dir) as tmp:

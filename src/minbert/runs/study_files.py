@@ -254,6 +254,7 @@ class FamilyChoice:
     lr: float
     interval: list[float] | None
     grid: list[RateMean]
+    members: list[str] = field(default_factory=list)  # the family's configurations with this optimizer
 
 
 @dataclass(frozen=True)

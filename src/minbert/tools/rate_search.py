@@ -105,7 +105,12 @@ def search_points(repo: Path, runs: list[Run], params: dict, family: str, lock: 
     points = []
     for optimizer, config in searched_configs(params, family).items():
         for run in runs:
-            if _apart(run.params, family) != _apart(params, family) or run.params == params:
+            # A search run sets the family's rate itself, with one of the search's seeds.
+            if _apart(run.params, family) != _apart(params, family):
+                continue
+            if _rate_key(params, family, optimizer) not in flatten_params(run.params):
+                continue
+            if run.params["seed"] not in params["lr_search"]["seeds"]:
                 continue
             m = run.metrics.get(f"multitask/{config}")
             if not isinstance(m, MultitaskRunFile) or m.settings.optimizer != optimizer:
@@ -136,7 +141,16 @@ def _triple(interval) -> list[float] | None:
     return None if interval is None else [interval.value, interval.low, interval.high]
 
 
-def choose(points: list[FamilyPoint]) -> list[FamilyChoice]:
+def family_members(params: dict) -> dict[tuple[str, str], list[str]]:
+    """Each (family, optimizer)'s configurations, in params.yaml's order."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for config in params["configs"]:
+        values = config_values(params, config)
+        found.setdefault((values["rate_family"], values["optimizer"]), []).append(config)
+    return found
+
+
+def choose(points: list[FamilyPoint], members: dict[tuple[str, str], list[str]]) -> list[FamilyChoice]:
     """Per scale, family and optimizer: the highest mean over the seeds (a tie keeps the
     smaller rate), with its interval and its paired differences from the other rates."""
     groups: dict[tuple, dict[float, dict[int, float]]] = {}
@@ -154,8 +168,9 @@ def choose(points: list[FamilyPoint]) -> list[FamilyChoice]:
             minus = None if lr == best else _triple(seed_interval([mine[s] - scores[s] for s in shared]))
             grid.append(RateMean(lr, sorted(scores), means[lr], minus))
         interval = _triple(seed_interval(list(mine.values())))
+        grid = sorted(grid, key=lambda g: g.lr)
         chosen.append(
-            FamilyChoice(scale, family, optimizer, best, interval, sorted(grid, key=lambda g: g.lr))
+            FamilyChoice(scale, family, optimizer, best, interval, grid, members.get((family, optimizer), []))
         )
     return chosen
 
@@ -189,7 +204,7 @@ def run_search(
         "++scales.<scale>.multitask.rates.<family>.<optimizer>.lr=LR multitask@<config>`; its score "
         "is the kept epoch's validation selection score (dev chooses nothing)",
         points=every,
-        chosen=choose(every),
+        chosen=choose(every, family_members(params)),
     )
     write_family_search(study, repo / out)
     return study
