@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from minbert.cores import side_by_side
 from minbert.pipeline.params import load
@@ -28,7 +27,16 @@ from minbert.runs.study_files import (
 )
 from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import SELECTION
-from minbert.tools.sweep import DVC, Run, _git, collect_runs, flatten_params, same_code, wait_for_queue
+from minbert.tools.sweep import (
+    DVC,
+    Run,
+    _git,
+    collect_runs,
+    current_lock,
+    flatten_params,
+    same_code,
+    wait_for_queue,
+)
 
 COMMAND = "minbert rate-search"
 # Parameters a search run may differ in from the commit it ran on, besides its family's
@@ -38,14 +46,20 @@ VARIES = ("seed", "lr_search.", "seed_study.", "mlm.")
 
 def searched_configs(params: dict, family: str) -> dict[str, str]:
     """Per optimizer of ``family``, its first configuration (params.yaml's order)."""
-    found: dict[str, str] = {}
+    members = family_members(params)
+    found = {optimizer: configs[0] for (name, optimizer), configs in members.items() if name == family}
+    if not found:
+        families = sorted({name for name, _ in members})
+        raise ValueError(f"no configuration has rate_family {family!r}; the families: {families}")
+    return found
+
+
+def family_members(params: dict) -> dict[tuple[str, str], list[str]]:
+    """Each (family, optimizer)'s configurations, in params.yaml's order."""
+    found: dict[tuple[str, str], list[str]] = {}
     for config in params["configs"]:
         values = config_values(params, config)
-        if values["rate_family"] == family:
-            found.setdefault(values["optimizer"], config)
-    if not found:
-        families = sorted({config_values(params, c)["rate_family"] for c in params["configs"]})
-        raise ValueError(f"no configuration has rate_family {family!r}; the families: {families}")
+        found.setdefault((values["rate_family"], values["optimizer"]), []).append(config)
     return found
 
 
@@ -102,15 +116,17 @@ def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
 def search_points(repo: Path, runs: list[Run], params: dict, family: str, lock: dict) -> list[FamilyPoint]:
     """``family``'s finished search runs: the committed parameters but the seed and the
     family's rate, and the stage's current code (``lock``: dvc.lock's stages)."""
+    committed = _apart(params, family)
+    # A search run sets the family's rate itself, with one of the search's seeds.
+    searched = [
+        (run, flatten_params(run.params))
+        for run in runs
+        if _apart(run.params, family) == committed and run.params["seed"] in params["lr_search"]["seeds"]
+    ]
     points = []
     for optimizer, config in searched_configs(params, family).items():
-        for run in runs:
-            # A search run sets the family's rate itself, with one of the search's seeds.
-            if _apart(run.params, family) != _apart(params, family):
-                continue
-            if _rate_key(params, family, optimizer) not in flatten_params(run.params):
-                continue
-            if run.params["seed"] not in params["lr_search"]["seeds"]:
+        for run, flat in searched:
+            if _rate_key(params, family, optimizer) not in flat:
                 continue
             m = run.metrics.get(f"multitask/{config}")
             if not isinstance(m, MultitaskRunFile) or m.settings.optimizer != optimizer:
@@ -139,15 +155,6 @@ def search_points(repo: Path, runs: list[Run], params: dict, family: str, lock: 
 
 def _triple(interval) -> list[float] | None:
     return None if interval is None else [interval.value, interval.low, interval.high]
-
-
-def family_members(params: dict) -> dict[tuple[str, str], list[str]]:
-    """Each (family, optimizer)'s configurations, in params.yaml's order."""
-    found: dict[tuple[str, str], list[str]] = {}
-    for config in params["configs"]:
-        values = config_values(params, config)
-        found.setdefault((values["rate_family"], values["optimizer"]), []).append(config)
-    return found
 
 
 def choose(points: list[FamilyPoint], members: dict[tuple[str, str], list[str]]) -> list[FamilyChoice]:
@@ -183,13 +190,8 @@ def run_search(
     params = load(repo / "params.yaml")
     if queue:
         queue_search(repo, family)
-    lock_file = repo / "dvc.lock"
-    lock = (
-        (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}).get("stages", {})
-        if lock_file.exists()
-        else {}
-    )
-    points = search_points(repo, collect_runs(repo, ["HEAD", *baselines]), params, family, lock)
+    runs = collect_runs(repo, ["HEAD", *baselines])
+    points = search_points(repo, runs, params, family, current_lock(repo))
     if not points:
         raise ValueError(
             f"no finished search run of family {family!r}: queue it first (minbert rate-search {family})"

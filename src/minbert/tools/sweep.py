@@ -235,6 +235,14 @@ def same_code(run: Run, lock: dict, stage: str) -> bool:
     return all(bool(deps(lock, s)) and deps(run.lock, s) == deps(lock, s) for s in (stage, *sorted(makers)))
 
 
+def current_lock(repo: Path) -> dict:
+    """The workspace's dvc.lock stages; none without a lock (nothing reproduced in the
+    workspace: nothing to compare runs of other commits with)."""
+    lock_file = Path(repo) / "dvc.lock"
+    lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
+    return lock.get("stages", {})
+
+
 def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | None = None) -> dict:
     """Each configuration's full-dev metrics per seed other than ``params``' own (the committed
     files hold that one). A run counts for a configuration only when its metrics file was
@@ -310,12 +318,8 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
         failed = {name: state for name, state in wait_for_queue(repo).items() if state != "Success"}
         if failed:
             console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
-    # No lock (nothing reproduced in the workspace): nothing to compare runs of other commits with.
-    lock_file = repo / "dvc.lock"
-    lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
-    lock = lock.get("stages", {})
     runs = collect_runs(repo, ["HEAD", *baselines])
-    configs = seed_study(runs, params, study["configs"], lock)
+    configs = seed_study(runs, params, study["configs"], current_lock(repo))
     # Each configuration's settings (its record's, which hold no seed): one value, as every
     # run counted has the same parameters but the seed; the report checks its runs against it.
     by_name = {r.name: r for r in runs}
