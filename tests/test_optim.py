@@ -58,6 +58,26 @@ def test_exponential_schedule_decays_per_epoch():
     assert not math.isnan(lrs[-1])
 
 
+def test_per_step_exponential_decays_every_step_and_ends_each_epoch_where_the_per_epoch_one_does():
+    from minbert.train.optim import Schedule
+
+    params = torch.nn.Linear(2, 1)
+    opt = build_optimizer("adamaxw", params, lr=1.0, weight_decay=0)
+    schedule = Schedule("exponential-per-step", opt, gamma=0.9, steps_per_epoch=4)
+    applied = []
+    for _ in range(2):
+        for _ in range(4):
+            applied.append(opt.param_groups[0]["lr"])
+            opt.step()
+            schedule.after_step()
+        schedule.after_epoch()  # a no-op for a per-step schedule
+    assert applied == pytest.approx([0.9 ** (s / 4) for s in range(8)])
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.81)
+    per_epoch = Schedule("exponential", build_optimizer("adamaxw", params, lr=1.0, weight_decay=0), 0.9, 4)
+    per_epoch.after_step()  # a no-op for a per-epoch schedule
+    assert per_epoch.scheduler.get_last_lr()[0] == 1.0
+
+
 def test_weight_decay_spares_biases_and_layer_norms():
     """BERT's parameter groups: matrices and embeddings decay, 1-D parameters do not."""
     model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))

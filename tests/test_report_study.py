@@ -968,6 +968,11 @@ def test_a_decay_a_one_epoch_run_never_applies_says_so():
         == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch (never applied: one epoch)"
     )
     assert rates(SimpleNamespace(**s, epochs=3)) == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch"
+    per_step = {**s, "lr_schedule": "exponential-per-step"}
+    assert (
+        rates(SimpleNamespace(**per_step, epochs=1))
+        == "adamaxw lr 0.0003 (heads 0.001), × 0.9 per epoch, a fraction every step"
+    )
 
 
 def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
@@ -998,19 +1003,31 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
 
 def test_no_committed_row_claims_a_schedule_that_did_not_act():
     """Each committed multitask run's rates as the report words them (the cpu and the gpu
-    study), against the learning rates its history says were applied: a decay that never
-    changed the rate says so."""
+    study), against the learning rates its record says were applied at each epoch's first
+    and last optimizer step (a run recorded before those were, the GPU study's: its
+    history's rate per epoch, which a per-epoch schedule holds through the epoch): a decay
+    that never changed the rate says so, and a decay stepped per step ends where it says."""
     for directory in (REPO / "metrics" / "multitask", REPO / "metrics" / "gpu" / "metrics" / "multitask"):
         for run in read_runs(MultitaskRunFile, directory):
-            _said_as_applied(
-                run, pd.read_csv(directory / f"{run.config}-history.csv")["lr"].dropna().unique()
-            )
+            per_epoch = list(pd.read_csv(directory / f"{run.config}-history.csv")["lr"].dropna())
+            if run.applied_lr is None:
+                assert run.settings.lr_schedule != "exponential-per-step", run.config
+                applied = [(lr, lr) for lr in per_epoch]
+            else:
+                applied = [(a.first_step, a.last_step) for a in run.applied_lr]
+                assert [first for first, _ in applied] == pytest.approx(per_epoch), run.config
+            _said_as_applied(run, applied)
 
 
-def _said_as_applied(run: MultitaskRunFile, applied) -> None:
+def _said_as_applied(run: MultitaskRunFile, applied: list[tuple[float, float]]) -> None:
     from minbert.report.notes import rates
 
-    said = rates(run.settings)
-    decays = run.settings.lr_schedule == "exponential"
-    assert ("never applied" in said) == (decays and len(applied) == 1), (run.config, said, applied)
+    s, said = run.settings, rates(run.settings)
+    decays = s.lr_schedule.startswith("exponential")
+    acted = len({lr for pair in applied for lr in pair}) > 1
     assert ("per epoch" in said) == decays, (run.config, said)
+    assert ("never applied" in said) == (decays and not acted), (run.config, said, applied)
+    assert acted == decays, (run.config, s.lr_schedule, applied)
+    assert applied[0][0] == pytest.approx(s.lr), run.config
+    if s.lr_schedule == "exponential-per-step":  # the run's last step one step short of lr_gamma^epochs
+        assert applied[-1][1] == pytest.approx(s.lr * s.lr_gamma ** len(applied), rel=1e-2), run.config

@@ -73,14 +73,19 @@ def _json(data: dict) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
+def _numbers_only(numbers: dict, source: str) -> dict:
+    for key, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{source}: metrics file value {key} = {value!r} is not a number")
+    return numbers
+
+
 def write_result(directory: Path, name: str, numbers: dict, record: dict) -> None:
     """The metrics file (``numbers``: flat, numbers only) and the record of one run."""
     overlap = sorted(set(numbers) & set(record))
     if overlap:
         raise ValueError(f"{name}: {overlap} would be stated in both the metrics file and the record")
-    for key, value in numbers.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name}: metrics file value {key} = {value!r} is not a number")
+    _numbers_only(numbers, name)
     atomic_write_text(record_file(directory, name), _json(record))
     atomic_write_text(metrics_file(directory, name), _json(numbers))
 
@@ -113,11 +118,7 @@ def _joined(numbers: dict, record: dict, source: str) -> dict:
 def metrics_from_text(text: str, source: str) -> dict[str, float]:
     """A metrics file's numbers from its text (a commit's, ``git show``): flat, numbers
     only, or one line naming ``source`` and the key that is not."""
-    numbers = _parsed(text, source)
-    for key, value in numbers.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{source}: metrics file value {key} = {value!r} is not a number")
-    return numbers
+    return _numbers_only(_parsed(text, source), source)
 
 
 def joined_texts(numbers: str, record: str, source: str) -> dict:

@@ -37,9 +37,11 @@ PAIR_HEADS: dict[str, tuple[str, ...]] = {
     "siamese-cosine": ("sts",),
     "cross-encoder": ("quora", "sts"),
 }
-#: Optimizers and learning-rate schedules (per epoch), ``minbert.train.optim``.
+#: Optimizers and learning-rate schedules (``minbert.train.optim``); sentiment's per epoch.
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamaxw")
-SCHEDULERS: tuple[str, ...] = ("constant", "exponential")
+SCHEDULERS: tuple[str, ...] = ("constant", "exponential", "exponential-per-step")
+EPOCH_SCHEDULERS: tuple[str, ...] = ("constant", "exponential")
+
 #: How the tasks share an optimizer step (``minbert.train.multitask``).
 GRADIENT_MODES: tuple[str, ...] = ("round-robin", "summed", "pcgrad")
 #: Single-task sentiment: the head alone on a frozen encoder, or everything.
@@ -143,8 +145,8 @@ EVAL_BATCH_SIZE = Setting(COUNT, "rows per scoring batch")
 WEIGHT_DECAY = Setting(WEIGHT, "decoupled weight decay of matrices and embeddings (never biases, LayerNorm)")
 GRAD_CLIP = Setting(WEIGHT, "max gradient norm; 0: no clipping")
 OPTIMIZER = Setting(OPTIMIZERS, "the optimizer")
-LR_SCHEDULE = Setting(SCHEDULERS, "the learning rate per epoch: constant, or exponential by lr_gamma")
-LR_GAMMA = Setting(Range(0, 1, low_open=True), "the exponential schedule's factor per epoch")
+LR_SCHEDULE = Setting(SCHEDULERS, "the learning rate: constant, or × lr_gamma per epoch, by epoch or by step")
+LR_GAMMA = Setting(Range(0, 1, low_open=True), "the exponential schedules' factor per epoch")
 BATCH_SIZE_FACTOR = Setting(COUNT, "multiplies the scale's per-task batch sizes")
 SMART_ENABLED = Setting(bool, "SMART's two terms added to every task's loss")
 CONFIG_PARENT = Setting(str, "the configuration this one changes (its overrides apply on top of that one's)")
@@ -233,6 +235,10 @@ class HeadWarmup:
     ).field(MULTITASK_TASKS)
     batch_size: int = Setting(COUNT, "vectors per step").field(64)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> HeadWarmup:
+        return cls(**{k: tuple(v) if k == "tasks" else v for k, v in values.items()})
+
 
 @dataclass(frozen=True)
 class MultitaskSettings:
@@ -288,9 +294,7 @@ class MultitaskSettings:
     def from_dict(cls, values: dict) -> MultitaskSettings:
         """The settings back from their ``asdict`` form (a resolved settings file)."""
         values = dict(values)
-        smart = values.pop("smart")
-        warmup = {k: tuple(v) if k == "tasks" else v for k, v in values.pop("head_warmup", {}).items()}
-        warmup = HeadWarmup(**warmup)
+        smart, warmup = values.pop("smart"), HeadWarmup.from_dict(values.pop("head_warmup", {}))
         return cls(**values, smart=None if smart is None else SmartSettings(**smart), head_warmup=warmup)
 
 
@@ -323,8 +327,7 @@ class RunStart:
     @classmethod
     def from_dict(cls, values: dict) -> RunStart:
         """Back from its ``asdict`` form (a resolved settings file)."""
-        warmup = {k: tuple(v) if k == "tasks" else v for k, v in values["head_warmup"].items()}
-        return cls(**{**values, "head_warmup": HeadWarmup(**warmup)})
+        return cls(**{**values, "head_warmup": HeadWarmup.from_dict(values["head_warmup"])})
 
 
 @dataclass(frozen=True)
@@ -340,7 +343,9 @@ class SentimentSettings:
     dropout: float = DROPOUT.field()
     weight_decay: float = WEIGHT_DECAY.field()
     optimizer: str = OPTIMIZER.field()
-    lr_schedule: str = LR_SCHEDULE.field()
+    lr_schedule: str = Setting(
+        EPOCH_SCHEDULERS, "the learning rate per epoch: constant, or × lr_gamma"
+    ).field()
     lr_gamma: float = LR_GAMMA.field()
     grad_clip: float = GRAD_CLIP.field()
     train_examples: int = Setting(SIZE, "training rows; 0: the whole split less the validation rows").field()

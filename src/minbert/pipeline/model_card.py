@@ -12,6 +12,7 @@ import numpy as np
 from minbert.data.batches import TokenizedTable
 from minbert.metrics import BOOTSTRAP_RESAMPLES, CONFIDENCE, Interval, average_interval, interval
 from minbert.pipeline.run_record import MultitaskRun
+from minbert.runs.record_parts import schedule_words
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 MODEL_CARD = "README.md"
@@ -39,7 +40,7 @@ def _per_task(counts: dict) -> str:
 def model_card(name: str, run: MultitaskRun, intervals: dict[str, Interval], directory: str) -> str:
     """The card's Markdown; ``directory``: where the model lies, as its commands name it."""
     s, ck = run.settings, run.checkpoint
-    schedule = f"× {s.lr_gamma} per epoch" if s.lr_schedule == "exponential" else "constant"
+    schedule = schedule_words(s.lr_schedule, s.lr_gamma, s.epochs)
     quora = run.data_split["quora"]
     trained_on = ck.get("training_data")
     rows = [

@@ -12,6 +12,7 @@ from minbert.metrics import fixed
 from minbert.pipeline import outputs
 from minbert.pipeline.stage import Started
 from minbert.runs.record_parts import (
+    AppliedRate,
     Checkpoint,
     DataSplit,
     Pretraining,
@@ -40,6 +41,7 @@ class MultitaskRun:
     settings: MultitaskSettings
     best_epoch: int
     optimizer_steps: int
+    applied_lr: list[tuple[int, float, float]]  # per epoch: the encoder's rate at its first, last step
     dev: dict[str, float]  # the kept epoch on the full dev sets, every score
     start_dev: dict[str, float]  # the start (epoch 0: fitted heads, untouched encoder) on dev
     examples_seen: dict[str, int]
@@ -72,6 +74,7 @@ class MultitaskRun:
             settings=settings,
             best_epoch=result.best_epoch,
             optimizer_steps=result.optimizer_steps,
+            applied_lr=result.applied_lr,
             dev=result.dev,
             start_dev={k: v for k, v in result.start_dev.items() if k not in LOSS_KEYS},
             examples_seen=result.examples_seen,
@@ -137,6 +140,7 @@ class MultitaskRun:
             device=self.device,
             smart=None if self.smart_terms is None else SmartTerms(**self.smart_terms),
             pcgrad_conflict_fraction=self.pcgrad_conflict_fraction,
+            applied_lr=[AppliedRate(e, float(f"{a:.6g}"), float(f"{b:.6g}")) for e, a, b in self.applied_lr],
         )
 
     def model_info(self, name: str, max_length: dict[str, int]) -> dict:

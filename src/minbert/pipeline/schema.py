@@ -203,7 +203,7 @@ SCHEMA: dict[str, Any] = {
 def allowed_text(schema: Any) -> str:
     """What a parameter accepts, in words."""
     if isinstance(schema, LeftOut):
-        return allowed_text(schema.allowed) + ", only with lr_schedule: exponential"
+        return allowed_text(schema.allowed) + ", only with an exponential lr_schedule"
     allowed = schema.allowed if isinstance(schema, Setting) else schema
     if isinstance(allowed, tuple):
         return " \\| ".join(f"`{name}`" for name in allowed)
@@ -272,10 +272,10 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
         for optimizer, spec in scale_params["multitask"]["optimizers"].items():
             schedules[f"scales.{name}.multitask.optimizers.{optimizer}"] = spec
     for key, spec in schedules.items():
-        if (spec["lr_schedule"] == "exponential") != ("lr_gamma" in spec):
+        if spec["lr_schedule"].startswith("exponential") != ("lr_gamma" in spec):
             raise ParamsError(
-                f"{source}: {key}: lr_gamma (the exponential schedule's factor per epoch) goes with "
-                f"lr_schedule: exponential and only with it; lr_schedule is {spec['lr_schedule']}"
+                f"{source}: {key}: lr_gamma (the exponential schedules' factor per epoch) goes with "
+                f"an exponential lr_schedule and only with it; lr_schedule is {spec['lr_schedule']}"
             )
     if len(params["lr_search"]["seeds"]) < 3:
         raise ParamsError(

@@ -105,6 +105,7 @@ def family_search_section(metrics_dir: Path, runs: dict[str, MultitaskRunFile]) 
         ]
         run = runs.get(config) if config in runs and runs[config].scale == choice.scale else None
         row = [f"`{choice.scale}`", choice.family, choice.optimizer, f"`{config}`", *cells]
-        searched = searched_at(points, run, apart=REALIZED)
+        slack = run.data_split.quora.values["largest_group_pairs"] if run is not None else 0
+        searched = searched_at(points, run, realized=REALIZED, slack=slack)
         lines.append(md_row([*row, searched, _runs_against(choice, members)]))
     return lines

@@ -13,7 +13,7 @@ import pandas as pd
 
 from minbert.report.formatting import per_task
 from minbert.results import history_column
-from minbert.runs.record_parts import RecordedSettings
+from minbert.runs.record_parts import RecordedSettings, schedule_words
 from minbert.tasks import TASKS
 
 
@@ -40,9 +40,7 @@ def planned_rates(optimizer: str, spec: dict) -> str:
 
 
 def _rates(optimizer, lr, head_lr, schedule_name, gamma, epochs) -> str:
-    schedule = f"× {gamma} per epoch" if schedule_name == "exponential" else "constant"
-    if schedule_name == "exponential" and epochs == 1:
-        schedule += " (never applied: one epoch)"
+    schedule = schedule_words(schedule_name, gamma, epochs)
     heads = f" (heads {head_lr:g})" if head_lr is not None else ""
     return f"{optimizer} lr {lr:g}{heads}, {schedule}"
 

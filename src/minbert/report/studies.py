@@ -131,10 +131,13 @@ def search_summary(study: LrSearchFile | None, runs: dict[str, dict], scale: str
     return f"`minbert lr-search` on the validation split, never dev (`metrics/lr-search.json`): {said}"
 
 
-def searched_at(points: list[SearchPoint], run: dict | None, apart: tuple[str, ...] = ()) -> str:
+def searched_at(
+    points: list[SearchPoint], run: dict | None, realized: tuple[str, ...] = (), slack: int = 0
+) -> str:
     """Whether a configuration's search points ran at the settings of the tables' run of
-    it (``ran_at``, the rates and ``apart`` aside): the same, those that differ (searched,
-    then run), or not recorded."""
+    it (``ran_at``, the rates aside; ``realized``: per-task counts a seed realizes, the
+    same when within ``slack`` of the run's): the same, those that differ (searched, then
+    run), or not recorded."""
     if run is None:
         return NO_NUMBER
     recorded = [p.ran_at for p in points]
@@ -142,14 +145,26 @@ def searched_at(points: list[SearchPoint], run: dict | None, apart: tuple[str, .
         return "settings not recorded (the file names its scale alone)"
     # Every setting the run's record states (a point also records some it does not: the
     # history's slices, the seed, which the search file states apart).
-    ours = {k: v for k, v in ran_at(run).items() if k not in (*SEARCH_VARIES, *apart)}
+    ours = {k: v for k, v in ran_at(run).items() if k not in SEARCH_VARIES}
     differ = {}
     for r in recorded:
-        differ |= {k: r.get(k) for k in sorted(ours) if r.get(k) != ours[k]}
+        differ |= {
+            k: r.get(k)
+            for k in sorted(ours)
+            if not (_within(r.get(k), ours[k], slack) if k in realized else r.get(k) == ours[k])
+        }
     if not differ:
         return "the settings of the tables' run"
     said = "; ".join(f"{k} {_short(v)} (the run: {_short(ours.get(k))})" for k, v in differ.items())
     return f"other settings: {said}"
+
+
+def _within(counts: dict | None, ours: dict, slack: int) -> bool:
+    return (
+        counts is not None
+        and counts.keys() == ours.keys()
+        and all(abs(counts[t] - ours[t]) <= slack for t in ours)
+    )
 
 
 def _short(value) -> str:

@@ -48,7 +48,7 @@ class RecordedSettings:
         return cls(
             **{k: v for k, v in values.items() if k not in ("smart", "head_warmup")},
             smart=None if smart is None else SmartSettings(**smart),
-            head_warmup=HeadWarmup(**{k: tuple(v) if k == "tasks" else v for k, v in warmup.items()}),
+            head_warmup=HeadWarmup.from_dict(warmup),
         )
 
     @classmethod
@@ -64,6 +64,13 @@ class RecordedSettings:
 assert [f.name for f in fields(RecordedSettings)] == [
     f.name for f in fields(MultitaskSettings) if f.name not in STATED_APART
 ], "RecordedSettings must follow MultitaskSettings"
+
+
+def schedule_words(name: str, gamma: float | None, epochs: int | None = None) -> str:
+    """A schedule as a table states it; a per-epoch decay a one-epoch run never applies says so."""
+    step = ", a fraction every step" if name == "exponential-per-step" else ""
+    never = " (never applied: one epoch)" if name == "exponential" and epochs == 1 else ""
+    return "constant" if name == "constant" else f"× {gamma:g} per epoch{step}{never}"
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,16 @@ class WarmupKept:
     epochs_kept: int
     validation_loss_before: float
     validation_loss_after: float
+
+
+@dataclass(frozen=True)
+class AppliedRate:
+    """The encoder's learning rate at an epoch's first and last optimizer step, as applied:
+    what shows a schedule acted within the run."""
+
+    epoch: int
+    first_step: float
+    last_step: float
 
 
 @dataclass(frozen=True)

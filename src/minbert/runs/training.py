@@ -17,6 +17,7 @@ from typing import ClassVar, TypeVar
 from minbert.results import is_record, joined_texts, read_result, write_result
 from minbert.runs.record_parts import (
     STATED_APART,
+    AppliedRate,
     Checkpoint,
     DataSplit,
     MaskedScores,
@@ -63,6 +64,8 @@ class MultitaskRunFile:
     device: str
     smart: SmartTerms | None = None
     pcgrad_conflict_fraction: float | None = None
+    # None only in runs written before the rates were recorded (the GPU study's).
+    applied_lr: list[AppliedRate] | None = None
     offline_run: OfflineRun | None = None
 
     @property
@@ -188,6 +191,7 @@ def _typed(kind: type[Run], path: Path, values: dict) -> Run:
         "before": lambda v: MaskedScores(**v),
         "after": lambda v: MaskedScores(**v),
         "corpus": lambda v: MlmCorpus(**v),
+        "applied_lr": lambda v: [AppliedRate(**a) for a in v],
     }
     typed = {k: converters[k](v) if k in converters and v is not None else v for k, v in values.items()}
     if kind in (MultitaskRunFile, ZeroShotRunFile):
@@ -197,11 +201,6 @@ def _typed(kind: type[Run], path: Path, values: dict) -> Run:
     if kind is MlmRunFile:
         typed["settings"] = MlmSettings.from_dict({**values["settings"], "seed": values["seed"]})
     return kind(**typed)
-
-
-def multitask_run(values: dict, source: str) -> MultitaskRunFile:
-    """A multitask run from its joined files' values (``source`` names them in errors)."""
-    return _typed(MultitaskRunFile, Path(source), dict(values))
 
 
 def run_from_texts(kind: type[Run], numbers: str, record: str, source: str) -> Run:

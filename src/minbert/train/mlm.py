@@ -195,7 +195,7 @@ class _MlmEpochs:
         self.rng = np.random.default_rng(settings.seed)
         self.steps_per_epoch = math.ceil(len(train) / settings.batch_size)
         total = settings.epochs * self.steps_per_epoch
-        self.scheduler = build_scheduler("linear-warmup", self.optimizer, total_steps=total)
+        self.scheduler = build_scheduler("linear-warmup", self.optimizer, steps=total)
         self.guard = NonFiniteGuard(
             lambda at, loss: (
                 f"non-finite MLM loss {loss.item()} at epoch {at[0]}, "

@@ -24,7 +24,7 @@ from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
 from minbert.train.loop import Epochs
 from minbert.train.multitask_step import MultitaskObserver, MultitaskStep
-from minbert.train.optim import build_scheduler
+from minbert.train.optim import Schedule
 from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
 from minbert.train.smart import LOSS_PARTS, EmaTeacher
@@ -52,6 +52,8 @@ class MultitaskResult:
     validation_examples: dict[str, int] = field(default_factory=dict)
     head_warmup: dict[str, dict] = field(default_factory=dict)  # per task: minbert.train.head_warmup
     optimizer_steps: int = 0  # over all epochs
+    # Per epoch: (epoch, the encoder's rate at its first optimizer step, at its last).
+    applied_lr: list[tuple[int, float, float]] = field(default_factory=list)
     examples_seen: dict[str, int] = field(default_factory=dict)  # training rows consumed, all epochs
     dev_ids: dict[str, list[str]] = field(default_factory=dict)
     test_ids: dict[str, list[str]] = field(default_factory=dict)
@@ -121,6 +123,7 @@ def train_multitask(
         validation_examples={t: len(d) for t, d in data.validation.items()},
         head_warmup=loop.head_warmup,
         optimizer_steps=loop.global_step,
+        applied_lr=loop.applied_lr,
         examples_seen={t: int(n) for t, n in loop.seen.items()},
         training_ids={
             t: {"trained": data.train[t].table.ids, "validation": data.validation[t].table.ids}
@@ -169,13 +172,15 @@ class _MultitaskEpochs:
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
         self.train_step = MultitaskStep(settings, model, data.train, device, world, self.observer)
-        self.scheduler = build_scheduler(
-            settings.lr_schedule, self.train_step.optimizer, gamma=settings.lr_gamma
-        )
         self.global_batch = {t: settings.batch_size[t] * world.size for t in MULTITASK_TASKS}
         self.one_task_per_step = settings.gradient == "round-robin"
         batches = max(-(-len(d) // self.global_batch[t]) for t, d in data.train.items())
         self.steps_per_epoch = batches * (len(MULTITASK_TASKS) if self.one_task_per_step else 1)
+        self.schedule = Schedule(
+            settings.lr_schedule, self.train_step.optimizer, settings.lr_gamma, self.steps_per_epoch
+        )
+        # (epoch, the encoder's rate at the epoch's first optimizer step, at its last): as applied.
+        self.applied_lr: list[tuple[int, float, float]] = []
         self.global_step, self.seen = 0, dict.fromkeys(MULTITASK_TASKS, 0)
 
     def score(
@@ -233,8 +238,11 @@ class _MultitaskEpochs:
         window_counts, logged = np.zeros(len(MULTITASK_TASKS)), []
         lengths = {t: d.lengths for t, d in self.data.train.items()}
         batches = epoch_steps(lengths, self.global_batch, self.rng, one_task_per_step=self.one_task_per_step)
+        optimizer = self.train_step.optimizer
         for index, rows_by_task in enumerate(batches):
+            last_lr = optimizer.param_groups[0]["lr"]
             step_losses, gram = self.train_step(rows_by_task, epoch, index)
+            self.schedule.after_step()
             sums += step_losses
             present = [t in rows_by_task for t in MULTITASK_TASKS]
             counts += present
@@ -259,7 +267,8 @@ class _MultitaskEpochs:
             logged.append((self.global_step, window, window_counts))
         self.conflicts += _conflict_rows(epoch, grams)
         self.step_losses += _step_loss_rows(epoch, logged)
-        self.scheduler.step()
+        self.schedule.after_epoch()
+        self.applied_lr.append((epoch, lr, last_lr))
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
         parts = LOSS_PARTS if self.settings.smart else ("loss",)
         losses = {
@@ -286,7 +295,8 @@ class _MultitaskEpochs:
             "examples_seen": self.seen,
             "model": self.model.state_dict(),
             "optimizer": self.train_step.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "applied_lr": self.applied_lr,
             "teacher": smart.teacher.module.state_dict() if smart is not None else None,
             "generators": generators,
             "conflicts": self.conflicts,
@@ -300,7 +310,8 @@ class _MultitaskEpochs:
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.train_step.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.schedule.load_state_dict(state["scheduler"])
+        self.applied_lr = [tuple(a) for a in state["applied_lr"]]
         if self.train_step.smart is not None:
             self.train_step.smart.teacher.module.load_state_dict(state["teacher"])
         restore_generators(state["generators"][self.world.rank], self.rng, *self.train_step.generators)

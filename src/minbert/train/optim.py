@@ -99,13 +99,23 @@ def _linear_warmup(optimizer, gamma: float, total_steps: int) -> torch.optim.lr_
     )
 
 
+def _exponential_per_step(optimizer, gamma: float, steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    """``gamma`` per epoch of ``steps`` optimizer steps, a fraction after every step: an epoch
+    ends where the per-epoch schedule's does, and a one-epoch run still decays."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: gamma ** (s / steps))
+
+
 _SCHEDULER: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
-    # The settings' choices (SCHEDULERS), stepped once per epoch.
-    "constant": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
-    "exponential": lambda opt, gamma, total_steps: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
-    # MLM pretraining's.
+    # The settings' choices (SCHEDULERS): the first two stepped once per epoch, the third
+    # after every optimizer step (its last argument: the steps of an epoch).
+    "constant": lambda opt, gamma, steps: torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0),
+    "exponential": lambda opt, gamma, steps: torch.optim.lr_scheduler.ExponentialLR(opt, gamma=gamma),
+    "exponential-per-step": _exponential_per_step,
+    # MLM pretraining's, stepped every step (its last argument: the run's steps).
     "linear-warmup": _linear_warmup,
 }
+# The schedules stepped after every optimizer step rather than once per epoch.
+PER_STEP_SCHEDULES = frozenset({"exponential-per-step", "linear-warmup"})
 
 
 assert tuple(_OPTIMIZER) == OPTIMIZERS and set(SCHEDULERS) <= set(_SCHEDULER)
@@ -159,7 +169,30 @@ def build_optimizer(
     return _choose(_OPTIMIZER, "optimizer", name)(groups, lr=lr, weight_decay=weight_decay)
 
 
-def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float = 1.0, total_steps: int = 0):
-    """Schedule ``name`` (``gamma``: the exponential one's factor; ``total_steps``: the
-    linear warm-up's length)."""
-    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma, total_steps)
+def build_scheduler(name: str, optimizer: torch.optim.Optimizer, *, gamma: float = 1.0, steps: int = 0):
+    """Schedule ``name`` (``gamma``: the exponential ones' factor per epoch; ``steps``: the
+    per-step exponential's steps an epoch, the linear warm-up's steps in all)."""
+    return _choose(_SCHEDULER, "lr_schedule", name)(optimizer, gamma, steps)
+
+
+class Schedule:
+    """A run's learning-rate schedule, moved at its own moments: ``after_step`` after every
+    optimizer step, ``after_epoch`` after every epoch (each a no-op for the other kind)."""
+
+    def __init__(self, name: str, optimizer: torch.optim.Optimizer, gamma: float, steps_per_epoch: int):
+        self.per_step = name in PER_STEP_SCHEDULES
+        self.scheduler = build_scheduler(name, optimizer, gamma=gamma, steps=steps_per_epoch)
+
+    def after_step(self) -> None:
+        if self.per_step:
+            self.scheduler.step()
+
+    def after_epoch(self) -> None:
+        if not self.per_step:
+            self.scheduler.step()
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
