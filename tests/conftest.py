@@ -64,7 +64,7 @@ def tiny_multitask_scale(
 ) -> dict:
     """The committed cpu scale's multitask sizes cut down for a tiny model: whole
     (tiny) splits less 6 validation rows per task, every example in the history,
-    ``lr`` for both optimizers and their heads."""
+    ``lr`` for both optimizers and their heads, and no family's rates of its own."""
     scale = params["scales"]["cpu"]["multitask"]
     scale.update(
         epochs=epochs,
@@ -73,6 +73,7 @@ def tiny_multitask_scale(
         validation_examples={t: 6 for t in ("sst", "quora", "sts")},
         history_examples=history or {"dev": 0, "train": 0},
         test_predictions=test_predictions,
+        rates={},
     )
     for optimizer in scale["optimizers"].values():
         optimizer["lr"] = optimizer["head_lr"] = lr

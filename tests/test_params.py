@@ -211,8 +211,10 @@ def test_mlm_settings_per_start(committed):
 
 def test_a_configuration_runs_at_its_optimizers_rates(committed):
     """Each optimizer has its own rates (searched on `best`: metrics/lr-search.json), and
-    every configuration runs at its optimizer's: `best` and `best-adamw` at their own."""
+    every configuration of a family without rates of its own runs at its optimizer's:
+    `best` and `best-adamw` at their own."""
     scale = committed["scales"]["cpu"]["multitask"]
+    scale["rates"] = {}
     scale["optimizers"]["adamw"].update(lr=2e-5, head_lr=2e-3)
     scale["optimizers"]["adamaxw"].update(lr=7e-5, head_lr=3e-3)
     validate(committed)

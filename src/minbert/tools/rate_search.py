@@ -97,10 +97,12 @@ def queue_search(repo: Path, family: str) -> list[list[str]]:
     return commands
 
 
-def _apart(params: dict, family: str) -> dict:
-    """``params`` less what a search run may change (VARIES and the family's rates)."""
-    own = f"scales.{params['scale']}.multitask.rates.{family}."
-    return {k: v for k, v in flatten_params(params).items() if not k.startswith((*VARIES, own))}
+def _apart(params: dict) -> dict:
+    """``params`` less what a search run may change (VARIES and its family's rates) and the
+    other families' rates, which none of its configurations reads: a family's choice
+    written to params.yaml leaves the other families' points standing."""
+    rates = f"scales.{params['scale']}.multitask.rates."
+    return {k: v for k, v in flatten_params(params).items() if not k.startswith((*VARIES, rates))}
 
 
 def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
@@ -116,12 +118,12 @@ def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
 def search_points(repo: Path, runs: list[Run], params: dict, family: str, lock: dict) -> list[FamilyPoint]:
     """``family``'s finished search runs: the committed parameters but the seed and the
     family's rate, and the stage's current code (``lock``: dvc.lock's stages)."""
-    committed = _apart(params, family)
+    committed = _apart(params)
     # A search run sets the family's rate itself, with one of the search's seeds.
     searched = [
         (run, flatten_params(run.params))
         for run in runs
-        if _apart(run.params, family) == committed and run.params["seed"] in params["lr_search"]["seeds"]
+        if _apart(run.params) == committed and run.params["seed"] in params["lr_search"]["seeds"]
     ]
     points = []
     for optimizer, config in searched_configs(params, family).items():
