@@ -16,6 +16,7 @@ from __future__ import annotations
 import common
 import numpy as np
 from scipy.optimize import brentq
+from scipy.stats import norm
 from sklearn.metrics import matthews_corrcoef
 
 # The tasks' label priors in their training splits (the course files): SST's five
@@ -27,7 +28,7 @@ def _draw(rho: float, n: int, rng: np.random.Generator, prior: list[float] | Non
     z = rng.multivariate_normal([0.0, 0.0], [[1.0, rho], [rho, 1.0]], n)
     if prior is None:
         return z[:, 0], z[:, 1]
-    cuts = np.quantile(rng.standard_normal(200_000), np.cumsum(prior)[:-1])
+    cuts = norm.ppf(np.cumsum(prior)[:-1])  # the class boundaries on the latent normal
     return np.searchsorted(cuts, z[:, 0]), np.searchsorted(cuts, z[:, 1])
 
 
@@ -50,18 +51,10 @@ def _levels() -> dict[str, float]:
 
     directory = common.REPO / "metrics" / "multitask"
     runs = read_runs(MultitaskRunFile, directory)
-    histories = {r.config: pd.read_csv(directory / f"{r.config}-history.csv") for r in runs}
+    kept = [pd.read_csv(directory / f"{r.config}-history.csv").iloc[r.epoch] for r in runs]
     return {
         task: round(
-            float(
-                np.mean(
-                    [
-                        histories[r.config][history_column("val", TASKS[task].selection_key)].iloc[r.epoch]
-                        for r in runs
-                    ]
-                )
-            ),
-            3,
+            float(np.mean([row[history_column("val", TASKS[task].selection_key)] for row in kept])), 3
         )
         for task in ("sst", "quora", "sts")
     }
