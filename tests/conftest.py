@@ -90,6 +90,7 @@ def tiny_sentiment_scale(
         patience={"last-layer": 0, "full": 0},  # every epoch runs
         train_examples=dict(train_examples),
         validation_examples={"sst": 4, "cfimdb": 4},
+        test_predictions=True,
     )
     return params
 

@@ -990,15 +990,42 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
         run = SimpleNamespace(epochs=epochs, epochs_run=len(mccs) - 1, validation_examples=n)
         return validation_end(run, path)
 
-    # Noise on 100 examples at MCC 0.8: √(0.36 / 98) ≈ 0.061.
+    # Noise on 100 examples at MCC 0.63: √((1 − 0.63²) / 98) ≈ 0.078; epoch 3 rises 0.17.
     kind, said = ended([0.0, 0.40, 0.63, 0.80], epochs=3)
-    assert kind == STILL_IMPROVING and "+0.1700 on the best before it (noise ±0.061, 100 examples)" in said
+    assert kind == STILL_IMPROVING and "at epoch 3 (0.8000, noise ±0.061, 100 examples)" in said
     assert ended([0.0, 0.78, 0.80], epochs=2)[0] == ENDED_WITHIN_NOISE
-    assert ended([0.0, 0.27, 0.2693], epochs=3)[0] == STOPPED_WITHIN_NOISE  # patience on a wobble
+    kind, said = ended([0.0, 0.27, 0.2693], epochs=3)  # patience on a wobble
+    assert kind == STOPPED_WITHIN_NOISE and "at epoch 1 (0.2700" in said and "ended -0.0007 on it" in said
     assert ended([0.0, 0.6, 0.3], epochs=3)[0] == STOPPED_BEYOND_NOISE
+    # The stage's rule: small rises that add up past the noise are a gain (0.70 -> 0.80).
+    assert ended([0.0, 0.70, 0.75, 0.80], epochs=3)[0] == STILL_IMPROVING
+    assert ended([0.0, 0.70, 0.75, 0.76], epochs=3)[0] == ENDED_WITHIN_NOISE
     # The larger the validation split, the smaller the change it can tell from noise.
     assert ended([0.0, 0.70, 0.75], epochs=2, n=100)[0] == ENDED_WITHIN_NOISE
     assert ended([0.0, 0.70, 0.75], epochs=2, n=10_000)[0] == STILL_IMPROVING
+
+
+def test_the_report_words_an_arms_end_by_the_stages_own_rule(tmp_path):
+    """The report replays the stage's plateau rule on the history it wrote: the epoch it
+    names as the last gain is the one ``BestEpoch`` counted patience from."""
+    import re
+
+    import numpy as np
+
+    from minbert.metrics import correlation_noise
+    from minbert.report.tables import validation_end
+    from minbert.train.loop import BestEpoch
+
+    rng, path, n = np.random.default_rng(0), tmp_path / "history.csv", 300
+    for _ in range(100):
+        scores = np.round(np.cumsum(rng.normal(0.03, 0.06, size=7)), 4).tolist()
+        best = BestEpoch()
+        for epoch, score in enumerate(scores):
+            best.offer(epoch, score, dict, lambda reference: correlation_noise(reference, n))
+        pd.DataFrame({"epoch": range(len(scores)), "val_mcc": scores}).to_csv(path, index=False)
+        run = SimpleNamespace(epochs=6, epochs_run=6, validation_examples=n)
+        named = int(re.search(r"at epoch (\d+)", validation_end(run, path)[1]).group(1))
+        assert named == best.gained
 
 
 def test_no_committed_row_claims_a_schedule_that_did_not_act():

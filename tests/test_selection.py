@@ -194,3 +194,28 @@ def test_the_start_is_a_candidate_and_patience_stops_a_run_that_stopped_improvin
     # Patience 0: every epoch runs.
     loop = _Scripted([0.1, 0.3, 0.2, 0.9, 0.9])
     assert Epochs().run(loop, 4, "t")[1] == 3 and loop.ran == [1, 2, 3, 4]
+
+
+def test_patience_counts_epochs_that_gain_no_more_than_the_margin():
+    from minbert.train.loop import Epochs
+
+    # Epochs 2 and 3 rise above epoch 1 (the last gain) by less than the margin: patience 2
+    # stops after epoch 3, and the best of them (epoch 3) is still the one kept.
+    loop = _Scripted([0.1, 0.3, 0.32, 0.34, 0.9, 0.9])
+    history, kept = Epochs().run(loop, 5, "t", patience=2, margin=lambda reference: 0.05)
+    assert loop.ran == [1, 2, 3] and kept == 3 and float(loop.model.weight) == 3.0
+    # Small steps that add up past the margin are a gain: epoch 3 is 0.06 above epoch 1.
+    loop = _Scripted([0.1, 0.3, 0.33, 0.36, 0.37, 0.37])
+    assert Epochs().run(loop, 5, "t", patience=2, margin=lambda reference: 0.05)[1] == 4
+    assert loop.ran == [1, 2, 3, 4, 5]
+    # Without the margin, each small rise restarts the count and every epoch runs.
+    loop = _Scripted([0.1, 0.3, 0.32, 0.34, 0.9, 0.9])
+    assert Epochs().run(loop, 5, "t", patience=2)[1] == 4 and loop.ran == [1, 2, 3, 4, 5]
+
+
+def test_the_noise_margin_is_a_correlations_standard_error():
+    from minbert.metrics import correlation_noise
+
+    assert correlation_noise(0.8, 100) == pytest.approx((0.36 / 98) ** 0.5)
+    assert correlation_noise(0.27, 500) == pytest.approx(0.0431, abs=1e-4)
+    assert correlation_noise(1.0, 10) == 0.0

@@ -39,6 +39,12 @@ def fixed(x: float | None) -> float | None:
     return x if math.isnan(x) else round(x, DECIMALS) + 0.0  # + 0.0: no "-0.0"
 
 
+def correlation_noise(r: float, n: int) -> float:
+    """The standard error of a correlation ``r`` (an MCC, a Pearson) on ``n`` rows,
+    √((1 − r²) / (n − 2)): how far the rows drawn alone can move it."""
+    return math.sqrt(max(1 - r * r, 0.0) / max(n - 2, 1))
+
+
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:
     return float(accuracy_score(labels, predictions))
 

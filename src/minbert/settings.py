@@ -39,8 +39,9 @@ PAIR_HEADS: dict[str, tuple[str, ...]] = {
 }
 #: Optimizers and learning-rate schedules (``minbert.train.optim``); sentiment's per epoch.
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamaxw")
-SCHEDULERS: tuple[str, ...] = ("constant", "exponential", "exponential-per-step")
 EPOCH_SCHEDULERS: tuple[str, ...] = ("constant", "exponential")
+STEP_SCHEDULERS: tuple[str, ...] = ("exponential-per-step",)  # moved after every optimizer step
+SCHEDULERS: tuple[str, ...] = EPOCH_SCHEDULERS + STEP_SCHEDULERS
 
 #: How the tasks share an optimizer step (``minbert.train.multitask``).
 GRADIENT_MODES: tuple[str, ...] = ("round-robin", "summed", "pcgrad")
@@ -141,6 +142,7 @@ MAX_LENGTH = Setting(
 )
 POOLING = Setting(POOLINGS, "what the heads read: BERT's pooler over [CLS], or the mean of the final states")
 DROPOUT = Setting(Range(0, 1, high_open=True), "dropout before each head")
+TEST_PREDICTIONS = Setting(bool, "predict the (unlabelled) test sets with the chosen epoch")
 EVAL_BATCH_SIZE = Setting(COUNT, "rows per scoring batch")
 WEIGHT_DECAY = Setting(WEIGHT, "decoupled weight decay of matrices and embeddings (never biases, LayerNorm)")
 GRAD_CLIP = Setting(WEIGHT, "max gradient norm; 0: no clipping")
@@ -279,9 +281,7 @@ class MultitaskSettings:
     sts_output: str = Setting(
         STS_OUTPUTS, "a linear STS head's output: 5 * sigmoid(logit), or the logit"
     ).field("sigmoid")
-    test_predictions: bool = Setting(bool, "predict the (unlabelled) test sets with the chosen epoch").field(
-        True
-    )
+    test_predictions: bool = TEST_PREDICTIONS.field(True)
     head_lr: float | None = Setting(LEARNING_RATE, "the task heads' learning rate").field(None)
     # How the Quora batch was sized on a carved split (``batch_size`` holds the result).
     carved_quora_batch: str = Setting(
@@ -353,13 +353,17 @@ class SentimentSettings:
     seed: int = SEED.field()
     max_tokens: int = Setting(SIZE, "padded tokens per forward pass (bounds memory); 0: no limit").field(0)
     patience: int = Setting(
-        SIZE, "stop after this many epochs in a row no better on validation; 0: every epoch runs"
+        SIZE,
+        "stop after this many epochs in a row that rise no more than validation MCC's noise "
+        "above the last gain; "
+        "0: every epoch runs",
     ).field(0)
     pooling: str = POOLING.field("pooler")
     head_lr: float | None = Setting(
         Range(0, 1, low_open=True, null=True),
         "full fine-tuning: the head's learning rate; empty: the run's lr",
     ).field(None)
+    test_predictions: bool = TEST_PREDICTIONS.field(True)
 
     @classmethod
     def from_dict(cls, values: dict) -> SentimentSettings:

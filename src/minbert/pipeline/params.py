@@ -69,7 +69,7 @@ def sentiment_settings(params: dict, run: str) -> SentimentSettings:
         epochs=sized["epochs"][mode],
         patience=sized["patience"][mode],
         **{k: sized[k][task] for k in ("batch_size", "train_examples", "validation_examples")},
-        **{k: sized[k] for k in ("dropout", "max_tokens")},
+        **{k: sized[k] for k in ("dropout", "max_tokens", "test_predictions")},
         **{k: common[k] for k in ("eval_batch_size", "weight_decay", "optimizer", "lr_schedule")},
         lr_gamma=common.get("lr_gamma", 1.0),  # read by the exponential schedule only
         grad_clip=common["grad_clip"],

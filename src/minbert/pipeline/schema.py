@@ -145,7 +145,7 @@ _SCALE = {
             k: _each(SENTIMENT_TASKS, declared(W, k))
             for k in ("batch_size", "train_examples", "validation_examples")
         },
-        **_fields(W, "dropout", "max_tokens", "head_lr"),
+        **_fields(W, "dropout", "max_tokens", "head_lr", "test_predictions"),
         **{k: _each(s.SENTIMENT_MODES, declared(W, k)) for k in ("epochs", "patience")},
     },
     "multitask": {

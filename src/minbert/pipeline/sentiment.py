@@ -35,7 +35,8 @@ def run(
         tables = {
             split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
             for split in ("train", "dev", "test")
-            if split != "test" or (tokenized_dir / f"{settings.task}-test.parquet").exists()
+            if split != "test"
+            or (settings.test_predictions and (tokenized_dir / f"{settings.task}-test.parquet").exists())
         }
         encoder = BertModel.from_pretrained(stage.checkpoint_dir)
         resume = stage.resume_point(

@@ -5,11 +5,11 @@ budget, and each Table 1 arm how validation stood at its end."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
 
+from minbert.metrics import correlation_noise
 from minbert.report.comparisons import (
     CONCLUSIONS_LEAD,
     UNEQUAL,
@@ -335,7 +335,7 @@ def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
 
 # How validation stood at an arm's end (``validation_end``).
 STILL_IMPROVING = "still improving"
-STOPPED_WITHIN_NOISE = "stopped by its patience on a change within its noise"
+STOPPED_WITHIN_NOISE = "stopped by its patience on a plateau within its noise"
 STOPPED_BEYOND_NOISE = "stopped by its patience on a fall beyond its noise"
 ENDED_WITHIN_NOISE = "its last epoch within its noise"
 
@@ -353,22 +353,29 @@ def arm_ends(metrics: list[dict], sentiment_dir: Path) -> dict[tuple[str, str], 
 
 
 def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
-    """How validation stood when an arm stopped (one of the four above) and why, in words:
-    its last epoch's change on the best before it against the validation score's noise."""
+    """How validation stood when an arm stopped (one of the four above) and why, in words,
+    by the stage's own rule (``minbert.train.loop.BestEpoch``): the last epoch that rose
+    beyond validation MCC's noise above the gain before it, and where the last epoch ended
+    against that epoch's score."""
     history = pd.read_csv(history_file)
-    scores = history[history_column("val", "mcc")].dropna().tolist()
+    column = history_column("val", "mcc")
+    epochs, scores = zip(*history[["epoch", column]].dropna().itertuples(index=False)) or ((), ())
     if len(scores) < 2:
         return ENDED_WITHIN_NOISE, "one validation score: nothing to compare."
-    n = run.validation_examples
-    last, before = scores[-1], max(scores[:-1])
-    noise = math.sqrt(max(1 - last**2, 0.0) / max(n - 2, 1))
-    change = last - before
+    n, gained = run.validation_examples, 0
+    for i, score in enumerate(scores[1:], start=1):
+        if score > scores[gained] + correlation_noise(scores[gained], n):
+            gained = i
+    reference, noise = scores[gained], correlation_noise(scores[gained], n)
+    change = scores[-1] - reference
     said = (
-        f"{run.epochs_run} of {run.epochs} epochs; the last changed validation MCC by "
-        f"{change:+.4f} on the best before it (noise ±{noise:.3f}, {n} examples)"
+        f"{run.epochs_run} of {run.epochs} epochs; validation MCC last rose beyond its noise at "
+        f"epoch {int(epochs[gained])} ({reference:.4f}, noise ±{noise:.3f}, {n} examples)"
     )
+    if gained < len(scores) - 1:
+        said += f", and the last epoch ended {change:+.4f} on it"
     if run.epochs_run < run.epochs:
-        kind = STOPPED_WITHIN_NOISE if abs(change) <= noise else STOPPED_BEYOND_NOISE
+        kind = STOPPED_BEYOND_NOISE if change < -noise else STOPPED_WITHIN_NOISE
     else:
-        kind = STILL_IMPROVING if change > noise else ENDED_WITHIN_NOISE
+        kind = STILL_IMPROVING if gained == len(scores) - 1 else ENDED_WITHIN_NOISE
     return kind, f"{kind}: {said}."

@@ -60,23 +60,43 @@ class NonFiniteGuard:
 
 class BestEpoch:
     """The best epoch so far by a score, with a CPU copy of its weights; a tie keeps the
-    earlier (cheaper, less fitted) epoch."""
+    earlier (cheaper, less fitted) epoch. ``gained``: the last epoch that rose above the
+    score of the gain before it by more than the margin (what patience counts from); a
+    rise made of small steps counts once its steps add up past the margin."""
 
     def __init__(self) -> None:
         self.epoch, self.score, self.weights = 0, None, None
+        self.gained, self.gained_score = 0, None
 
-    def offer(self, epoch: int, score: float, weights: Callable[[], dict]) -> bool:
+    def offer(
+        self,
+        epoch: int,
+        score: float,
+        weights: Callable[[], dict],
+        margin: Callable[[float], float] = lambda reference: 0.0,
+    ) -> bool:
         """Keep ``epoch`` if it beats the best so far; ``weights()`` copies its state."""
+        if self.gained_score is None or score > self.gained_score + margin(self.gained_score):
+            self.gained, self.gained_score = epoch, score
         if self.weights is not None and score <= self.score:
             return False
         self.epoch, self.score, self.weights = epoch, score, weights()
         return True
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "score": self.score, "weights": self.weights}
+        return {
+            "epoch": self.epoch,
+            "score": self.score,
+            "weights": self.weights,
+            "gained": self.gained,
+            "gained_score": self.gained_score,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.score, self.weights = state["epoch"], state["score"], state["weights"]
+        # Saved before margins: the best epoch was the last gain.
+        self.gained = state.get("gained", self.epoch)
+        self.gained_score = state.get("gained_score", self.score)
 
 
 def cpu_copy(module: torch.nn.Module) -> dict:
@@ -135,11 +155,17 @@ class Epochs:
         return self.saved is not None
 
     def run(
-        self, loop: EpochLoop, epochs: int, description: str, patience: int = 0
+        self,
+        loop: EpochLoop,
+        epochs: int,
+        description: str,
+        patience: int = 0,
+        margin: Callable[[float], float] = lambda reference: 0.0,
     ) -> tuple[list[dict], int]:
         """Run ``loop`` up to ``epochs``, or (``patience``) until that many epochs in a row
-        have not beaten the best; its history (epoch 0 first) and the epoch kept, whose
-        weights the loop then holds."""
+        have not risen above the last gain's score by more than ``margin(that score)``; its
+        history (epoch 0 first) and the epoch kept (the best, margin or not), whose weights
+        the loop then holds."""
         best, first = BestEpoch(), 1
         if self.saved is not None:
             loop.load_state(self.saved["loop"])
@@ -158,14 +184,14 @@ class Epochs:
             if self.saved is not None:
                 bar.console.log(f"resumed from {self.resume.path} after epoch {first - 1}")
             for epoch in range(first, epochs + 1):
-                if patience and best.weights is not None and epoch - 1 - best.epoch >= patience:
-                    break  # ``patience`` epochs in a row no better than the best
+                if patience and best.weights is not None and epoch - 1 - best.gained >= patience:
+                    break  # ``patience`` epochs in a row no gain beyond the margin
                 row, score = loop.epoch(
                     epoch, lambda status: bar.update(job, advance=1, status=status), bar.console.log
                 )
                 history.append(row)
                 if score is not None:
-                    best.offer(epoch, score, lambda: cpu_copy(loop.model))
+                    best.offer(epoch, score, lambda: cpu_copy(loop.model), margin)
                 if self.resume is not None:
                     state = loop.state()  # on every rank: it gathers every rank's generators
                     if self.world.is_main:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from minbert.settings import OPTIMIZERS, SCHEDULERS
+from minbert.settings import OPTIMIZERS, SCHEDULERS, STEP_SCHEDULERS
 
 
 class AdamaxW(torch.optim.Optimizer):
@@ -115,7 +115,7 @@ _SCHEDULER: dict[str, Callable[..., torch.optim.lr_scheduler.LRScheduler]] = {
     "linear-warmup": _linear_warmup,
 }
 # The schedules stepped after every optimizer step rather than once per epoch.
-PER_STEP_SCHEDULES = frozenset({"exponential-per-step", "linear-warmup"})
+PER_STEP_SCHEDULES = frozenset({*STEP_SCHEDULERS, "linear-warmup"})
 
 
 assert tuple(_OPTIMIZER) == OPTIMIZERS and set(SCHEDULERS) <= set(_SCHEDULER)
