@@ -7,7 +7,8 @@ Not a timing target: evidence for the cpu scale's sentiment epochs. Each ``--run
 ``--epochs`` epochs and patience 0: every epoch runs. Per epoch: the training loss and
 accuracy, validation MCC and its sampling noise at that level and size
 (``minbert.metrics.correlation_noise``), and the run's seconds per epoch. No dev score is
-written here: the epochs are chosen on validation alone.
+written here: the epochs are chosen on validation alone. ``--train-examples`` trains on that
+many rows instead (what a smaller arm would need).
 Writes ``bench/results/<--name>.json``.
 """
 
@@ -26,6 +27,9 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", default=["sst-full", "cfimdb-full"])
     p.add_argument("--epochs", type=int, nargs="+", default=[6, 8], help="one per run, in order")
+    p.add_argument(
+        "--train-examples", type=int, default=None, help="training rows instead of the settings' (0: all)"
+    )
     p.add_argument("--name", default="sentiment_curve")
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
@@ -44,6 +48,8 @@ def main() -> None:
         resolved = json.loads((common.REPO / "data" / "settings" / "sentiment" / f"{run}.json").read_text())
         settings = SentimentSettings.from_dict(resolved["settings"])
         settings = dataclasses.replace(settings, epochs=1 if args.quick else epochs, patience=0)
+        if args.train_examples is not None:
+            settings = dataclasses.replace(settings, train_examples=args.train_examples)
         tables = {
             split: TokenizedTable.read(common.TOKENIZED / f"{settings.task}-{split}.parquet")
             for split in ("train", "dev")
