@@ -2,8 +2,8 @@
 
 Not a timing: a measurement of the training the ``multitask`` stage runs. ``--config``
 (default ``best``: PCGrad + SMART + AdamaxW) is trained at the ``cpu`` scale from
-params.yaml, without scoring dev (``train_multitask(score_dev=False)``, as ``minbert
-lr-search`` does), once per variant of SMART's settings, and every epoch records:
+params.yaml, without scoring dev (``train_multitask(score_dev=False)``: no dev table
+is read), once per variant of SMART's settings, and every epoch records:
 
 * the validation split's scores (accuracy / Pearson and the chance-corrected MCC);
 * per task, the mean over the epoch's steps of each term's gradient norm on that task's

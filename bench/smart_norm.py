@@ -2,8 +2,8 @@
 
 Not a timing: the choice of ``smart.token_norm`` for the cpu scale. ``--config`` (default
 ``best``: PCGrad + SMART + AdamaxW) is trained at the ``cpu`` scale from params.yaml (its
-own encoder lr, heads fitted first), without scoring dev (``score_dev=False``, as
-``minbert lr-search`` does), once per norm in ``--norms``, and each run's validation
+own encoder lr, heads fitted first), without scoring dev (``score_dev=False``: no dev
+table is read), once per norm in ``--norms``, and each run's validation
 history is kept: the selection score (mean of SST MCC, Quora MCC, STS Pearson) and the
 SST loss per epoch, epoch 0 being the run's start (heads fitted, encoder untouched).
 

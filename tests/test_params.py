@@ -227,7 +227,7 @@ def test_a_configuration_runs_at_its_optimizers_rates(committed):
 
 
 def test_a_family_runs_at_its_own_rates_over_its_optimizers(committed):
-    """`scales.<scale>.multitask.rates.<family>.<optimizer>` (what `minbert rate-search`
+    """`scales.<scale>.multitask.rates.<family>.<optimizer>` (what `minbert lr-search`
     chooses) sets the rates of every configuration of the family that runs with that
     optimizer; the family's other optimizers, and other families, keep the optimizer's."""
     scale = committed["scales"]["cpu"]["multitask"]
@@ -340,12 +340,12 @@ READ_ELSEWHERE = {
     "seed_study.seeds": ("src/minbert/tools/sweep.py", 'study["seeds"]'),
     "seed_study.configs": ("src/minbert/tools/sweep.py", 'study["configs"]'),
     "seed_study.jobs": ("src/minbert/tools/sweep.py", 'study["jobs"]'),
-    "lr_search": ("src/minbert/tools/rate_search.py", 'params["lr_search"]'),
+    "lr_search": ("src/minbert/tools/lr_search.py", 'params["lr_search"]'),
     # A family's configurations are those the search trains (resolved here once the
     # family has rates of its own).
-    "rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
-    "configs.concatenation.rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
-    "configs.best.rate_family": ("src/minbert/tools/rate_search.py", 'values["rate_family"]'),
+    "rate_family": ("src/minbert/tools/lr_search.py", 'values["rate_family"]'),
+    "configs.concatenation.rate_family": ("src/minbert/tools/lr_search.py", 'values["rate_family"]'),
+    "configs.best.rate_family": ("src/minbert/tools/lr_search.py", 'values["rate_family"]'),
     **{
         f"data.{key}": ("src/minbert/pipeline/prepare.py", f'data["{key}"]')
         for key in ("source", "quora_holdout_fraction", "split_seed", "skip_ids", "allow_unverified")

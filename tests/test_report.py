@@ -60,6 +60,8 @@ CARVED = {
     "seed": 0,
     "train_pairs": 16170,
     "heldout_pairs": 4042,
+    "question_groups": 11900,
+    "largest_group_pairs": 14,
     "note": "Quora's official 141k train split was not available; both are carved from dev.",
 }
 # What the stages write to a metrics file (minbert.results); the rest goes to the record.

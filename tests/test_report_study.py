@@ -43,7 +43,7 @@ from minbert.report.comparisons import (
     settings_digest,
 )
 from minbert.report.first_page import whole_report
-from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS
 from minbert.report.studies import SEARCH_VARIES
 from minbert.report.summary import beside_the_paper
 from minbert.report.writer import gpu_study, load_runs
@@ -245,21 +245,33 @@ def _params(tmp_path: Path) -> Path:
     return tmp_path / "params.yaml"
 
 
-def _search_point(config: str, optimizer: str, lr: float, score: float) -> dict:
-    """One point of `minbert lr-search` as metrics/lr-search.json holds it."""
-    validation = {
-        f"validation_{k}": score for k in ("sst_mcc", "sst_accuracy", "quora_mcc", "quora_accuracy")
-    }
-    return {"scale": "cpu", "config": config, "optimizer": optimizer, "lr": lr, "head_lr": 1e-3} | {
-        "seed": 11711,
-        "best_epoch": 3,
-        **validation,
-        "validation_sts_pearson": score,
-        "validation_average": score,
-        "validation_selection": score,
-        "validation_selection_per_epoch": [0.0, score / 2, score],
-        "optimizer_steps": 216 if optimizer == "adamw" else 72,
-    }
+def _family_search(root: Path, grids: dict, members: dict, ran_at: dict | None = None) -> None:
+    """metrics/lr-search.json as `minbert lr-search FAMILY` writes it: ``grids`` maps
+    (family, config, optimizer) to each rate's scores over seeds 101-103."""
+    from minbert.runs.study_files import FamilyPoint, FamilySearchFile, write_family_search
+    from minbert.tools.lr_search import choose
+
+    points = [
+        FamilyPoint(
+            scale="cpu",
+            family=family,
+            config=config,
+            optimizer=optimizer,
+            lr=lr,
+            head_lr=1e-3,
+            seed=seed,
+            experiment=f"{config}-{lr:g}-{seed}",
+            best_epoch=1,
+            validation_selection=s,
+            validation_per_epoch=[0.1, s],
+            ran_at=ran_at or {},
+        )  # fmt: skip
+        for (family, config, optimizer), grid in grids.items()
+        for lr, scores in grid.items()
+        for seed, s in zip((101, 102, 103), scores)
+    ]
+    study = FamilySearchFile("minbert lr-search", "each point: dvc exp run", points, choose(points, members))
+    write_family_search(study, root / "metrics" / "lr-search.json")
 
 
 def _ran_at(root: Path, config: str, lr: float, head_lr: float) -> None:
@@ -270,33 +282,15 @@ def _ran_at(root: Path, config: str, lr: float, head_lr: float) -> None:
 
 def test_what_chose_what(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
-    # The baseline ran the search's choice; the fixture's `best` ran lr 5e-05, no heads' rate.
+    # The baseline ran its family's choice; the fixture's `best` ran lr 5e-05, off the grid.
     _ran_at(root, "baseline", 5e-5, 1e-3)
-    scores = {"baseline": (0.21, 0.3173, 0.12), "best": (0.3, 0.35, 0.4), "concatenation": (0.1, 0.2, 0.15)}
-    search = {
-        "command": "minbert lr-search",
-        "runs": [
-            _search_point(config, "adamw" if config != "best" else "adamaxw", lr, score)
-            for config, values in scores.items()
-            for lr, score in zip((3e-5, 5e-5, 1e-4), values)
-        ],
-        "chosen": {
-            f"cpu/{config}/{optimizer}": {
-                "scale": "cpu",
-                "config": config,
-                "optimizer": optimizer,
-                "lr": lr,
-                "head_lr": 1e-3,
-                "validation_selection": score,
-            }
-            for config, optimizer, lr, score in (
-                ("baseline", "adamw", 5e-5, 0.3173),
-                ("best", "adamaxw", 1e-4, 0.4),
-                ("concatenation", "adamw", 5e-5, 0.2),
-            )
+    grids = {
+        ("siamese", "baseline", "adamw"): {
+            3e-5: (0.20, 0.21, 0.22), 5e-5: (0.31, 0.32, 0.33), 1e-4: (0.1, 0.12, 0.14)
         },
-    }
-    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+        ("best", "best", "adamaxw"): {1e-4: (0.4, 0.41, 0.39), 3e-4: (0.3, 0.35, 0.32)},
+    }  # fmt: skip
+    _family_search(root, grids, {("siamese", "adamw"): ["baseline"], ("best", "adamaxw"): ["best"]})
     write_report(
         root / "metrics", root / "predictions", root / "prepared", PAPER, tmp_path / "r", _params(tmp_path)
     )
@@ -311,70 +305,45 @@ def test_what_chose_what(tmp_path):
     for row, scale in ((gpu, "gpu"), (scale_paper, "paper")):
         assert row[3] == paper["learning_rates"][scale]
     # The scale that ran: what chose its rates, from the search's own file.
-    assert cpu[3].startswith("`minbert lr-search` on the validation split, never dev")
-    assert "adamaxw's on `best`, at settings not recorded (the file names its scale alone)" in cpu[3]
+    assert cpu[3].startswith(
+        "`minbert lr-search FAMILY` on the validation split over seeds 101, 102, 103, never dev"
+    )
+    assert "best's adamaxw on `best` (lr 0.0001); siamese's adamw on `baseline` (lr 5e-05)" in cpu[3]
+    assert "not searched" not in cpu[3]
     assert "Dev is scored once per configuration" in section
     assert "the history's `dev_*` columns: SST 100, Quora 100, STS 100" in section
     assert "The epoch of each multitask run: the epoch with the best mean of SST MCC, Quora MCC" in section
-    # The search: one row per configuration, every grid point's score, the chosen one bold,
-    # and whether the tables' run used it.
-    header = next(line for line in section.splitlines() if line.startswith("| Scale | Configuration"))
-    assert "| lr 3e-05, heads 0.001 | lr 5e-05, heads 0.001 | lr 0.0001, heads 0.001 |" in header
-    assert _row(section, "| `baseline` | adamw |")[3:] == [
-        "0.210",
-        "**0.317**",
-        "0.120",
-        "216",
-        "the chosen rates",
-        "settings not recorded (the file names its scale alone)",
+    # The grids: each rate's mean, the chosen one bold with its interval, and where the
+    # tables' runs stand against it.
+    baseline = _row(section, "| `cpu` | siamese | adamw | `baseline` |")
+    assert baseline[4:7] == [
+        "0.210 (+0.110 [+0.110, +0.110] ‡)",
+        "**0.320** [0.295, 0.345]",
+        "0.120 (+0.200 [+0.175, +0.225] ‡)",
     ]
-    assert _row(section, "| `best` | adamaxw |")[3:] == [
-        "0.300",
-        "0.350",
-        "**0.400**",
-        "72",
-        "not the chosen rates: adamaxw lr 5e-05, × 0.9 per epoch",
-        "settings not recorded (the file names its scale alone)",
-    ]
-    assert _row(section, "| `concatenation` |")[-2:] == ["not run at `cpu`", NO_NUMBER]
-    assert "validation average" not in section
+    assert baseline[-1] == "`baseline`: lr 5e-05, the chosen rate"
+    best = _row(section, "| `cpu` | best | adamaxw | `best` |")
+    assert best[-1] == "`best`: lr 5e-05 (not on the grid)"
 
-    # A search written before the selection score is an error, not a half-empty table.
-    search["runs"][0].pop("validation_selection")
-    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
-    with pytest.raises(ValueError, match=r"runs\[0\] lacks validation_selection: written by an older"):
+    # A search file an older command wrote is an error, not a half-empty table.
+    old = json.loads((root / "metrics" / "lr-search.json").read_text())
+    old["points"][0].pop("validation_selection")
+    (root / "metrics" / "lr-search.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"a point lacks validation_selection: written by an older"):
         report(root, tmp_path / "old")
     (root / "metrics" / "lr-search.json").unlink()
     section = _sections(report(root, tmp_path / "r2"))["What chose what"]
-    assert "No learning-rate search has been committed" in section
+    assert "Learning rates by family" not in section
+    assert _row(section, "| `cpu` (")[3] == paper["learning_rates"]["cpu"]
     assert "`gpu`" not in section  # without params.yaml: the scale that ran only
 
 
-def test_each_optimizer_runs_at_the_rates_searched_for_it(tmp_path):
-    """Each optimizer's rates searched on Table 4's parent (AdamaxW on `best`, AdamW on
-    `best-adamw`): the section names each choice and every row not at its optimizer's."""
+def test_a_run_no_family_choice_covers_is_named(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
-    _ran_at(root, "baseline", 5e-5, 1e-3)
-    points = [("best", "adamaxw", 1e-4, 0.4), ("best-adamw", "adamw", 5e-5, 0.38)]
-    search = {
-        "command": "minbert lr-search",
-        "runs": [_search_point(c, o, lr, score) for c, o, lr, score in points],
-        "chosen": {
-            f"cpu/{c}/{o}": {"scale": "cpu", "config": c, "optimizer": o, "lr": lr, "head_lr": 1e-3,
-                             "validation_selection": score}
-            for c, o, lr, score in points
-        },
-    }  # fmt: skip
-    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
-    section = _sections(report(root, tmp_path / "r"))["What chose what"]
-    assert (
-        "Each optimizer's chosen rates: adamaxw at `cpu`: lr 0.0001, heads 0.001 (searched on `best`); "
-        "adamw at `cpu`: lr 5e-05, heads 0.001 (searched on `best-adamw`). "
-        "Not at its optimizer's: `best` (adamaxw lr 5e-05, × 0.9 per epoch)."
-    ) in section
-    _ran_at(root, "best", 1e-4, 1e-3)
-    section = _sections(report(root, tmp_path / "r2"))["What chose what"]
-    assert "(searched on `best-adamw`). Every row runs at its optimizer's." in section
+    grids = {("best", "best", "adamaxw"): {1e-4: (0.4, 0.41, 0.39)}}
+    _family_search(root, grids, {("best", "adamaxw"): ["best"]})
+    cpu = _row(_sections(report(root, tmp_path / "r"))["What chose what"], "| `cpu` (")
+    assert cpu[3].endswith("best's adamaxw on `best` (lr 0.0001); not searched: `baseline` (params.yaml)")
 
 
 def test_the_papers_silences_quote_the_metrics_not_prose(tmp_path):
@@ -786,21 +755,16 @@ def test_a_choice_made_at_other_settings_than_the_runs_says_so(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
     _ran_at(root, "best", 1e-4, 1e-3)
     ran = ran_at(read_run(MultitaskRunFile, root / "metrics" / "multitask" / "best.json"))
-    recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES} | {"seed": 11711}
-    point = _search_point("best", "adamaxw", 1e-4, 0.4) | {"ran_at": recorded}
-    chosen = {"scale": "cpu", "config": "best", "optimizer": "adamaxw", "lr": 1e-4, "head_lr": 1e-3}
-    chosen["validation_selection"] = 0.4
-    search = {"command": "minbert lr-search", "runs": [point], "chosen": {"cpu/best/adamaxw": chosen}}
-    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    recorded = {k: v for k, v in ran.items() if k not in SEARCH_VARIES}
+    grids = {("best", "best", "adamaxw"): {1e-4: (0.4, 0.41, 0.39)}}
+    _family_search(root, grids, {("best", "adamaxw"): ["best"]}, recorded)
     section = _sections(report(root, tmp_path / "same"))["What chose what"]
-    assert _row(section, "| `best` | adamaxw |")[-1] == "the settings of the tables' run"
-    assert "adamaxw's on `best`, at the settings of the tables' run" in _row(section, "| `cpu` (")[3]
-    point["ran_at"] = recorded | {"epochs": recorded["epochs"] + 2}
-    (root / "metrics" / "lr-search.json").write_text(json.dumps(search))
+    assert _row(section, "| `cpu` | best | adamaxw |")[-2] == "the settings of the tables' run"
+    elsewhere = recorded | {"epochs": recorded["epochs"] + 2}
+    _family_search(root, grids, {("best", "adamaxw"): ["best"]}, elsewhere)
     section = _sections(report(root, tmp_path / "elsewhere"))["What chose what"]
-    said = _row(section, "| `best` | adamaxw |")[-1]
+    said = _row(section, "| `cpu` | best | adamaxw |")[-2]
     assert said == f"other settings: epochs {recorded['epochs'] + 2} (the run: {recorded['epochs']})"
-    assert f"at other settings: epochs {recorded['epochs'] + 2}" in _row(section, "| `cpu` (")[3]
 
 
 def test_seeds_run_at_other_settings_than_the_tables_run_are_left_out_and_named(tmp_path):

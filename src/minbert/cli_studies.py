@@ -1,6 +1,6 @@
-"""The studies' commands of ``minbert`` (``lr-search``, ``rate-search``, ``seed-study``,
-``mlm-study``): experiments beside the pipeline whose results the report reads, each
-written to its own file under metrics/. Registered by minbert.cli (here so that cli.py
+"""The studies' commands of ``minbert`` (``lr-search``, ``seed-study``, ``mlm-study``):
+experiments beside the pipeline whose results the report reads, each written to its own
+file under metrics/. Registered by minbert.cli (here so that cli.py
 stays one readable file)."""
 
 from __future__ import annotations
@@ -9,39 +9,15 @@ from pathlib import Path
 
 import typer
 
+from minbert.runs.study_files import LR_SEARCH_FILE
+
 
 def lr_search(
-    config: list[str] = typer.Option(
-        ..., "--config", help="A configuration (a key of params.yaml's configs); repeat for several."
-    ),
-    lr: list[float] = typer.Option(..., "--lr", help="Encoder learning rates to try (repeat the option)."),
-    head_lr: list[float] = typer.Option(..., "--head-lr", help="Heads' learning rates to try (repeat)."),
-    out: Path = typer.Option(
-        Path("metrics/lr-search.json"), "--out", help="The search's record (the report reads it)."
-    ),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-) -> None:
-    """Choose a scale's learning rates on the validation split, never on dev.
-
-    Trains every --config at params.yaml's scale for every (--lr, --head-lr) pair, reading
-    only the training tables of `dvc repro tokenize` and the vectors of `dvc repro
-    features`, and scores each by its best epoch's validation selection score (the mean
-    of the tasks' chance-corrected metrics, which also chooses each stage's epoch). Adds
-    the points to --out with the best per configuration; put those into
-    `scales.<scale>.multitask` of params.yaml and run `dvc repro`.
-    """
-    from minbert.tools.lr_search import SCORE
-    from minbert.tools.lr_search import lr_search as search
-
-    study = search(config, lr, head_lr, out, device=device)
-    for name, best in study["chosen"].items():
-        typer.echo(f"{name}: lr {best['lr']:g}, head_lr {best['head_lr']:g} (validation {best[SCORE]:.4f})")
-
-
-def rate_search(
     family: str = typer.Argument(..., help="A learning-rate family (a rate_family of params.yaml)."),
     out: Path = typer.Option(
-        Path("metrics/lr-search-families.json"), "--out", help="The search's record (points and choices)."
+        Path("metrics") / LR_SEARCH_FILE,
+        "--out",
+        help="The search's record (points and choices; the report reads it).",
     ),
     repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
     queue: bool = typer.Option(
@@ -60,7 +36,7 @@ def rate_search(
     each rate's mean and the chosen rate's paired difference from the others to --out;
     put the choice into `scales.<scale>.multitask.rates.<family>` and run `dvc repro`.
     """
-    from minbert.tools.rate_search import run_search
+    from minbert.tools.lr_search import run_search
 
     study = run_search(repo, family, out, queue, tuple(baseline))
     for c in (c for c in study.chosen if c.family == family):
@@ -121,7 +97,6 @@ def mlm_study(
 # The commands by name, in the order `minbert --help` lists them.
 COMMANDS = {
     "lr-search": lr_search,
-    "rate-search": rate_search,
     "seed-study": seed_study,
     "mlm-study": mlm_study,
 }

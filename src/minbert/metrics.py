@@ -11,7 +11,7 @@ bootstrap draws whole clusters; Pearson's r has no clustered form."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,12 @@ def correlation_noise(r: float, n: int) -> float:
     """The standard error of a correlation ``r`` (an MCC, a Pearson) on ``n`` rows,
     √((1 − r²) / (n − 2)): how far the rows drawn alone can move it."""
     return math.sqrt(max(1 - r * r, 0.0) / max(n - 2, 1))
+
+
+def rises_beyond(score: float, reference: float | None, margin: Callable[[float], float]) -> bool:
+    """The plateau rule: ``score`` above ``reference`` (the last epoch that rose; None: the
+    first) by more than ``margin(reference)``. Patience counts the epochs that do not."""
+    return reference is None or score > reference + margin(reference)
 
 
 def accuracy(labels: np.ndarray, predictions: np.ndarray) -> float:

@@ -229,14 +229,14 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
         for column in COLUMNS:
             own = evidence.column_difference(scored, start, column)
             counts["own"][_side(own)].append(f"`{name}` {COLUMN_TITLES[column]}")
-            cells = [f"`{name}`", COLUMN_TITLES[column], f"{evidence.column(scored, column).value:.3f}"]
-            cells += [f"{evidence.column(start, column).value:.3f}", fmt_signed(own), _side(own)]
+            cells = [f"`{name}`", COLUMN_TITLES[column], f"{evidence.value(scored, column):.3f}"]
+            cells += [f"{evidence.value(start, column):.3f}", fmt_signed(own), _side(own)]
             if base is None:
                 cells += [NO_NUMBER] * 4
             else:
                 cell = f"`{name}` {COLUMN_TITLES[column]}"
                 untrained = evidence.column_difference(scored, base, column)
-                at_start = evidence.column(base, column).value == evidence.column(start, column).value
+                at_start = evidence.value(base, column) == evidence.value(start, column)
                 side = OWN_START if at_start else _side(untrained)
                 because = NO_NUMBER
                 if not at_start:
@@ -245,7 +245,7 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
                     started = _side(evidence.column_difference(start, base, column))
                     because = AT_START if started == BELOW else IN_FINE_TUNING
                     counts["below_because"][because].append(cell)
-                cells += [f"{evidence.column(base, column).value:.3f}", fmt_signed(untrained), side, because]
+                cells += [f"{evidence.value(base, column):.3f}", fmt_signed(untrained), side, because]
             rows.append(md_row(cells))
     if not rows:
         return Starts("No run records every task's start (rerun the multitask stages).")

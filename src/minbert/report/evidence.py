@@ -4,8 +4,11 @@ bootstrap intervals, resampled in whole question groups where the table has them
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -14,6 +17,45 @@ import pyarrow as pa
 from minbert.data.predictions import read_predictions
 from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
 from minbert.tasks import AVERAGE
+
+T = TypeVar("T")
+
+
+def beside(work: Callable[[], T]) -> Callable[[], T]:
+    """``work()`` in a forked process (here where none forks); the call returned waits for
+    its result or raises its error."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        done = work()
+        return lambda: done
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def run() -> None:
+        try:
+            outcome = (None, work())
+        except BaseException as error:  # the parent raises it
+            outcome = (error, None)
+        try:
+            send.send(outcome)
+        except Exception as error:  # an error or a result that does not pickle
+            send.send((RuntimeError(f"the report's second process: {outcome[0] or error!r}"), None))
+
+    child = context.Process(target=run, daemon=True)
+    child.start()
+    send.close()
+
+    def result() -> T:
+        try:
+            error, value = receive.recv()
+        except EOFError:
+            raise RuntimeError(f"the report's second process ended with code {child.exitcode}") from None
+        finally:
+            child.join()
+        if error is not None:
+            raise error
+        return value
+
+    return result
 
 
 @dataclass
@@ -155,6 +197,12 @@ class Evidence:
     def column(self, run: Scored, column: str) -> Interval:
         """A table column's cell: a task's metric, or ``AVERAGE``."""
         return self.average(run) if column == AVERAGE else self.cell(run, column)
+
+    def value(self, run: Scored, column: str) -> float:
+        """:meth:`column`'s ``value`` without the bootstrap, for a cell that shows none."""
+        if column == AVERAGE:
+            return float(np.mean([score(t, run.labels[t], run.predictions[t]) for t in run.labels]))
+        return score(column, run.labels[column], run.predictions[column])
 
     def column_difference(self, run: Scored, parent: Scored, column: str) -> Interval:
         """``run`` minus ``parent`` in a table column (paired)."""

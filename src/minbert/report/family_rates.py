@@ -1,17 +1,14 @@
-"""The learning-rate search by family (``minbert rate-search``) on the choices page: each
+"""The learning-rate search by family (``minbert lr-search``) on the choices page: each
 searched family's grid of mean validation scores over the seeds, its choice, and where the
 tables' runs stand against it (docs/experiments.md, "The rate search")."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from minbert.report.formatting import NO_NUMBER, md_header, md_row
 from minbert.report.studies import searched_at
-from minbert.runs.study_files import FamilyChoice, read_family_search
+from minbert.runs.study_files import FamilyChoice, FamilySearchFile
 from minbert.runs.training import MultitaskRunFile
 
-FAMILY_SEARCH_FILE = "lr-search-families.json"
 # The example counts a run's record states as its seed realized them: whole question
 # groups make them differ from seed to seed by a few rows at the same parameters (and a
 # search run counts only with the committed parameters but its seed and rate).
@@ -44,9 +41,8 @@ def _runs_against(choice: FamilyChoice, members: list[MultitaskRunFile]) -> str:
     return f"{names}: {'; '.join(said)}"
 
 
-def family_search_section(metrics_dir: Path, runs: dict[str, MultitaskRunFile]) -> list[str]:
-    """The section from ``metrics_dir``'s search file; none without one."""
-    study = read_family_search(Path(metrics_dir) / FAMILY_SEARCH_FILE)
+def family_search_section(study: FamilySearchFile | None, runs: dict[str, MultitaskRunFile]) -> list[str]:
+    """The section from the search's file (``study``); none without one."""
     if study is None:
         return []
     grid = sorted({p.lr for p in study.points})
@@ -54,7 +50,7 @@ def family_search_section(metrics_dir: Path, runs: dict[str, MultitaskRunFile]) 
     lines = [
         "### Learning rates by family",
         "",
-        f"`metrics/lr-search-families.json` (`{study.command}`): for each family and optimizer, "
+        f"`metrics/lr-search.json` (`{study.command}`): for each family and optimizer, "
         "its first configuration trained at every rate with seeds "
         f"{', '.join(map(str, seeds))} (apart from the tables' seed and the seed study's), one DVC "
         "experiment each, scored by its kept epoch's validation selection score (dev chooses "

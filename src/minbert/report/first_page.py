@@ -128,7 +128,7 @@ def compact_table(
         if len(rows) >= MIN_SEEDS:
             return [fmt(statistics.mean(r.scores[c] for r in rows)) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
-        return [fmt(ev.column(scored, c).value) for c in COLUMNS]
+        return [fmt(ev.value(scored, c)) for c in COLUMNS]
 
     def seeds(config: str) -> str:
         count = len(seeded.get(config, []))

@@ -22,7 +22,6 @@ from minbert.report.formatting import (
     COLUMNS,
     NO_NUMBER,
     SELECTION_COLUMNS,
-    SELECTION_MEAN,
     fmt,
     fmt_signed,
     md_header,
@@ -30,7 +29,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import planned_rates, rates, selection_note, usual
-from minbert.runs.study_files import LrSearchFile, SearchChoice, SearchPoint
+from minbert.runs.study_files import FamilyPoint, FamilySearchFile
 from minbert.tasks import AVERAGE, SELECTION
 
 
@@ -38,11 +37,12 @@ def selection_section(
     runs: dict[str, dict],
     sentiment: list[dict],
     params: dict | None,
-    lr_search: LrSearchFile | None,
+    lr_search: FamilySearchFile | None,
     sources: dict[str, str],
 ) -> str:
     """What chose each run's epoch and rates, and the multitask runs' chance-corrected dev
-    scores, per scale (``params``: the scales not run; ``sources``: what chose the rates)."""
+    scores, per scale (``params``: the scales not run; ``lr_search``: the search by family;
+    ``sources``: what chose the rates where nothing searched them)."""
     if not runs:
         return "No multitask configuration has been run (stage `multitask`)."
     ran = list(dict.fromkeys(m.scale for m in runs.values()))
@@ -100,8 +100,6 @@ def selection_section(
         "chooses nothing; the dev "
         f"slice scored after every epoch (the history's `dev_*` columns: {dev_slice}) is drawn "
         "in the figures only.",
-        "",
-        *lr_search_section(lr_search, runs),
     ]
     return "\n".join(lines)
 
@@ -112,37 +110,39 @@ def selection_section(
 SEARCH_VARIES = ("lr", "head_lr", "test_predictions")
 
 
-def search_summary(study: LrSearchFile | None, runs: dict[str, dict], scale: str) -> str | None:
-    """What chose the rates of the runs at ``scale``, from the search's own file: which
-    configuration each optimizer's rates were searched on, and at which settings; None
+def search_summary(study: FamilySearchFile | None, runs: dict[str, dict], scale: str) -> str | None:
+    """What chose the rates of the runs at ``scale``: the family search's choices, each
+    with the configuration it was searched on, and the runs no choice covers; None
     without a search at that scale."""
     if study is None:
         return None
-    points: dict[tuple[str, str], list[SearchPoint]] = {}
-    for p in study.runs:
-        if p.scale == scale:
-            points.setdefault((p.optimizer, p.config), []).append(p)
-    if not points:
+    mine = [c for c in study.chosen if c.scale == scale]
+    if not mine:
         return None
+    on = {(p.family, p.optimizer): p.config for p in study.points if p.scale == scale}
+    seeds = ", ".join(map(str, sorted({p.seed for p in study.points if p.scale == scale})))
     said = "; ".join(
-        f"{optimizer}'s on `{config}`, at {searched_at(found, runs.get(config))}"
-        for (optimizer, config), found in sorted(points.items())
+        f"{c.family}'s {c.optimizer} on `{on[c.family, c.optimizer]}` (lr {c.lr:g})" for c in mine
     )
-    return f"`minbert lr-search` on the validation split, never dev (`metrics/lr-search.json`): {said}"
+    covered = {m for c in mine for m in c.members}
+    left = [f"`{n}`" for n, m in runs.items() if m.scale == scale and n not in covered]
+    unsearched = f"; not searched: {', '.join(left)} (params.yaml)" if left else ""
+    return (
+        f"`minbert lr-search FAMILY` on the validation split over seeds {seeds}, never dev "
+        f"(`metrics/lr-search.json`; the grids: Learning rates by family, below): {said}{unsearched}"
+    )
 
 
 def searched_at(
-    points: list[SearchPoint], run: dict | None, realized: tuple[str, ...] = (), slack: int = 0
+    points: list[FamilyPoint], run: dict | None, realized: tuple[str, ...] = (), slack: int = 0
 ) -> str:
     """Whether a configuration's search points ran at the settings of the tables' run of
     it (``ran_at``, the rates aside; ``realized``: per-task counts a seed realizes, the
-    same when within ``slack`` of the run's): the same, those that differ (searched, then
-    run), or not recorded."""
+    same when within ``slack`` of the run's): the same, or those that differ (searched,
+    then run)."""
     if run is None:
         return NO_NUMBER
     recorded = [p.ran_at for p in points]
-    if any(r is None for r in recorded):
-        return "settings not recorded (the file names its scale alone)"
     # Every setting the run's record states (a point also records some it does not: the
     # history's slices, the seed, which the search file states apart).
     ours = {k: v for k, v in ran_at(run).items() if k not in SEARCH_VARIES}
@@ -171,98 +171,6 @@ def _short(value) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {_short(v)}" for k, v in value.items())
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def lr_search_section(study: LrSearchFile | None, runs: dict[str, dict]) -> list[str]:
-    """The learning-rate search (``metrics/lr-search.json``): per configuration, every
-    grid point's score, its chosen point in bold, and whether the tables' run used it."""
-    if study is None:
-        return [
-            "No learning-rate search has been committed (`metrics/lr-search.json`); run "
-            "`minbert lr-search` (docs/parameters.md, Learning rates)."
-        ]
-    grid = sorted({(p.lr, p.head_lr) for p in study.runs})
-    searched: dict[tuple, dict] = {}
-    for p in study.runs:
-        searched.setdefault((p.scale, p.config, p.optimizer), {})[p.lr, p.head_lr] = p
-    lines = [
-        f"Learning-rate search (`metrics/lr-search.json`, `{study.command}`): each searched "
-        "configuration is trained at its scale at every point of one grid (encoder lr, heads' "
-        "lr) without scoring dev; a point scores the validation selection score of its best "
-        f"epoch ({SELECTION_MEAN}, as the epochs are chosen); each searched configuration's best "
-        "point is **bold** (a tie keeps the smaller rates). Searched at: whether its points ran "
-        "at the settings of the tables' run of it (the rates and seed apart), from the settings "
-        "each point records; a choice made at other settings may not be the best at these.",
-        "",
-        *md_header(
-            [
-                "Scale",
-                "Configuration",
-                "Optimizer",
-                *(f"lr {lr:g}, heads {head:g}" for lr, head in grid),
-                "optimizer steps",
-                "The tables' run",
-                "Searched at",
-            ]
-        ),
-    ]
-    for (scale, config, optimizer), points in sorted(searched.items()):
-        best = study.chosen.get(f"{scale}/{config}/{optimizer}")
-        cells = []
-        for point in grid:
-            text = f"{points[point].score:.3f}" if point in points else NO_NUMBER
-            cells.append(f"**{text}**" if best and (best.lr, best.head_lr) == point else text)
-        steps = ", ".join(dict.fromkeys(f"{p.optimizer_steps:,}" for p in points.values()))
-        run = runs[config] if config in runs and runs[config].scale == scale else None
-        row = [f"`{scale}`", f"`{config}`", optimizer, *cells, steps, _used(runs.get(config), scale, best)]
-        lines.append(md_row([*row, searched_at(list(points.values()), run)]))
-    unsearched = [f"`{n}`" for n, m in runs.items() if (m.scale, n, m.settings.optimizer) not in searched]
-    shared = _optimizer_rates(runs, study)
-    if shared:
-        lines += ["", shared]
-    if unsearched:
-        lines += ["", f"Not in the search: {', '.join(unsearched)} (their rates: params.yaml)."]
-    return lines
-
-
-def _optimizer_rates(runs: dict[str, dict], study: LrSearchFile) -> str:
-    """A line naming each optimizer's chosen rates (each searched on one configuration) and
-    whether every run uses its optimizer's; '' when an optimizer's choice is not unique."""
-    chosen: dict[tuple[str, str], SearchChoice] = {}
-    for point in study.chosen.values():
-        key = (point.scale, point.optimizer)
-        if key in chosen:
-            return ""
-        chosen[key] = point
-    used = {n: chosen.get((m.scale, m.settings.optimizer)) for n, m in runs.items()}
-    if not any(used.values()):
-        return ""
-    choices = "; ".join(
-        f"{optimizer} at `{scale}`: lr {c.lr:g}, heads {c.head_lr:g} (searched on `{c.config}`)"
-        for (scale, optimizer), c in sorted(chosen.items())
-    )
-    others = [
-        f"`{n}` ({rates(runs[n].settings)})"
-        for n, c in used.items()
-        if c is None or (runs[n].settings.lr, runs[n].settings.head_lr) != (c.lr, c.head_lr)
-    ]
-    return f"Each optimizer's chosen rates: {choices}. " + (
-        "Every row runs at its optimizer's."
-        if not others
-        else f"Not at its optimizer's: {', '.join(others)}."
-    )
-
-
-def _used(run: dict | None, scale: str, best: SearchChoice | None) -> str:
-    """Whether the tables' run of a searched configuration used the search's choice."""
-    if run is None or run.scale != scale:
-        return f"not run at `{scale}`"
-    if best is None:
-        return NO_NUMBER
-    s = run.settings
-    if (s.optimizer, s.lr, s.head_lr) == (best.optimizer, best.lr, best.head_lr):
-        return "the chosen rates"
-    return f"not the chosen rates: {rates(s)}"
 
 
 def seed_section(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.metrics import correlation_noise
+from minbert.metrics import correlation_noise, rises_beyond
 from minbert.report.comparisons import (
     CONCLUSIONS_LEAD,
     UNEQUAL,
@@ -319,7 +319,7 @@ def sentiment_scored(evidence: Evidence, m: dict):
 
 def sentiment_accuracy(evidence: Evidence, m: dict) -> float:
     """A sentiment run's dev accuracy as recomputed from its predictions (what every cell shows)."""
-    return evidence.cell(sentiment_scored(evidence, m), m.task).value
+    return evidence.value(sentiment_scored(evidence, m), m.task)
 
 
 def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
@@ -359,12 +359,13 @@ def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
     against that epoch's score."""
     history = pd.read_csv(history_file)
     column = history_column("val", "mcc")
-    epochs, scores = zip(*history[["epoch", column]].dropna().itertuples(index=False)) or ((), ())
+    scored = history[["epoch", column]].dropna()
+    epochs, scores = scored["epoch"].tolist(), scored[column].tolist()
     if len(scores) < 2:
         return ENDED_WITHIN_NOISE, "one validation score: nothing to compare."
     n, gained = run.validation_examples, 0
     for i, score in enumerate(scores[1:], start=1):
-        if score > scores[gained] + correlation_noise(scores[gained], n):
+        if rises_beyond(score, scores[gained], lambda reference: correlation_noise(reference, n)):
             gained = i
     reference, noise = scores[gained], correlation_noise(scores[gained], n)
     change = scores[-1] - reference

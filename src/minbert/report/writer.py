@@ -16,7 +16,7 @@ from minbert.gpu_study import changed_code
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section, smart_collapse_section
-from minbert.report.evidence import Evidence
+from minbert.report.evidence import Evidence, beside
 from minbert.report.family_rates import family_search_section
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
@@ -38,7 +38,8 @@ from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 from minbert.runs.study_files import (
-    read_lr_search,
+    LR_SEARCH_FILE,
+    read_family_search,
     read_mlm_study,
     read_seed_study,
     read_smart_measurement,
@@ -55,7 +56,6 @@ from minbert.runs.training import (
 MULTITASK_TABLES = ["table2", "table3", "table4"]
 SEED_STUDY_FILE = "seed-study.json"
 ZERO_SHOT_FILE = "zero-shot.json"
-LR_SEARCH_FILE = "lr-search.json"
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task in the last section)."
@@ -167,7 +167,7 @@ def write_report(
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
     zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
     seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask)
-    lr_search = read_lr_search(metrics_dir / LR_SEARCH_FILE)
+    lr_search = read_family_search(metrics_dir / LR_SEARCH_FILE)
     smart = read_smart_measurement(Path(smart_file)) if smart_file else None
     mlm = mlm_runs(metrics_dir)
 
@@ -176,6 +176,10 @@ def write_report(
     }
     shown = {row["config"] for spec in specs.values() for row in spec["rows"]}
     others = other_spec(shown, multitask, paper["table2"]["parent"])
+    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
+    # The runs against their starts and the GPU study need none of the tables' intervals.
+    gpu_judged = (lambda: gpu_comparisons(on_gpu, paper, MULTITASK_TABLES)) if on_gpu else list
+    pending = beside(lambda: (starts_section(multitask, zero_shot, evidence), gpu_judged()))
     # Every comparison once, judged within its family, before any page renders it.
     compared = judged_comparisons(
         [*specs.values(), *([others] if others else [])], multitask, evidence, seed_study
@@ -205,10 +209,7 @@ def write_report(
     }
     table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
-    starts = starts_section(multitask, zero_shot, evidence)
-
-    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
-    gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
+    starts, gpu_compared = pending()
     ends = arm_ends(sentiment, metrics_dir / "sentiment")
     gpu_columns = (
         GpuColumns(on_gpu.multitask, gpu_compared, on_gpu.zero_shot, on_gpu.evidence, on_gpu.stale)
@@ -239,7 +240,7 @@ def write_report(
             seed_study,
             choice_seeds(
                 {
-                    (metrics_dir / LR_SEARCH_FILE).as_posix(): {p.seed for p in lr_search.runs if p.seed}
+                    (metrics_dir / LR_SEARCH_FILE).as_posix(): {p.seed for p in lr_search.points}
                     if lr_search
                     else set(),
                     **({Path(smart_file).as_posix(): {smart.seed} - {None}} if smart else {}),
@@ -360,7 +361,7 @@ def write_report(
             paper.get("learning_rates", {}),
         ),
         "",
-        *family_search_section(metrics_dir, multitask),
+        *family_search_section(lr_search, multitask),
         "",
     ]
     with atomic_directory(out_dir) as tmp:

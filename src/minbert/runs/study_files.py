@@ -1,5 +1,5 @@
 """The studies' files, typed for their readers: the seed study (``minbert seed-study``),
-the learning-rate search (``minbert lr-search``) and the MLM study (``minbert
+the learning-rate search by family (``minbert lr-search``) and the MLM study (``minbert
 mlm-study``). A file that lacks a key is named in one line with the command that
 rewrites it."""
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 SCORE_KEYS = (*MULTITASK_TASKS, AVERAGE)
+# The learning-rate search's file under metrics/ (`minbert lr-search` writes it, the report reads it).
+LR_SEARCH_FILE = "lr-search.json"
 
 
 def _load(path: Path) -> dict | None:
@@ -66,89 +68,6 @@ def read_seed_study(path: Path) -> SeedStudyFile | None:
         for config, rows in values["configs"].items()
     }
     return SeedStudyFile(**{**values, "configs": configs})
-
-
-@dataclass(frozen=True)
-class SearchPoint:
-    """One point of the learning-rate search: a configuration trained at one pair of
-    rates without scoring dev; ``validation``: its best epoch's scores by key
-    (``selection`` the score it is chosen on)."""
-
-    scale: str
-    config: str
-    optimizer: str
-    lr: float
-    head_lr: float
-    optimizer_steps: int
-    validation: dict[str, float]
-    seed: int | None = None
-    best_epoch: int | None = None
-    selection_per_epoch: list[float] = field(default_factory=list)
-    ran_at: dict | None = None  # the settings it ran at, in a run record's form
-
-    @property
-    def score(self) -> float:
-        return self.validation["selection"]
-
-
-@dataclass(frozen=True)
-class SearchChoice:
-    scale: str
-    config: str
-    optimizer: str
-    lr: float
-    head_lr: float
-    validation_selection: float
-
-
-@dataclass(frozen=True)
-class LrSearchFile:
-    """``metrics/lr-search.json``: every point, and each (scale, configuration, optimizer)'s
-    chosen rates."""
-
-    command: str
-    runs: list[SearchPoint]
-    chosen: dict[str, SearchChoice]
-
-
-_POINT = ("scale", "config", "optimizer", "lr", "head_lr", "validation_selection", "optimizer_steps")
-
-
-def read_lr_search(path: Path) -> LrSearchFile | None:
-    values = _load(path)
-    if values is None:
-        return None
-    _require(str(path), values, LrSearchFile, "minbert lr-search")
-    points = []
-    for i, p in enumerate(values["runs"]):
-        missing = [k for k in _POINT if k not in p]
-        if missing:
-            raise ValueError(
-                f"metrics/lr-search.json: runs[{i}] lacks {', '.join(missing)}: written by an "
-                "older `minbert lr-search`; rerun it"
-            )
-        validation = {
-            k[len("validation_") :]: v
-            for k, v in p.items()
-            if k.startswith("validation_") and k != "validation_selection_per_epoch"
-        }
-        points.append(
-            SearchPoint(
-                p["scale"],
-                p["config"],
-                p["optimizer"],
-                p["lr"],
-                p["head_lr"],
-                p["optimizer_steps"],
-                validation,
-                p.get("seed"),
-                p.get("best_epoch"),
-                p.get("validation_selection_per_epoch", []),
-                p.get("ran_at"),
-            )  # fmt: skip
-        )
-    chosen = {key: SearchChoice(**c) for key, c in values["chosen"].items()}
-    return LrSearchFile(values["command"], points, chosen)
 
 
 @dataclass(frozen=True)
@@ -217,7 +136,7 @@ def read_smart_measurement(path: Path) -> SmartMeasurement | None:
 
 @dataclass(frozen=True)
 class FamilyPoint:
-    """One run of a family's search (``minbert rate-search``), scored on validation."""
+    """One run of a family's search (``minbert lr-search``), scored on validation."""
 
     scale: str
     family: str
@@ -259,7 +178,7 @@ class FamilyChoice:
 
 @dataclass(frozen=True)
 class FamilySearchFile:
-    """``metrics/lr-search-families.json``: every family's search runs and choices."""
+    """``metrics/lr-search.json``: every family's search runs and choices."""
 
     command: str
     how: str
@@ -280,9 +199,9 @@ def read_family_search(path: Path) -> FamilySearchFile | None:
     if values is None:
         return None
     where = str(path)
-    _require(where, values, FamilySearchFile, "minbert rate-search")
+    _require(where, values, FamilySearchFile, "minbert lr-search FAMILY")
     for p in values["points"]:
-        _require(f"{where}: a point", p, FamilyPoint, "minbert rate-search")
+        _require(f"{where}: a point", p, FamilyPoint, "minbert lr-search FAMILY")
     chosen = [FamilyChoice(**{**c, "grid": [RateMean(**g) for g in c["grid"]]}) for c in values["chosen"]]
     return FamilySearchFile(
         command=values["command"],

@@ -3,7 +3,7 @@
 * ``predict``: a fine-tuned multitask model on new text or a labelled file;
 * ``compare``: DVC experiments side by side, each difference with its interval;
 * ``sweep``: seed sweeps over DVC experiments, and the report's seed study;
-* ``lr_search``: the learning rates of a scale, chosen on the validation split;
+* ``lr_search``: each learning-rate family's rates over seeds, chosen on the validation split;
 * ``reach``: the stages a ``dvc exp run -S`` would rerun, before it runs;
 * ``readme``: the README's generated blocks, from the committed metrics.
 

@@ -1,126 +1,214 @@
-"""``minbert lr-search``: each configuration trained at every point of an (``lr``,
-``head_lr``) grid as its stage would, without scoring dev; a point's score is its best
-epoch's validation selection score. Results go to ``metrics/lr-search.json``; the choices
-to ``params.yaml`` (``scales.<scale>.multitask``)."""
+"""``minbert lr-search FAMILY``: a learning-rate family's rates searched over seeds at the
+committed settings, through DVC's experiment queue, chosen on validation
+(docs/experiments.md, "The rate search")."""
 
 from __future__ import annotations
 
-import itertools
-import json
-from dataclasses import asdict, replace
+import io
+import statistics
+import subprocess
 from pathlib import Path
 
-from minbert.atomic import atomic_write_text
-from minbert.device import pin_cpu_kernels
-from minbert.metrics import fixed
-from minbert.model.bert import BertModel
-from minbert.model.checkpoint import resolve_checkpoint
-from minbert.pipeline.multitask import load_tables
-from minbert.pipeline.params import load, multitask_settings
+import pandas as pd
+
+from minbert.cores import side_by_side
+from minbert.pipeline.params import load
 from minbert.pipeline.schema import config_values
-from minbert.progress import console
+from minbert.report.comparisons import ran_at, seed_interval
 from minbert.report.studies import SEARCH_VARIES
-from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION, TASKS
-from minbert.train.head_warmup import ProbeFeatures
-from minbert.train.multitask import train_multitask
+from minbert.results import history_column
+from minbert.runs.study_files import (
+    FamilyChoice,
+    FamilyPoint,
+    FamilySearchFile,
+    RateMean,
+    read_family_search,
+    write_family_search,
+)
+from minbert.runs.training import MultitaskRunFile
+from minbert.tasks import SELECTION
+from minbert.tools.sweep import (
+    DVC,
+    Run,
+    _git,
+    collect_runs,
+    current_lock,
+    flatten_params,
+    same_code,
+    wait_for_queue,
+)
 
-SCORE = f"validation_{SELECTION}"
+COMMAND = "minbert lr-search"
+# Parameters a search run may differ in from the commit it ran on, besides its family's
+# rates: the seed, and those no multitask stage reads.
+VARIES = ("seed", "lr_search.", "seed_study.", "mlm.")
 
 
-def search_point(settings, checkpoint_dir: Path, tables, device, features=None) -> dict:
-    """Train ``settings`` once without scoring dev; its best epoch's validation scores."""
-    import torch
+def searched_configs(params: dict, family: str) -> dict[str, str]:
+    """Per optimizer of ``family``, its first configuration (params.yaml's order)."""
+    members = family_members(params)
+    found = {optimizer: configs[0] for (name, optimizer), configs in members.items() if name == family}
+    if not found:
+        families = sorted({name for name, _ in members})
+        raise ValueError(f"no configuration has rate_family {family!r}; the families: {families}")
+    return found
 
-    result = train_multitask(
-        settings,
-        BertModel.from_pretrained(checkpoint_dir),
-        tables,
-        torch.device(device),
-        score_dev=False,
-        features=features,
+
+def family_members(params: dict) -> dict[tuple[str, str], list[str]]:
+    """Each (family, optimizer)'s configurations, in params.yaml's order."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for config in params["configs"]:
+        values = config_values(params, config)
+        found.setdefault((values["rate_family"], values["optimizer"]), []).append(config)
+    return found
+
+
+def _rate_key(params: dict, family: str, optimizer: str) -> str:
+    return f"scales.{params['scale']}.multitask.rates.{family}.{optimizer}.lr"
+
+
+def queue_search(repo: Path, family: str) -> list[list[str]]:
+    """Queue, run and wait for every run of ``family``'s grids; the commands queued."""
+    params = load(repo / "params.yaml")
+    search = params["lr_search"]
+    commands = [
+        [
+            *DVC,
+            "exp",
+            "run",
+            "--queue",
+            "-S",
+            f"seed={seed}",
+            "-S",
+            f"++{_rate_key(params, family, opt)}={lr}",
+        ]
+        + [f"multitask@{config}"]
+        for opt, config in searched_configs(params, family).items()
+        for lr in search["lrs"][opt]
+        for seed in search["seeds"]
+    ]
+    for command in commands:
+        subprocess.run(command, cwd=repo, check=True)
+    jobs = search["jobs"]
+    subprocess.run(
+        [*DVC, "queue", "start", "--jobs", str(jobs)], cwd=repo, check=True, env=side_by_side(jobs)
     )
-    best = result.history[result.best_epoch].validation
-    keys = [k for t in MULTITASK_TASKS for k in dict.fromkeys((TASKS[t].selection_key, TASKS[t].metric_key))]
-    return {
-        "best_epoch": result.best_epoch,
-        **{f"validation_{k}": best[k] for k in (*keys, AVERAGE)},
-        SCORE: best[SELECTION],
-        f"{SCORE}_per_epoch": [epoch.validation[SELECTION] for epoch in result.history],
-        "optimizer_steps": result.optimizer_steps,
-        # The settings it ran at (less what the search varies), its rows counted as a run's
-        # record counts them: the report checks the runs it chose for against them. Through
-        # JSON, as a record holds them (a tuple reads back as a list).
-        "ran_at": json.loads(
-            json.dumps(
-                {
-                    **{k: v for k, v in asdict(settings).items() if k not in SEARCH_VARIES},
-                    "train_examples": result.train_examples,
-                    "validation_examples": result.validation_examples,
-                }
+    wait_for_queue(repo)
+    return commands
+
+
+def _apart(params: dict) -> dict:
+    """``params`` less what a search run may change (VARIES and its family's rates) and the
+    other families' rates, which none of its configurations reads: a family's choice
+    written to params.yaml leaves the other families' points standing."""
+    rates = f"scales.{params['scale']}.multitask.rates."
+    return {k: v for k, v in flatten_params(params).items() if not k.startswith((*VARIES, rates))}
+
+
+def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
+    """The run's validation selection score per epoch, from its history at its commit."""
+    text = _git(repo, "show", f"{run.rev}:metrics/multitask/{config}-history.csv")
+    history = pd.read_csv(io.StringIO(text)).set_index("epoch")
+    scores = [float(v) for v in history[history_column("val", SELECTION)]]
+    if not 0 <= kept < len(scores):
+        raise ValueError(f"{run.name}: kept epoch {kept} is not in {config}'s history")
+    return scores
+
+
+def search_points(repo: Path, runs: list[Run], params: dict, family: str, lock: dict) -> list[FamilyPoint]:
+    """``family``'s finished search runs: the committed parameters but the seed and the
+    family's rate, and the stage's current code (``lock``: dvc.lock's stages)."""
+    committed = _apart(params)
+    # A search run sets the family's rate itself, with one of the search's seeds.
+    searched = [
+        (run, flatten_params(run.params))
+        for run in runs
+        if _apart(run.params) == committed and run.params["seed"] in params["lr_search"]["seeds"]
+    ]
+    points = []
+    for optimizer, config in searched_configs(params, family).items():
+        for run, flat in searched:
+            if _rate_key(params, family, optimizer) not in flat:
+                continue
+            m = run.metrics.get(f"multitask/{config}")
+            if not isinstance(m, MultitaskRunFile) or m.settings.optimizer != optimizer:
+                continue
+            if m.seed != run.params["seed"] or not same_code(run, lock, f"multitask@{config}"):
+                continue
+            per_epoch = _validation(repo, run, config, m.epoch)
+            points.append(
+                FamilyPoint(
+                    scale=m.scale,
+                    family=family,
+                    config=config,
+                    optimizer=optimizer,
+                    lr=m.settings.lr,
+                    head_lr=m.settings.head_lr,
+                    seed=m.seed,
+                    experiment=run.name,
+                    best_epoch=m.epoch,
+                    validation_selection=per_epoch[m.epoch],
+                    validation_per_epoch=per_epoch,
+                    ran_at={k: v for k, v in ran_at(m).items() if k not in SEARCH_VARIES},
+                )
             )
-        ),
-    }
+    return sorted(points, key=lambda p: (p.optimizer, p.lr, p.seed))
 
 
-def lr_search(
-    configs: list[str],
-    lrs: list[float],
-    head_lrs: list[float],
-    out: Path,
-    params_file: Path = Path("params.yaml"),
-    tokenized_dir: Path = Path("data/tokenized"),
-    manifest_file: Path = Path("data/prepared/manifest.json"),
-    features_dir: Path | None = Path("data/features"),
-    device: str = "cpu",
-) -> dict:
-    """Train every configuration of ``configs`` at every (lr, head_lr) of the grid and add
-    the points to ``out`` (points of other configurations or scales already there are
-    kept; a point measured again replaces the old one). Returns the whole file's content."""
-    pin_cpu_kernels()
-    params = load(params_file)
-    for config in configs:  # the names checked before anything is read
-        config_values(params, config)
-    manifest = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
-    bases = {config: multitask_settings(params, config, manifest["quora_split"]) for config in configs}
-    tables = {key: table for key, table in load_tables(Path(tokenized_dir)).items() if key[1] == "train"}
-    features = (
-        ProbeFeatures(features_dir) if features_dir is not None and Path(features_dir).is_dir() else None
+def _triple(interval) -> list[float] | None:
+    return None if interval is None else [interval.value, interval.low, interval.high]
+
+
+def choose(points: list[FamilyPoint], members: dict[tuple[str, str], list[str]]) -> list[FamilyChoice]:
+    """Per scale, family and optimizer: the highest mean over the seeds (a tie keeps the
+    smaller rate), with its interval and its paired differences from the other rates."""
+    groups: dict[tuple, dict[float, dict[int, float]]] = {}
+    for p in points:
+        by_lr = groups.setdefault((p.scale, p.family, p.optimizer), {})
+        by_lr.setdefault(p.lr, {})[p.seed] = p.validation_selection
+    chosen = []
+    for (scale, family, optimizer), by_lr in sorted(groups.items()):
+        means = {lr: statistics.mean(scores.values()) for lr, scores in sorted(by_lr.items())}
+        best = max(means, key=lambda lr: means[lr])  # the first (smallest) of equal means
+        mine = by_lr[best]
+        grid = []
+        for lr, scores in by_lr.items():
+            shared = sorted(set(scores) & set(mine))
+            minus = None if lr == best else _triple(seed_interval([mine[s] - scores[s] for s in shared]))
+            grid.append(RateMean(lr, sorted(scores), means[lr], minus))
+        interval = _triple(seed_interval(list(mine.values())))
+        grid = sorted(grid, key=lambda g: g.lr)
+        chosen.append(
+            FamilyChoice(scale, family, optimizer, best, interval, grid, members.get((family, optimizer), []))
+        )
+    return chosen
+
+
+def run_search(
+    repo: Path, family: str, out: Path, queue: bool = True, baselines: tuple[str, ...] = ()
+) -> FamilySearchFile:
+    """Run ``family``'s search (``queue``) and gather its runs into ``out``, keeping the
+    other families' points there."""
+    params = load(repo / "params.yaml")
+    if queue:
+        queue_search(repo, family)
+    runs = collect_runs(repo, ["HEAD", *baselines])
+    points = search_points(repo, runs, params, family, current_lock(repo))
+    if not points:
+        raise ValueError(
+            f"no finished search run of family {family!r}: queue it first (minbert lr-search {family})"
+        )
+    kept = []
+    if (repo / out).is_file():
+        kept = [p for p in read_family_search(repo / out).points if p.family != family]
+    every = kept + points
+    study = FamilySearchFile(
+        command=COMMAND,
+        how="each point: `dvc exp run --queue -S seed=S -S "
+        "++scales.<scale>.multitask.rates.<family>.<optimizer>.lr=LR multitask@<config>`; its score "
+        "is the kept epoch's validation selection score (dev chooses nothing)",
+        points=every,
+        chosen=choose(every, family_members(params)),
     )
-    checkpoint_dir = resolve_checkpoint(params["checkpoint"])
-    out = Path(out)
-    study = (
-        json.loads(out.read_text(encoding="utf-8"))
-        if out.is_file()
-        else {"command": "minbert lr-search", "runs": [], "chosen": {}}
-    )
-    for config, base in bases.items():
-        base = replace(base, test_predictions=False)
-        for lr, head_lr in itertools.product(lrs, head_lrs):
-            console.log(f"lr-search {config}: {base.optimizer} lr {lr:g}, head_lr {head_lr:g}")
-            settings = replace(base, lr=float(lr), head_lr=float(head_lr))
-            point = search_point(settings, checkpoint_dir, tables, device, features)
-            key = {
-                "scale": params["scale"],
-                "config": config,
-                "optimizer": base.optimizer,
-                "lr": float(lr),
-                "head_lr": float(head_lr),
-            }
-            study["runs"] = [r for r in study["runs"] if {k: r.get(k) for k in key} != key]
-            study["runs"].append({**key, "seed": base.seed, **point})
-            console.log(f"  validation selection score {point[SCORE]:.4f} (epoch {point['best_epoch']})")
-        study["chosen"] = chosen(study["runs"])
-        atomic_write_text(out, json.dumps(study, indent=2) + "\n")
+    write_family_search(study, repo / out)
     return study
-
-
-def chosen(runs: list[dict]) -> dict:
-    """Per scale, configuration and optimizer, the point with the best validation
-    selection score (a tie keeps the smaller learning rates: the gentler update)."""
-    best: dict = {}
-    for run in sorted(runs, key=lambda r: (r["lr"], r["head_lr"])):
-        name = f"{run['scale']}/{run['config']}/{run['optimizer']}"
-        if name not in best or run[SCORE] > best[name][SCORE]:
-            best[name] = {k: run[k] for k in ("scale", "config", "optimizer", "lr", "head_lr")}
-            best[name][SCORE] = fixed(run[SCORE])
-    return dict(sorted(best.items()))

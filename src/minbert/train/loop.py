@@ -14,6 +14,7 @@ import torch
 from rich.progress import Progress
 
 from minbert.distributed import World
+from minbert.metrics import rises_beyond
 from minbert.progress import progress
 from minbert.train.resume import ResumePoint
 
@@ -76,7 +77,7 @@ class BestEpoch:
         margin: Callable[[float], float] = lambda reference: 0.0,
     ) -> bool:
         """Keep ``epoch`` if it beats the best so far; ``weights()`` copies its state."""
-        if self.gained_score is None or score > self.gained_score + margin(self.gained_score):
+        if rises_beyond(score, self.gained_score, margin):
             self.gained, self.gained_score = epoch, score
         if self.weights is not None and score <= self.score:
             return False
