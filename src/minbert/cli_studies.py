@@ -1,7 +1,5 @@
-"""The studies' commands of ``minbert`` (``lr-search``, ``seed-study``, ``mlm-study``):
-experiments beside the pipeline whose results the report reads, each written to its own
-file under metrics/. Registered by minbert.cli (here so that cli.py
-stays one readable file)."""
+"""The studies' commands of ``minbert`` (registered by minbert.cli): experiments beside
+the pipeline, each writing its own file under metrics/ for the report."""
 
 from __future__ import annotations
 

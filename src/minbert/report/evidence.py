@@ -4,11 +4,8 @@ bootstrap intervals, resampled in whole question groups where the table has them
 
 from __future__ import annotations
 
-import multiprocessing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -17,45 +14,6 @@ import pyarrow as pa
 from minbert.data.predictions import read_predictions
 from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
 from minbert.tasks import AVERAGE
-
-T = TypeVar("T")
-
-
-def beside(work: Callable[[], T]) -> Callable[[], T]:
-    """``work()`` in a forked process (here where none forks); the call returned waits for
-    its result or raises its error."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        done = work()
-        return lambda: done
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def run() -> None:
-        try:
-            outcome = (None, work())
-        except BaseException as error:  # the parent raises it
-            outcome = (error, None)
-        try:
-            send.send(outcome)
-        except Exception as error:  # an error or a result that does not pickle
-            send.send((RuntimeError(f"the report's second process: {outcome[0] or error!r}"), None))
-
-    child = context.Process(target=run, daemon=True)
-    child.start()
-    send.close()
-
-    def result() -> T:
-        try:
-            error, value = receive.recv()
-        except EOFError:
-            raise RuntimeError(f"the report's second process ended with code {child.exitcode}") from None
-        finally:
-            child.join()
-        if error is not None:
-            raise error
-        return value
-
-    return result
 
 
 @dataclass

@@ -136,10 +136,8 @@ def search_summary(study: FamilySearchFile | None, runs: dict[str, dict], scale:
 def searched_at(
     points: list[FamilyPoint], run: dict | None, realized: tuple[str, ...] = (), slack: int = 0
 ) -> str:
-    """Whether a configuration's search points ran at the settings of the tables' run of
-    it (``ran_at``, the rates aside; ``realized``: per-task counts a seed realizes, the
-    same when within ``slack`` of the run's): the same, or those that differ (searched,
-    then run)."""
+    """The settings the search points ran at against the tables' run's (the rates aside;
+    ``realized``: per-task counts, the same within ``slack``): the same, or what differs."""
     if run is None:
         return NO_NUMBER
     recorded = [p.ran_at for p in points]

@@ -16,7 +16,7 @@ from minbert.gpu_study import changed_code
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section, smart_collapse_section
-from minbert.report.evidence import Evidence, beside
+from minbert.report.evidence import Evidence
 from minbert.report.family_rates import family_search_section
 from minbert.report.figures import FIGURE_KINDS, figure_section
 from minbert.report.findings import findings_section
@@ -177,9 +177,6 @@ def write_report(
     shown = {row["config"] for spec in specs.values() for row in spec["rows"]}
     others = other_spec(shown, multitask, paper["table2"]["parent"])
     on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
-    # The runs against their starts and the GPU study need none of the tables' intervals.
-    gpu_judged = (lambda: gpu_comparisons(on_gpu, paper, MULTITASK_TABLES)) if on_gpu else list
-    pending = beside(lambda: (starts_section(multitask, zero_shot, evidence), gpu_judged()))
     # Every comparison once, judged within its family, before any page renders it.
     compared = judged_comparisons(
         [*specs.values(), *([others] if others else [])], multitask, evidence, seed_study
@@ -209,7 +206,8 @@ def write_report(
     }
     table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
-    starts, gpu_compared = pending()
+    starts = starts_section(multitask, zero_shot, evidence)
+    gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
     ends = arm_ends(sentiment, metrics_dir / "sentiment")
     gpu_columns = (
         GpuColumns(on_gpu.multitask, gpu_compared, on_gpu.zero_shot, on_gpu.evidence, on_gpu.stale)

@@ -1,7 +1,5 @@
-"""The studies' files, typed for their readers: the seed study (``minbert seed-study``),
-the learning-rate search by family (``minbert lr-search``) and the MLM study (``minbert
-mlm-study``). A file that lacks a key is named in one line with the command that
-rewrites it."""
+"""The studies' files (seed study, learning-rate search, MLM study), typed for their
+readers; a file that lacks a key is named with the command that rewrites it."""
 
 from __future__ import annotations
 
