@@ -25,20 +25,24 @@ def test_each_family_is_searched_on_its_first_configuration_per_optimizer(commit
         searched_configs(committed, "bset")
 
 
-def _point(lr: float, seed: int, score: float, optimizer: str = "adamw") -> FamilyPoint:
+def _point(lr: float, seed: int, score: float, optimizer: str = "adamw", **fields) -> FamilyPoint:
+    """A search run of ``siamese`` on `baseline` (``fields``: any other value)."""
     return FamilyPoint(
-        scale="cpu",
-        family="siamese",
-        config="baseline",
-        optimizer=optimizer,
-        lr=lr,
-        head_lr=1e-3,
-        seed=seed,
-        experiment=f"exp-{lr}-{seed}",
-        best_epoch=1,
-        validation_selection=score,
-        validation_per_epoch=[0.3, score],
-        ran_at={},
+        **{
+            "scale": "cpu",
+            "family": "siamese",
+            "config": "baseline",
+            "optimizer": optimizer,
+            "lr": lr,
+            "head_lr": 1e-3,
+            "seed": seed,
+            "experiment": f"exp-{lr}-{seed}",
+            "best_epoch": 1,
+            "validation_selection": score,
+            "validation_per_epoch": [0.3, score],
+            "ran_at": {},
+            **fields,
+        }
     )
 
 

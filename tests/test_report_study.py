@@ -248,24 +248,13 @@ def _params(tmp_path: Path) -> Path:
 def _family_search(root: Path, grids: dict, members: dict, ran_at: dict | None = None) -> None:
     """metrics/lr-search.json as `minbert lr-search FAMILY` writes it: ``grids`` maps
     (family, config, optimizer) to each rate's scores over seeds 101-103."""
-    from minbert.runs.study_files import FamilyPoint, FamilySearchFile, write_family_search
+    from test_lr_search import _point
+
+    from minbert.runs.study_files import FamilySearchFile, write_family_search
     from minbert.tools.lr_search import choose
 
     points = [
-        FamilyPoint(
-            scale="cpu",
-            family=family,
-            config=config,
-            optimizer=optimizer,
-            lr=lr,
-            head_lr=1e-3,
-            seed=seed,
-            experiment=f"{config}-{lr:g}-{seed}",
-            best_epoch=1,
-            validation_selection=s,
-            validation_per_epoch=[0.1, s],
-            ran_at=ran_at or {},
-        )  # fmt: skip
+        _point(lr, seed, s, optimizer, family=family, config=config, ran_at=ran_at or {})
         for (family, config, optimizer), grid in grids.items()
         for lr, scores in grid.items()
         for seed, s in zip((101, 102, 103), scores)
