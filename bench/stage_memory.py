@@ -40,11 +40,13 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+def _descendants(pid: int) -> dict[int, int]:
+    """Every process below ``pid``, with its parent."""
+    out, todo = {}, [pid]
     while todo:
-        for kid in _children(todo.pop()):
-            out.append(kid)
+        parent = todo.pop()
+        for kid in _children(parent):
+            out[kid] = parent
             todo.append(kid)
     return out
 
@@ -92,19 +94,29 @@ def main() -> None:
     p.add_argument("command", nargs="*", default=["dvc", "repro"])
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
-    stages: dict[int, dict] = {}  # pid -> {"stage", "peak_kb", "first", "last"}
+    # A stage's first process -> {"stage", "peak_kb", "first", "last"}; a process it starts
+    # (a fork, a worker) is part of the stage: ``root`` maps every process to that one.
+    stages: dict[int, dict] = {}
+    root: dict[int, int] = {}
     busy, own = _busy_cpu_s(), _own_cpu_s()
     start = time.perf_counter()
     proc = subprocess.Popen(args.command, cwd=common.REPO)
     while proc.poll() is None:
         now = time.perf_counter() - start
-        for pid in _descendants(proc.pid):
-            name = stages[pid]["stage"] if pid in stages else _stage_name(pid)
+        resident: dict[int, int] = {}  # a stage's processes' peaks, summed
+        for pid, parent in _descendants(proc.pid).items():  # parents before their children
+            if pid not in root:
+                if parent in root:
+                    root[pid] = root[parent]
+                elif (name := _stage_name(pid)) is not None:
+                    root[pid] = pid
+                    stages[pid] = {"stage": name, "peak_kb": 0, "first": now}
             peak = _peak_kb(pid)
-            if name is None or peak is None:
-                continue
-            entry = stages.setdefault(pid, {"stage": name, "peak_kb": 0, "first": now})
-            entry["peak_kb"] = max(entry["peak_kb"], peak)
+            if pid in root and peak is not None:
+                resident[root[pid]] = resident.get(root[pid], 0) + peak
+        for first, kb in resident.items():
+            entry = stages[first]
+            entry["peak_kb"] = max(entry["peak_kb"], kb)
             entry["last"] = now
         time.sleep(args.interval)
     wall = time.perf_counter() - start
