@@ -176,7 +176,6 @@ def write_report(
     }
     shown = {row["config"] for spec in specs.values() for row in spec["rows"]}
     others = other_spec(shown, multitask, paper["table2"]["parent"])
-    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
     # Every comparison once, judged within its family, before any page renders it.
     compared = judged_comparisons(
         [*specs.values(), *([others] if others else [])], multitask, evidence, seed_study
@@ -207,6 +206,8 @@ def write_report(
     table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence)
+
+    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
     gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
     ends = arm_ends(sentiment, metrics_dir / "sentiment")
     gpu_columns = (
