@@ -1011,3 +1011,11 @@ def _said_as_applied(run: MultitaskRunFile, applied: list[tuple[float, float]]) 
     assert applied[0][0] == pytest.approx(s.lr), run.config
     if s.lr_schedule == "exponential-per-step":  # the run's last step one step short of lr_gamma^epochs
         assert applied[-1][1] == pytest.approx(s.lr * s.lr_gamma ** len(applied), rel=1e-2), run.config
+
+
+def test_changed_files_are_named_with_their_folder_where_two_share_a_name():
+    from minbert.gpu_study import named_files
+
+    files = [f"src/minbert/{f}" for f in ("evaluate/zero_shot.py", "metrics.py", "pipeline/zero_shot.py")]
+    assert named_files(files) == "`evaluate/zero_shot.py`, `metrics.py`, `pipeline/zero_shot.py`"
+    assert named_files(files, at_most=1) == "`evaluate/zero_shot.py` and 2 more"

@@ -10,10 +10,12 @@ from test_multitask import run_in, tokenized  # noqa: F401  (the tiny tokenised 
 
 from minbert.data.predictions import read_predictions
 from minbert.evaluate.zero_shot import best_threshold
-from minbert.pipeline import zero_shot
-from minbert.pipeline.params import resolve_zero_shot
+from minbert.pipeline import features, zero_shot
+from minbert.pipeline.params import resolve_features, resolve_zero_shot
 from minbert.pipeline.schema import validate
 from minbert.results import read_result
+
+SCORES = ("sst", "quora", "sts", "average")
 
 
 def test_best_threshold_is_the_most_accurate_cut():
@@ -54,3 +56,40 @@ def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpo
     plain = zero_shot.run(resolved, tokenized / "tok", manifest, tmp_path / "z.json", tmp_path / "p2")
     assert "majority class" in plain["method"]["sst"]
     assert len(set(read_predictions(tmp_path / "p2" / "sst-dev-out.csv").values())) == 1
+
+
+@pytest.mark.slow
+def test_stage_reads_the_dev_vectors_of_the_features_stage(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    manifest = tokenized / "prepared" / "manifest.json"
+    tiny_multitask_scale(p, epochs=1, batch_size={"sst": 4, "quora": 4, "sts": 4})
+    params = validate(p)
+    resolved = resolve_zero_shot(params, json.loads(manifest.read_text())["quora_split"])
+    vectors = tmp_path / "features"
+    features.run(resolve_features(params), tokenized / "tok", vectors)
+
+    def run(name):
+        out = tmp_path / name
+        metrics = zero_shot.run(resolved, tokenized / "tok", manifest, out / "z.json", out / "pred", vectors)
+        predicted = {t: read_predictions(out / "pred" / f"{t}-dev-out.csv") for t in ("sst", "sts")}
+        return {k: metrics[k] for k in SCORES}, predicted
+
+    # The features stage's vectors of the dev rows give what encoding them again gives...
+    encoded = zero_shot.run(resolved, tokenized / "tok", manifest, tmp_path / "e.json", tmp_path / "e")
+    scores, predicted = run("read")
+    assert scores == {k: encoded[k] for k in SCORES}
+    assert predicted["sts"] == read_predictions(tmp_path / "e" / "sts-dev-out.csv")
+    # ...and are what the stage reads: vectors made equal make every STS pair a cosine of 1 (5.0),
+    # and SST's probe answers one class for every row.
+    for name in ("sts-dev-siamese", "sst-dev-sentence"):
+        array = np.load(vectors / f"{name}.npy")
+        np.save(vectors / f"{name}.npy", np.ones_like(array))
+    _, flattened = run("flattened")
+    assert {float(v) for v in flattened["sts"].values()} == {5.0}
+    assert len(set(flattened["sst"].values())) == 1
+    # Vectors of another pooling than the stage's are refused, not read.
+    index = json.loads((vectors / "index.json").read_text())
+    (vectors / "index.json").write_text(json.dumps({**index, "pooling": "cls"}))
+    with pytest.raises(ValueError, match="another checkpoint or pooling"):
+        run("other-pooling")

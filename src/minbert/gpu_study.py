@@ -37,6 +37,11 @@ def changed_code(provenance: GpuProvenance, repo: Path) -> dict[str, list[str]]:
 
 
 def named_files(files: list[str], at_most: int = 3) -> str:
-    """``files`` by their names, the first ``at_most`` of them and how many more."""
-    shown = ", ".join(f"`{Path(f).name}`" for f in files[:at_most])
+    """``files`` by their names (with their folder where two share a name), the first
+    ``at_most`` of them and how many more."""
+    names = [Path(f).name for f in files]
+    shown = ", ".join(
+        f"`{Path(f).parent.name}/{n}`" if names.count(n) > 1 else f"`{n}`"
+        for f, n in zip(files[:at_most], names)
+    )
     return shown + (f" and {len(files) - at_most} more" if len(files) > at_most else "")

@@ -42,12 +42,22 @@ class ZeroShotResult:
 
 
 def pair_cosines(
-    encoder: BertModel, table: TokenizedTable, batch_size: int, device: torch.device, pooling: str
+    encoder: BertModel,
+    table: TokenizedTable,
+    batch_size: int,
+    device: torch.device,
+    pooling: str,
+    vectors: torch.Tensor | None = None,
 ) -> np.ndarray:
-    u, v = (
-        encode_pooled(encoder, table, batch_size, device, pooling=pooling, column=column)
-        for column in ("input_ids_1", "input_ids_2")
-    )
+    """The cosine of each pair's pooled sentence vectors; ``vectors``: the pairs' frozen
+    ``(rows, 2, hidden)`` vectors where the features stage has them (not encoded again)."""
+    if vectors is None:
+        u, v = (
+            encode_pooled(encoder, table, batch_size, device, pooling=pooling, column=column)
+            for column in ("input_ids_1", "input_ids_2")
+        )
+    else:
+        u, v = vectors[:, 0].float().cpu(), vectors[:, 1].float().cpu()
     return F.cosine_similarity(u, v, dim=-1).numpy()
 
 
@@ -70,16 +80,21 @@ def zero_shot(
     batch_size: int,
     device: torch.device,
     seed: int,
+    dev_vectors: dict[str, torch.Tensor] | None = None,
 ) -> ZeroShotResult:
+    """``dev_vectors``: per pair task, its dev pairs' frozen vectors (:func:`pair_cosines`)."""
     encoder.to(device)
+    frozen = dev_vectors or {}
     sts_dev = tables["sts", "dev"]
-    sts = as_written("sts", STS_MAX / 2 * (pair_cosines(encoder, sts_dev, batch_size, device, pooling) + 1))
+    sts_cosines = pair_cosines(encoder, sts_dev, batch_size, device, pooling, frozen.get("sts"))
+    sts = as_written("sts", STS_MAX / 2 * (sts_cosines + 1))
 
     sample = subsample(tables["quora", "train"], quora_train_pairs, seed)
     threshold = best_threshold(
         pair_cosines(encoder, sample, batch_size, device, pooling), sample.labels.astype(bool)
     )
-    quora = pair_cosines(encoder, tables["quora", "dev"], batch_size, device, pooling) > threshold
+    quora_dev = tables["quora", "dev"]
+    quora = pair_cosines(encoder, quora_dev, batch_size, device, pooling, frozen.get("quora")) > threshold
 
     sst_train_labels = tables["sst", "train"].labels.astype(int)
     majority = int(np.bincount(sst_train_labels).argmax())

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from minbert.data.batches import TokenizedTable
+from minbert.data.multitask import TaskData
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.evaluate.zero_shot import zero_shot
 from minbert.metrics import fixed
@@ -46,6 +49,13 @@ def run(
             for t in MULTITASK_TASKS
             for s in ("train", "dev")
         }
+        frozen = None if features is None else ProbeFeatures(features)
+        made_by = (stage.checkpoint["sha256"], resolved["pooling"])
+        if frozen is not None and (frozen.index["checkpoint"]["sha256"], frozen.index["pooling"]) != made_by:
+            raise ValueError(
+                f"{frozen.directory / frozen.INDEX}: vectors of another checkpoint or pooling than "
+                f"the stage's ({stage.checkpoint['name']}, {resolved['pooling']}): run `dvc repro features`"
+            )
         result = zero_shot(
             BertModel.from_pretrained(stage.checkpoint_dir),
             tables,
@@ -54,6 +64,7 @@ def run(
             batch_size=resolved["eval_batch_size"],
             device=stage.device,
             seed=resolved["seed"],
+            dev_vectors=_dev_vectors(frozen, tables, ("quora", "sts"), siamese=True),
         )
         warmup = probe_settings.head_warmup
         if warmup.epochs and "sst" in warmup.tasks:
@@ -62,10 +73,13 @@ def run(
                 BertModel.from_pretrained(stage.checkpoint_dir),
                 tables,
                 stage.device,
-                features=None if features is None else ProbeFeatures(features),
+                features=frozen,
             )
             sst = {"sst": data.dev["sst"]}
-            _, probe = evaluate_multitask(model, sst, probe_settings.eval_batch_size, stage.device)
+            _, probe = evaluate_multitask(
+                model, sst, probe_settings.eval_batch_size, stage.device,
+                vectors=_dev_vectors(frozen, tables, ("sst",), siamese=data.dev["sst"].siamese),
+            )  # fmt: skip
             result.use_sst_probe(probe["sst"], tables["sst", "dev"].labels, fitted["sst"])
     for task in MULTITASK_TASKS:
         outputs.write_predictions(
@@ -95,6 +109,19 @@ def run(
         device=stage.device_name,
     )
     return write_run(file, metrics_file.parent, metrics_file.stem)
+
+
+def _dev_vectors(
+    frozen: ProbeFeatures | None, tables: dict, tasks: tuple[str, ...], siamese: bool
+) -> dict[str, torch.Tensor]:
+    # The untouched checkpoint's vectors of the dev rows, encoded once by the features stage
+    # (what every run's start reads); a task it lacks is encoded here.
+    out = {}
+    for task in tasks if frozen is not None else ():
+        data = TaskData(task, tables[task, "dev"], siamese)
+        if frozen.covers(data, "dev"):
+            out[task] = frozen.vectors(data, list(data.table.ids), torch.device("cpu"), "dev")
+    return out
 
 
 main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", optional=("features",))
