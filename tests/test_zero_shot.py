@@ -27,12 +27,17 @@ def test_best_threshold_is_the_most_accurate_cut():
     assert best_threshold(np.array([0.5, 0.6]), np.array([True, True])) < 0.5  # all paraphrases
 
 
+def _tiny_params(checkpoint) -> dict:
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p.update(checkpoint=str(checkpoint), device="cpu")
+    tiny_multitask_scale(p, epochs=1, batch_size={"sst": 4, "quora": 4, "sts": 4})
+    return p
+
+
 @pytest.mark.slow
 def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    p = _tiny_params(tiny_checkpoint)
     manifest = tokenized / "prepared" / "manifest.json"
-    tiny_multitask_scale(p, epochs=1, batch_size={"sst": 4, "quora": 4, "sts": 4})
     resolved = resolve_zero_shot(validate(p), json.loads(manifest.read_text())["quora_split"])
     metrics = zero_shot.run(
         resolved, tokenized / "tok", manifest, tmp_path / "zero-shot.json", tmp_path / "pred"
@@ -60,11 +65,8 @@ def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpo
 
 @pytest.mark.slow
 def test_stage_reads_the_dev_vectors_of_the_features_stage(tmp_path, tokenized, tiny_checkpoint):  # noqa: F811
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    p.update(checkpoint=str(tiny_checkpoint), device="cpu")
+    params = validate(_tiny_params(tiny_checkpoint))
     manifest = tokenized / "prepared" / "manifest.json"
-    tiny_multitask_scale(p, epochs=1, batch_size={"sst": 4, "quora": 4, "sts": 4})
-    params = validate(p)
     resolved = resolve_zero_shot(params, json.loads(manifest.read_text())["quora_split"])
     vectors = tmp_path / "features"
     features.run(resolve_features(params), tokenized / "tok", vectors)
