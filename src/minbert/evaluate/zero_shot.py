@@ -57,7 +57,7 @@ def pair_cosines(
             for column in ("input_ids_1", "input_ids_2")
         )
     else:
-        u, v = vectors[:, 0].float().cpu(), vectors[:, 1].float().cpu()
+        u, v = vectors[:, 0], vectors[:, 1]
     return F.cosine_similarity(u, v, dim=-1).numpy()
 
 
