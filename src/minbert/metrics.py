@@ -117,7 +117,8 @@ def _clusters(task: str, groups: np.ndarray | None, n: int) -> _Clusters | None:
 
 def _units(labels: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
     """What the bootstrap resamples: the examples, or the clusters."""
-    return np.arange(len(labels) if clusters is None else len(clusters))
+    # int32: the resamples are gathered from these, half the bytes of int64.
+    return np.arange(len(labels) if clusters is None else len(clusters), dtype=np.int32)
 
 
 def _per_unit(values: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
@@ -133,12 +134,11 @@ def _drawn_sums(units: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``units[idx].sum(axis=-2)`` for rows of drawn indices, as how often each unit was
     drawn times ``units``: one matrix product instead of a gather of every draw. The
     same numbers exactly: both add integer counts, exact in float64."""
-    draws = np.atleast_2d(idx)
-    n = len(units)
-    offsets = (np.arange(len(draws)) * n)[:, None]
-    times = np.bincount((draws + offsets).ravel(), minlength=len(draws) * n).reshape(len(draws), n)
-    sums = times.astype(float) @ units
-    return sums.reshape(*np.shape(idx)[:-1], units.shape[1])
+    draws = np.reshape(idx, (-1, np.shape(idx)[-1]))
+    times = np.empty((len(draws), len(units)))
+    for row, drawn in zip(times, draws):  # a draw at a time: no index array of every draw
+        row[:] = np.bincount(drawn, minlength=len(units))
+    return (times @ units).reshape(*np.shape(idx)[:-1], units.shape[1])
 
 
 def _count_columns(task: str, metric: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
