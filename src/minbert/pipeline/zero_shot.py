@@ -116,12 +116,9 @@ def _dev_vectors(
 ) -> dict[str, torch.Tensor]:
     # The untouched checkpoint's vectors of the dev rows, encoded once by the features stage
     # (what every run's start reads); a task it lacks is encoded here.
-    out = {}
-    for task in tasks if frozen is not None else ():
-        data = TaskData(task, tables[task, "dev"], siamese)
-        if frozen.covers(data, "dev"):
-            out[task] = frozen.vectors(data, list(data.table.ids), torch.device("cpu"), "dev")
-    return out
+    if frozen is None:
+        return {}
+    return frozen.covered({t: TaskData(t, tables[t, "dev"], siamese) for t in tasks}, "dev")
 
 
 main = stage_main(run, "tokenized", "manifest", "metrics", "predictions", optional=("features",))

@@ -100,6 +100,12 @@ class ProbeFeatures:
         where = self._rows(feature_file(data.task, split, data.siamese))
         return where is not None and all(i in where for i in data.table.ids)
 
+    def covered(self, tasks: dict[str, TaskData], split: str) -> dict[str, torch.Tensor]:
+        """On the host, the vectors of every task of ``tasks`` whose rows of ``split`` it all holds."""
+        cpu = torch.device("cpu")
+        held = {t: d for t, d in tasks.items() if self.covers(d, split)}
+        return {t: self.vectors(d, d.table.ids, cpu, split) for t, d in held.items()}
+
     def vectors(
         self, data: TaskData, ids: list[str], device: torch.device, split: str = "train"
     ) -> torch.Tensor:

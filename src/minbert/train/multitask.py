@@ -196,12 +196,7 @@ class _MultitaskEpochs:
         all: what the untouched checkpoint gives, so only before the first step."""
         if self.features is None or self.global_step > 0:
             return None
-        cpu = torch.device("cpu")
-        return {
-            t: self.features.vectors(d, d.table.ids, cpu, split)
-            for t, d in tasks.items()
-            if self.features.covers(d, split)
-        }
+        return self.features.covered(tasks, split)
 
     def _slices(self, at_start: bool = False) -> tuple[dict, dict, dict]:
         """The validation split's scores, the dev slice's (none without dev) and the
