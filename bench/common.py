@@ -265,6 +265,17 @@ def validation_run(settings, checkpoint: str, tables: dict, features, observer=N
     )
 
 
+def probe_features():
+    """The features stage's output (data/features), opened for the checkpoint and pooling
+    its settings name (data/settings/features.json)."""
+    from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
+    from minbert.train.head_warmup import ProbeFeatures
+
+    made = json.loads((REPO / "data" / "settings" / "features.json").read_text(encoding="utf-8"))
+    described = describe_checkpoint(made["checkpoint"], resolve_checkpoint(made["checkpoint"]))
+    return ProbeFeatures(REPO / "data" / "features", described["sha256"], made["pooling"])
+
+
 def training_tables() -> dict:
     """The pipeline's tokenised tables (``data/tokenized``), as the stages load them."""
     from minbert.pipeline.multitask import load_tables

@@ -39,11 +39,10 @@ def main() -> None:
 
     from minbert.device import pin_cpu_kernels
     from minbert.results import EpochScores
-    from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
-    features = ProbeFeatures(common.REPO / "data" / "features")
+    features = common.probe_features()
     budgets = args.budgets[:1] if args.quick else args.budgets
     keys = ("val_selection", "val_sst_mcc", "val_quora_mcc", "val_sts_pearson")
     runs = []

@@ -29,9 +29,8 @@ def main() -> None:
     from minbert.data.multitask import TaskData
     from minbert.data.validation_split import carve_validation
     from minbert.metrics import mcc
-    from minbert.train.head_warmup import ProbeFeatures
 
-    features = ProbeFeatures(common.REPO / "data" / "features")
+    features = common.probe_features()
     table = TokenizedTable.read(common.TOKENIZED / "quora-train.parquet")
     rest, heldout = carve_validation(table, args.heldout, args.seed)
     rng = np.random.default_rng(args.seed)

@@ -38,7 +38,6 @@ def main() -> None:
 
     from minbert.device import pin_cpu_kernels
     from minbert.tasks import TASKS as SPECS
-    from minbert.train.head_warmup import ProbeFeatures
     from minbert.train.multitask_step import MultitaskObserver
 
     pin_cpu_kernels()
@@ -47,7 +46,7 @@ def main() -> None:
     if args.quick:
         base = dataclasses.replace(base, epochs=1)
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
-    features = ProbeFeatures(common.REPO / "data" / "features")
+    features = common.probe_features()
     per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
     steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
 

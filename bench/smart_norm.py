@@ -29,7 +29,6 @@ def main() -> None:
 
     from minbert.device import pin_cpu_kernels
     from minbert.results import EpochScores
-    from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
     params, base = common.multitask_settings(args.config, "cpu")
@@ -39,7 +38,7 @@ def main() -> None:
     if args.quick:
         base = dataclasses.replace(base, epochs=1)
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
-    features = ProbeFeatures(common.REPO / "data" / "features")
+    features = common.probe_features()
 
     keys = ("val_selection", "val_sst_mcc", "val_quora_mcc", "val_sts_pearson", "val_loss_sst")
     results = {}

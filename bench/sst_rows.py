@@ -36,11 +36,10 @@ def main() -> None:
 
     from minbert.device import pin_cpu_kernels
     from minbert.tasks import SELECTION
-    from minbert.train.head_warmup import ProbeFeatures
 
     pin_cpu_kernels()
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
-    features = ProbeFeatures(common.REPO / "data" / "features")
+    features = common.probe_features()
     runs = []
     for config in args.configs:
         params, base = common.multitask_settings(config, "cpu")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,6 +60,14 @@ def _features_stage(checkpoint, tokenized, out, train_examples=0, validation_exa
         "validation_examples": dict.fromkeys(MULTITASK_TASKS, validation_examples),
     }
     return run(resolved, tokenized / "tok", out)
+
+
+def _probe(directory: Path, checkpoint: Path):
+    """The features under ``directory`` opened for the tiny checkpoint, mean-pooled."""
+    from minbert.model.checkpoint import describe_checkpoint
+    from minbert.train.head_warmup import ProbeFeatures
+
+    return ProbeFeatures(directory, describe_checkpoint("tiny", checkpoint)["sha256"], "mean")
 
 
 def test_pooled_vectors_match_the_model_in_row_order(tokenized, tiny_checkpoint):
@@ -152,12 +161,10 @@ def test_only_the_named_tasks_heads_are_fitted(tokenized, tiny_checkpoint):
 def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenized, tiny_checkpoint, tmp_path):
     """The `features` stage computes the frozen checkpoint's vectors once; a warm-up that
     reads them fits the same heads as one that computes them, from any subset of rows."""
-    from minbert.train.head_warmup import ProbeFeatures
-
     written = _features_stage(tiny_checkpoint, tokenized, tmp_path / "features")
     layouts = ("sst-{}-sentence", "quora-{}-cross", "quora-{}-siamese", "sts-{}-cross", "sts-{}-siamese")
     assert set(written) == {name.format(split) for name in layouts for split in ("train", "dev")}
-    features = ProbeFeatures(tmp_path / "features")
+    features = _probe(tmp_path / "features", tiny_checkpoint)
     fitted = []
     for given in (None, features):
         model, data = _model_and_data(tokenized, tiny_checkpoint, "cross-encoder", "siamese-concat")
@@ -179,6 +186,20 @@ def test_the_features_stage_gives_the_vectors_the_warm_up_would_compute(tokenize
         features.vectors(part["sst"], ["not-an-id"], torch.device("cpu"))
 
 
+def test_features_of_another_checkpoint_or_pooling_are_refused(tokenized, tiny_checkpoint, tmp_path):
+    """Every reader opens the features for its own checkpoint and pooling: vectors made
+    with another checkpoint (its weights' sha256) or pooling are refused, never read."""
+    from minbert.model.checkpoint import describe_checkpoint
+    from minbert.train.head_warmup import ProbeFeatures
+
+    _features_stage(tiny_checkpoint, tokenized, tmp_path / "features")
+    sha = describe_checkpoint("tiny", tiny_checkpoint)["sha256"]
+    assert ProbeFeatures(tmp_path / "features", sha, "mean").index["pooling"] == "mean"
+    for other in ((sha[::-1], "mean"), (sha, "cls")):
+        with pytest.raises(ValueError, match="another checkpoint or pooling"):
+            ProbeFeatures(tmp_path / "features", *other)
+
+
 def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(
     tokenized, tiny_checkpoint, tmp_path
 ):
@@ -186,10 +207,9 @@ def test_the_start_scored_from_the_features_is_the_start_scored_by_encoding(
     features stage's vectors: the same scores and predictions as encoding every dev row
     again, for cross-encoder and siamese heads alike."""
     from minbert.evaluate.multitask import evaluate_multitask
-    from minbert.train.head_warmup import ProbeFeatures
 
     _features_stage(tiny_checkpoint, tokenized, tmp_path / "features")
-    features = ProbeFeatures(tmp_path / "features")
+    features = _probe(tmp_path / "features", tiny_checkpoint)
     cpu = torch.device("cpu")
     for heads in (("cross-encoder", "cross-encoder"), ("siamese-concat-diff", "siamese-cosine")):
         model, _ = _model_and_data(tokenized, tiny_checkpoint, *heads)
@@ -217,10 +237,10 @@ def test_the_features_stage_takes_the_runs_rows_and_other_rows_are_encoded(
     take (every configuration takes the same), not the whole split; a warm-up of other
     rows (another seed) encodes them itself and fits what encoding every row fits."""
     from minbert.data.validation_split import run_rows
-    from minbert.train.head_warmup import ProbeFeatures, feature_file
+    from minbert.train.head_warmup import feature_file
 
     _features_stage(tiny_checkpoint, tokenized, tmp_path / "features", train_examples=6, seed=3)
-    features = ProbeFeatures(tmp_path / "features")
+    features = _probe(tmp_path / "features", tiny_checkpoint)
     others = {}
     for task in MULTITASK_TASKS:
         table = TokenizedTable.read(tokenized / "tok" / f"{task}-train.parquet")

@@ -76,7 +76,11 @@ def run(
             manifest=manifest,
         )
         encoder = BertModel.from_pretrained(stage.checkpoint_dir)
-        probe = None if features is None or checkpoint is not None else ProbeFeatures(features)
+        probe = (
+            None
+            if features is None or checkpoint is not None
+            else ProbeFeatures(features, stage.checkpoint["sha256"], settings.pooling)
+        )
         result = train_multitask(
             settings, encoder, tables, stage.device, resume=resume, world=stage.world, features=probe
         )

@@ -49,13 +49,11 @@ def run(
             for t in MULTITASK_TASKS
             for s in ("train", "dev")
         }
-        frozen = None if features is None else ProbeFeatures(features)
-        made_by = (stage.checkpoint["sha256"], resolved["pooling"])
-        if frozen is not None and (frozen.index["checkpoint"]["sha256"], frozen.index["pooling"]) != made_by:
-            raise ValueError(
-                f"{frozen.directory / frozen.INDEX}: vectors of another checkpoint or pooling than "
-                f"the stage's ({stage.checkpoint['name']}, {resolved['pooling']}): run `dvc repro features`"
-            )
+        frozen = (
+            None
+            if features is None
+            else ProbeFeatures(features, stage.checkpoint["sha256"], resolved["pooling"])
+        )
         result = zero_shot(
             BertModel.from_pretrained(stage.checkpoint_dir),
             tables,

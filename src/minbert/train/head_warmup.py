@@ -75,16 +75,23 @@ def pooled_vectors(
 class ProbeFeatures:
     """The ``features`` stage's output: per task, split and :func:`layout`, the frozen
     checkpoint's pooled vectors of the rows it took (``<task>-<split>-<layout>.npy``), with
-    ``index.json`` naming the checkpoint, the pooling and each file's rows."""
+    ``index.json`` naming the checkpoint, the pooling and each file's rows. Opened for a
+    reader's checkpoint (its weights' sha256) and pooling: vectors of others are refused."""
 
     INDEX = "index.json"
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, checkpoint_sha256: str, pooling: str):
         self.directory = Path(directory)
         index = self.directory / self.INDEX
         if not index.is_file():
             raise FileNotFoundError(f"{index}: no probe features index (run `dvc repro features`)")
         self.index = json.loads(index.read_text(encoding="utf-8"))
+        made = (self.index["checkpoint"]["sha256"], self.index["pooling"])
+        if made != (checkpoint_sha256, pooling):
+            raise ValueError(
+                f"{index}: vectors of another checkpoint or pooling (weights {made[0][:12]}, {made[1]!r}) "
+                f"than the reader's ({checkpoint_sha256[:12]}, {pooling!r}): run `dvc repro features`"
+            )
         self._ids: dict[str, dict[str, int]] = {}
 
     def _rows(self, name: str) -> dict[str, int] | None:

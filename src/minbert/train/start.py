@@ -105,11 +105,6 @@ def start(
     """What a run starts from (its epoch 0): the model around ``encoder``, the run's data,
     and (``fit_heads``) its heads fitted on the frozen encoder's vectors of the rows it
     trains on, with the warm-up's report."""
-    if features is not None and features.index["pooling"] != settings.pooling:
-        raise ValueError(
-            f"{features.directory / features.INDEX}: vectors pooled by {features.index['pooling']!r}, "
-            f"the run pools by {settings.pooling!r}: run `dvc repro features`"
-        )
     model = build_model(settings, encoder, device, world, compile_options)
     data = run_data(settings, model, tables)
     if not fit_heads:
