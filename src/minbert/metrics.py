@@ -167,11 +167,14 @@ def _from_counts(task: str, metric: str, sums: np.ndarray) -> np.ndarray:
         return np.where(scale > 0, covariance / scale, 0.0)
 
 
-def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Pearson's r of each row of ``x`` with the same row of ``y``."""
-    x = x - x.mean(axis=-1, keepdims=True)
-    y = y - y.mean(axis=-1, keepdims=True)
-    denominator = np.sqrt((x * x).sum(axis=-1) * (y * y).sum(axis=-1))
+def _centered(rows: np.ndarray) -> np.ndarray:
+    return rows - rows.mean(axis=-1, keepdims=True)
+
+
+def _pearson_rows(x: np.ndarray, x_squares: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson's r of each row of ``x`` (its sums of squares given) with the same row of
+    ``y``, both :func:`_centered`."""
+    denominator = np.sqrt(x_squares * (y * y).sum(axis=-1))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denominator > 0, (x * y).sum(axis=-1) / denominator, 0.0)
 
@@ -211,8 +214,9 @@ def _resampled(
         )
 
     def r(idx):
-        x = labels[idx]
-        values = [_pearson_rows(x, p[idx]) for p in models]
+        x = _centered(labels[idx])  # once for both models
+        x_squares = (x * x).sum(axis=-1)
+        values = [_pearson_rows(x, x_squares, _centered(p[idx])) for p in models]
         return values[0] if reference is None else values[0] - values[1]
 
     return r

@@ -4,6 +4,7 @@ bootstrap intervals, resampled in whole question groups where the table has them
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,11 @@ class Scored:
     predictions: dict[str, np.ndarray]
     #: Cluster ids (question groups) of a task's examples, for tasks whose dev table has them.
     groups: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def answers(self, task: str) -> str:
+        """What an interval of this run on ``task`` depends on beyond the dev set: its
+        predictions' bytes (runs that answer alike share their intervals)."""
+        return hashlib.sha256(np.ascontiguousarray(self.predictions[task]).tobytes()).hexdigest()
 
 
 class Evidence:
@@ -96,19 +102,22 @@ class Evidence:
         return Scored(name, labels, predictions, groups)
 
     def _cached(self, key: tuple, compute) -> Interval:
+        # Keyed by what is resampled (the kind, the tasks, the answers), not by run names:
+        # two runs that answer alike (the starts of configurations that share one) are
+        # bootstrapped once.
         if key not in self._intervals:
             self._intervals[key] = compute()
         return self._intervals[key]
 
     def cell(self, run: Scored, task: str) -> Interval:
         return self._cached(
-            (run.name, task),
+            ("cell", task, run.answers(task)),
             lambda: interval(task, run.labels[task], run.predictions[task], groups=run.groups.get(task)),
         )
 
     def average(self, run: Scored) -> Interval:
         return self._cached(
-            (run.name, "average"),
+            ("average", *((t, run.answers(t)) for t in run.labels)),
             lambda: average_interval(
                 [(t, run.labels[t], run.predictions[t], run.groups.get(t)) for t in run.labels]
             ),
@@ -117,7 +126,7 @@ class Evidence:
     def difference(self, run: Scored, parent: Scored, task: str) -> Interval:
         """``run`` minus ``parent`` on ``task``'s examples (paired)."""
         return self._cached(
-            (run.name, parent.name, task),
+            ("difference", task, run.answers(task), parent.answers(task)),
             lambda: paired(
                 task,
                 run.labels[task],
@@ -129,7 +138,7 @@ class Evidence:
 
     def average_difference(self, run: Scored, parent: Scored) -> Interval:
         return self._cached(
-            (run.name, parent.name, "average"),
+            ("average difference", *((t, run.answers(t), parent.answers(t)) for t in run.labels)),
             lambda: paired_average(
                 [
                     (t, run.labels[t], run.predictions[t], parent.predictions[t], run.groups.get(t))
@@ -142,7 +151,7 @@ class Evidence:
         """``run`` minus ``parent`` in the mean of the tasks' chance-corrected selection
         metrics (paired): what ranks configurations, which a constant answer cannot win."""
         return self._cached(
-            (run.name, parent.name, "selection"),
+            ("selection difference", *((t, run.answers(t), parent.answers(t)) for t in run.labels)),
             lambda: paired_average(
                 [
                     (t, run.labels[t], run.predictions[t], parent.predictions[t], run.groups.get(t))
