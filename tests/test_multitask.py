@@ -355,6 +355,49 @@ def test_compare_with_eager_passes_a_true_replay_and_fails_an_empty_one(
     assert all(torch.equal(a, b) for a, b in zip(before, base.model.parameters()))
 
 
+def test_cuda_graphs_is_accepted_for_every_configuration_at_every_scale():
+    """check-params takes ``multitask.cuda_graphs: true`` at every scale for every
+    configuration: whether a run can be captured is its own check's (choose_steps)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for sized in params["scales"].values():
+        sized["multitask"]["cuda_graphs"] = True
+    validate(params)
+    for scale in params["scales"]:
+        for config in params["configs"]:
+            settings = params_module.multitask_settings(
+                {**params, "scale": scale}, config, {"kind": "official"}
+            )
+            assert settings.cuda_graphs, (scale, config)
+
+
+@pytest.mark.parametrize("replays", ["the step", "nothing"])
+def test_a_run_takes_its_graphs_only_once_they_train_as_eager(tokenized, tiny_params, one_thread, replays):
+    """choose_steps: off, or without a CUDA device, the eager step and why; with graphs whose
+    check against eager on the run's first batches passes, the graphed step; a graph that
+    replays nothing fails the check and the run stays eager, saying so."""
+    from minbert.train.graphed_step import GraphedStep
+    from minbert.train.step_execution import CHECK_REPEATS, check_plan, choose_steps
+
+    _, base = _graph_pair(tiny_params, tokenized)
+    lengths = {t: d.lengths for t, d in base.train.items()}
+    plan = check_plan(lengths, {"sst": 8, "quora": 6, "sts": 4}, 0, one_task_per_step=True)
+    assert len(plan) == len(MULTITASK_TASKS) * CHECK_REPEATS
+    assert [set(rows) for rows in plan[::CHECK_REPEATS]] == [{t} for t in ("sst", "quora", "sts")]
+    assert choose_steps(base, False, plan) == (base, False, "eager: multitask.cuda_graphs is off")
+    step, graphs, why = choose_steps(base, True, plan)
+    assert step is base and not graphs and "need a CUDA device, the run's is cpu" in why
+    capture = (lambda fn: fn) if replays == "the step" else (lambda fn: lambda: None)
+    before = [p.detach().clone() for p in base.model.parameters()]
+    step, graphs, why = choose_steps(base, True, plan, new_capture=lambda: capture)
+    assert all(
+        torch.equal(a, b) for a, b in zip(before, base.model.parameters())
+    )  # the check leaves no trace
+    if replays == "the step":
+        assert isinstance(step, GraphedStep) and graphs and why.startswith("CUDA graphs, checked")
+    else:
+        assert step is base and not graphs and "failed their check" in why
+
+
 @pytest.mark.parametrize(
     "change, why",
     [
@@ -534,6 +577,12 @@ def test_tiny_training_run_writes_outputs(tmp_path, tokenized, tiny_params, conf
         assert (tmp_path / "pred" / config / f"{task}-dev-start-out.csv").is_file()
     smart = metrics["settings"]["smart"] is not None
     assert smart == (config.startswith("best") and config != "best-no-smart")
+    # How the steps ran, in the record: eager on the CPU, whatever the setting.
+    assert metrics["step_execution"] == {
+        "cuda_graphs": False,
+        "graphs": False,
+        "why": "eager: multitask.cuda_graphs is off",
+    }
     # SMART's terms are logged apart from the task losses.
     assert ("train_adversarial_sst" in history) == smart and ("train_bregman_sts" in history) == smart
     if smart:

@@ -67,4 +67,7 @@ def progress(quiet: bool = False) -> Progress:
         TimeRemainingColumn(),
         console=Console(stderr=True, quiet=True) if quiet else console,
         transient=False,
+        # Off a terminal nothing is drawn until the end: no thread redrawing 10 times a second
+        # beside the training loop (on 2 cores it takes the loop's time).
+        auto_refresh=console.is_terminal and not quiet,
     )

@@ -261,8 +261,6 @@ class MultitaskSettings:
     history_examples: dict[str, int] = Setting(
         SIZE, "examples per task of the dev / training slices scored every epoch, for the figures; 0: all"
     ).field()
-    # Rows of each task's training split set aside to choose the epoch on
-    # (``minbert.data.validation_split``); the training rows are drawn from the rest.
     validation_examples: dict[str, int] = Setting(
         COUNT, "rows of each training split set aside to choose the epoch on"
     ).field()
@@ -277,6 +275,7 @@ class MultitaskSettings:
         "pieces whose gradients add up, to bound memory (one process, no PCGrad); 0: no limit",
     ).field(0)
     compile: bool = Setting(bool, "torch.compile the encoder's layers (pays off on a GPU)").field(False)
+    cuda_graphs: bool = Setting(bool, "training steps replayed from CUDA graphs (CUDA only)").field(False)
     pooling: str = POOLING.field("pooler")
     sts_output: str = Setting(
         STS_OUTPUTS, "a linear STS head's output: 5 * sigmoid(logit), or the logit"

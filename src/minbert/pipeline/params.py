@@ -139,6 +139,7 @@ def multitask_settings(
         batch_size=batch_size,
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
         **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
+        cuda_graphs=sized["cuda_graphs"],
         max_tokens=sized["max_tokens"],
         head_warmup=head_warmup(params),
         **{k: common[k] for k in ("grad_clip", "compile")},

@@ -18,6 +18,7 @@ from minbert.runs.record_parts import (
     Pretraining,
     RecordedSettings,
     SmartTerms,
+    StepExecution,
     WarmupKept,
 )
 from minbert.runs.training import MultitaskRunFile
@@ -57,6 +58,7 @@ class MultitaskRun:
     device: str
     smart_terms: dict[str, float] | None  # the last epoch's R_s as trained and its control
     pcgrad_conflict_fraction: float | None  # of task pairs over all steps
+    step_execution: StepExecution  # eager or from CUDA graphs, and why
 
     @classmethod
     def of(
@@ -98,6 +100,7 @@ class MultitaskRun:
             )
             if conflicts
             else None,
+            step_execution=StepExecution(settings.cuda_graphs, *result.steps_from),
         )
 
     def dev_scores(self) -> dict[str, float]:
@@ -141,6 +144,7 @@ class MultitaskRun:
             smart=None if self.smart_terms is None else SmartTerms(**self.smart_terms),
             pcgrad_conflict_fraction=self.pcgrad_conflict_fraction,
             applied_lr=[AppliedRate(e, float(f"{a:.6g}"), float(f"{b:.6g}")) for e, a, b in self.applied_lr],
+            step_execution=self.step_execution,
         )
 
     def model_info(self, name: str, max_length: dict[str, int]) -> dict:

@@ -150,7 +150,9 @@ _SCALE = {
     },
     "multitask": {
         **_fields(
-            M, "eval_batch_size", "epochs", "dropout", "max_tokens", "carved_quora_batch", "test_predictions"
+            M,
+            *("eval_batch_size", "epochs", "dropout", "max_tokens", "carved_quora_batch"),
+            *("test_predictions", "cuda_graphs"),
         ),
         **{
             k: _each(MULTITASK_TASKS, declared(M, k))

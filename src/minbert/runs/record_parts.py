@@ -11,8 +11,12 @@ from dataclasses import dataclass, fields
 
 from minbert.settings import HeadWarmup, MlmSettings, MultitaskSettings, SmartSettings
 
-# The multitask settings a record states apart from its `settings` (per task, or beside them).
-STATED_APART = ("batch_size", "train_examples", "validation_examples", "history_examples", "seed")
+# The multitask settings a record states apart from its `settings` (per task, or beside them;
+# cuda_graphs in step_execution, with what the steps ran from).
+STATED_APART = (
+    *("batch_size", "train_examples", "validation_examples", "history_examples", "seed"),
+    "cuda_graphs",
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,16 @@ class DataSplit:
             quora = {"kind": quora}
         split = QuoraSplit(quora["kind"], quora.get("note"), quora.get("heldout_pairs"), quora)
         return cls(values["sst"], values["sts"], split)
+
+
+@dataclass(frozen=True)
+class StepExecution:
+    """How a multitask run's steps ran: ``cuda_graphs`` (its setting), ``graphs`` (whether
+    they were replayed from CUDA graphs) and why (``minbert.train.step_execution``)."""
+
+    cuda_graphs: bool
+    graphs: bool
+    why: str
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from minbert.runs.record_parts import (
     Pretraining,
     RecordedSettings,
     SmartTerms,
+    StepExecution,
     WarmupKept,
     record_form,
 )
@@ -67,10 +68,17 @@ class MultitaskRunFile:
     # None only in runs written before the rates were recorded (the GPU study's).
     applied_lr: list[AppliedRate] | None = None
     offline_run: OfflineRun | None = None
+    # None only in runs written before it was recorded.
+    step_execution: StepExecution | None = None
 
     @property
     def name(self) -> str:
         return self.config
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """The run's ``cuda_graphs`` setting, stated in ``step_execution``."""
+        return self.step_execution is not None and self.step_execution.cuda_graphs
 
     def settings_dict(self) -> dict:
         """Every setting the run ran at, the ones stated apart included (record form)."""
@@ -192,6 +200,7 @@ def _typed(kind: type[Run], path: Path, values: dict) -> Run:
         "after": lambda v: MaskedScores(**v),
         "corpus": lambda v: MlmCorpus(**v),
         "applied_lr": lambda v: [AppliedRate(**a) for a in v],
+        "step_execution": lambda v: StepExecution(**v),
     }
     typed = {k: converters[k](v) if k in converters and v is not None else v for k, v in values.items()}
     if kind in (MultitaskRunFile, ZeroShotRunFile):

@@ -29,6 +29,7 @@ from minbert.train.pcgrad import gram_stats
 from minbert.train.resume import ResumePoint, generator_states, restore_generators
 from minbert.train.smart import LOSS_PARTS, EmaTeacher
 from minbert.train.start import RunData, start
+from minbert.train.step_execution import check_plan, choose_steps
 
 # The per-task losses among a scoring pass's keys.
 LOSS_KEYS = frozenset(TASKS[t].loss_key for t in MULTITASK_TASKS)
@@ -61,6 +62,8 @@ class MultitaskResult:
     # fine-tuning read the same rows) and of the validation rows.
     training_ids: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     model: MultitaskBert | None = None  # with the best epoch's weights
+    # Whether the steps ran from CUDA graphs, and why (minbert.train.step_execution).
+    steps_from: tuple[bool, str] = (False, "")
 
 
 def _epoch_scores(
@@ -130,6 +133,7 @@ def train_multitask(
             for t in MULTITASK_TASKS
         },
         model=model,  # with the best epoch's weights
+        steps_from=loop.steps_from,
     )
     if not score_dev:
         return result
@@ -172,6 +176,7 @@ class _MultitaskEpochs:
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
         self.train_step = MultitaskStep(settings, model, data.train, device, world, self.observer)
+        self.steps, self.steps_from = None, (False, "")  # chosen at the first epoch (choose_steps)
         self.global_batch = {t: settings.batch_size[t] * world.size for t in MULTITASK_TASKS}
         self.one_task_per_step = settings.gradient == "round-robin"
         batches = max(-(-len(d) // self.global_batch[t]) for t, d in data.train.items())
@@ -234,9 +239,13 @@ class _MultitaskEpochs:
         lengths = {t: d.lengths for t, d in self.data.train.items()}
         batches = epoch_steps(lengths, self.global_batch, self.rng, one_task_per_step=self.one_task_per_step)
         optimizer = self.train_step.optimizer
+        if self.steps is None:  # after the heads' warm-up, before the first step
+            plan = check_plan(lengths, self.global_batch, self.settings.seed, self.one_task_per_step)
+            self.steps, graphs, why = choose_steps(self.train_step, self.settings.cuda_graphs, plan)
+            self.steps_from = (graphs, why)
         for index, rows_by_task in enumerate(batches):
             last_lr = optimizer.param_groups[0]["lr"]
-            step_losses, gram = self.train_step(rows_by_task, epoch, index)
+            step_losses, gram = self.steps(rows_by_task, epoch, index)
             self.schedule.after_step()
             sums += step_losses
             present = [t in rows_by_task for t in MULTITASK_TASKS]
@@ -263,6 +272,8 @@ class _MultitaskEpochs:
         self.conflicts += _conflict_rows(epoch, grams)
         self.step_losses += _step_loss_rows(epoch, logged)
         self.schedule.after_epoch()
+        if self.steps is not self.train_step:  # graphs hold the rate they were captured with
+            self.steps.reset()
         self.applied_lr.append((epoch, lr, last_lr))
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
         parts = LOSS_PARTS if self.settings.smart else ("loss",)
