@@ -21,7 +21,7 @@ from minbert.train.resume import ResumePoint, fingerprint
 CHILD = """
 import json, sys, yaml
 from pathlib import Path
-from minbert.pipeline import mlm, multitask, params, sentiment
+from minbert.pipeline import mlm, multitask, params, sentiment, sentiment_features
 from minbert.pipeline.schema import validate
 
 kind, name, params_file, tok, out, resume = sys.argv[1:]
@@ -35,8 +35,12 @@ if kind == "multitask":
 elif kind == "mlm":
     mlm.run(params.resolve_mlm(p, name), Path(tok), out / "models", out / "metrics", resume_dir=Path(resume))
 else:
-    sentiment.run(params.resolve_sentiment(p, name), Path(tok), out / "metrics", out / "pred",
-                  resume_dir=Path(resume))
+    task = p["sentiment"]["runs"][name]["task"]
+    features = params.resolve_sentiment_features(p)
+    features["tasks"] = {task: features["tasks"][task]}
+    sentiment_features.run(features, Path(tok), out / "features")
+    sentiment.run(params.resolve_sentiment(p, name), Path(tok), out / "features", out / "metrics",
+                  out / "pred", resume_dir=Path(resume))
 """
 
 

@@ -2,6 +2,7 @@
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,10 +14,14 @@ from conftest import REPO, tiny_sentiment_scale
 from minbert.data.batches import TokenizedTable
 from minbert.data.predictions import read_predictions
 from minbert.data.tokenize import tokenize_prepared
+from minbert.data.validation_split import run_rows
+from minbert.evaluate.sentiment import logits_from_pooled, predict_logits
 from minbert.model.bert import BertModel
+from minbert.model.checkpoint import describe_checkpoint
+from minbert.model.heads import SentimentClassifier
 from minbert.pipeline import params as params_module
-from minbert.pipeline import sentiment
-from minbert.pipeline.params import resolve_sentiment
+from minbert.pipeline import sentiment, sentiment_features
+from minbert.pipeline.params import resolve_sentiment, resolve_sentiment_features
 from minbert.pipeline.schema import validate
 from minbert.results import read_result
 from minbert.train.loop import NonFiniteLoss
@@ -25,9 +30,19 @@ from minbert.train.sentiment import train_sentiment
 WORDS = ["good", "bad", "fine", "awful", "great", "dull", "film", "plot", "the", "a"]
 
 
-def run_stage(params: dict, run: str, *args, **kwargs) -> dict:
-    """The stage with the settings the resolve stage would write."""
-    return sentiment.run(resolve_sentiment(params, run), *args, **kwargs)
+def run_stage(params: dict, run: str, tokenized: Path, metrics: Path, *args, **kwargs) -> dict:
+    """The stage with the settings the resolve stage would write, after the
+    sentiment-features stage (for the run's task: the tiny tables hold no other)."""
+    features = write_features(params, params["sentiment"]["runs"][run]["task"], tokenized, metrics)
+    return sentiment.run(resolve_sentiment(params, run), tokenized, features, metrics, *args, **kwargs)
+
+
+def write_features(params: dict, task: str, tokenized: Path, beside: Path) -> Path:
+    resolved = resolve_sentiment_features(params)
+    resolved["tasks"] = {task: resolved["tasks"][task]}
+    out = Path(beside).with_name(Path(beside).name + "-features")
+    sentiment_features.run(resolved, Path(tokenized), out)
+    return out
 
 
 def _table(n, seed, labelled=True):
@@ -113,6 +128,47 @@ def test_same_seed_same_metrics(tmp_path, tokenized, tiny_params):
         tmp_path / "m2" / "sst-full-history.csv"
     ).read_text()
     assert a == b
+
+
+@pytest.mark.parametrize("run", ["sst-last-layer", "sst-full"])
+def test_the_frozen_vectors_stage_changes_nothing_of_a_run(
+    tmp_path, tokenized, tiny_params, tiny_checkpoint, run
+):
+    """A run given the sentiment-features stage's vectors (the last-layer arm's splits, the
+    full arm's start) trains and scores as the run that encodes them itself, to the bit;
+    vectors made with other settings are refused."""
+    import dataclasses
+
+    settings = params_module.sentiment_settings(tiny_params, run)
+    tables = {s: TokenizedTable.read(tokenized / f"sst-{s}.parquet") for s in ("train", "dev", "test")}
+    train, validation = run_rows(
+        tables["train"], settings.validation_examples, settings.train_examples, settings.seed
+    )
+    splits = {"validation": validation, "dev": tables["dev"]}
+    if settings.mode == "last-layer":
+        splits |= {"train": train, "test": tables["test"]}
+    features = write_features(tiny_params, "sst", tokenized, tmp_path / "m")
+    sha = describe_checkpoint("tiny", tiny_checkpoint)["sha256"]
+    pooled = sentiment_features.read(features, settings, sha, splits)
+
+    def trained(pooled):
+        encoder = BertModel.from_pretrained(tiny_checkpoint)
+        args = (tables["train"], tables["dev"], tables["test"], torch.device("cpu"))
+        return train_sentiment(settings, encoder, *args, pooled=pooled)
+
+    a, b = trained(None), trained(pooled)
+    assert a.history == b.history and a.best_epoch == b.best_epoch  # (at the history's precision)
+    # To the bit: a fresh head on the vectors gives the logits the whole model gives.
+    model = SentimentClassifier(BertModel.from_pretrained(tiny_checkpoint), 5, 0.3, settings.pooling)
+    for split in ("validation", "dev"):
+        args = (settings.eval_batch_size, torch.device("cpu"), settings.max_tokens)
+        whole = predict_logits(model, splits[split], *args)
+        assert torch.equal(logits_from_pooled(model, pooled[split], splits[split], *args), whole)
+    assert np.array_equal(a.dev_predictions, b.dev_predictions)
+    assert np.array_equal(a.test_predictions, b.test_predictions)
+    for change in ({"eval_batch_size": 3}, {"seed": 1}):
+        with pytest.raises(ValueError, match="other settings than the run's"):
+            sentiment_features.read(features, dataclasses.replace(settings, **change), sha, splits)
 
 
 def test_last_layer_leaves_encoder_untouched(tokenized, tiny_params, tiny_checkpoint):

@@ -1,14 +1,23 @@
-"""An encoder's pooled sentence vectors and a sentiment model's logits, in row order."""
+"""An encoder's pooled sentence vectors and a sentiment model's logits, in row order: both
+score a table in the same pieces (``scoring_pieces``), so a head on the pooled vectors
+gives the model's logits to the bit."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minbert.data.batches import TokenizedTable, length_bucketed_batches, pad, split_by_tokens
 from minbert.device import compute_context
 from minbert.model.bert import BertModel
-from minbert.model.heads import SentimentClassifier, pool
+from minbert.model.heads import SentimentClassifier, pool, run_head
 from minbert.progress import progress
+
+
+def scoring_pieces(lengths: np.ndarray, batch_size: int, max_tokens: int) -> list[list[np.ndarray]]:
+    """Rows of similar length a batch, each batch in pieces under the token budget."""
+    batches = length_bucketed_batches(lengths, batch_size, shuffle=False)
+    return [list(split_by_tokens(batch, lengths, max_tokens)) for batch in batches]
 
 
 @torch.inference_mode()
@@ -27,11 +36,11 @@ def encode_pooled(
     encoder.eval()
     seqs = table.sequences[column]
     out = torch.empty(len(table), encoder.config.hidden_size)
-    batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
+    batches = scoring_pieces(seqs.lengths(), batch_size, max_tokens)
     with progress() as bar:
         job = bar.add_task(f"encode {len(table)} rows", total=len(batches), status="")
-        for batch in batches:
-            for rows in split_by_tokens(batch, seqs.lengths(), max_tokens):
+        for pieces in batches:
+            for rows in pieces:
                 ids, mask = pad(seqs, rows)
                 with compute_context(device):
                     mask = mask.to(device)
@@ -53,10 +62,37 @@ def predict_logits(
     model.eval()
     seqs = table.sequences["input_ids"]
     out = torch.empty(len(table), model.head.linear.out_features)
-    batches = length_bucketed_batches(seqs.lengths(), batch_size, shuffle=False)
-    for rows in (piece for b in batches for piece in split_by_tokens(b, seqs.lengths(), max_tokens)):
+    for rows in (
+        piece
+        for pieces in scoring_pieces(table.sequences["input_ids"].lengths(), batch_size, max_tokens)
+        for piece in pieces
+    ):
         ids, mask = pad(seqs, rows)
         with compute_context(device):
             logits = model(ids.to(device), mask.to(device))
+        out[torch.from_numpy(rows)] = logits.float().cpu()
+    return out
+
+
+@torch.inference_mode()
+def logits_from_pooled(
+    model: SentimentClassifier,
+    pooled: torch.Tensor,
+    table: TokenizedTable,
+    batch_size: int,
+    device: torch.device,
+    max_tokens: int = 0,
+) -> torch.Tensor:
+    """``predict_logits`` of a model whose encoder gave ``pooled`` (``encode_pooled``'s
+    vectors of ``table``): its head on the same pieces, the same numbers."""
+    model.eval()
+    out = torch.empty(len(table), model.head.linear.out_features)
+    for rows in (
+        piece
+        for pieces in scoring_pieces(table.sequences["input_ids"].lengths(), batch_size, max_tokens)
+        for piece in pieces
+    ):
+        with compute_context(device):
+            logits = run_head(model.head, pooled[torch.from_numpy(rows)].to(device))
         out[torch.from_numpy(rows)] = logits.float().cpu()
     return out

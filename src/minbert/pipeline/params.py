@@ -223,6 +223,24 @@ def resolve_features(params: dict) -> dict:
     }
 
 
+# What Table 1's frozen vectors depend on besides the checkpoint (the sentiment-features
+# stage): a run whose settings differ in any of these reads none of them.
+SENTIMENT_FEATURES_MADE_WITH = ("seed", "validation_examples", "train_examples", "eval_batch_size")
+SENTIMENT_FEATURES_MADE_WITH += ("max_tokens", "pooling")
+
+
+def resolve_sentiment_features(params: dict) -> dict:
+    # Per task of Table 1: what its runs' frozen vectors depend on (set per task or per
+    # scale, so its runs agree) and whether a run predicts test.
+    tasks: dict = {}
+    for run in params["sentiment"]["runs"]:
+        settings = asdict(sentiment_settings(params, run))
+        made_with = {k: settings[k] for k in SENTIMENT_FEATURES_MADE_WITH}
+        entry = tasks.setdefault(settings["task"], {**made_with, "test_predictions": False})
+        entry["test_predictions"] |= settings["test_predictions"] and settings["mode"] == "last-layer"
+    return {**_run_context(params), "tasks": tasks}
+
+
 def resolve_tokenize(params: dict) -> dict:
     return {"checkpoint": params["checkpoint"], "max_length": scale(params)["max_length"]}
 
@@ -236,6 +254,7 @@ def resolve_all(params: dict, manifest: dict) -> dict[str, dict]:
         "tokenize.json": resolve_tokenize(params),
         "zero-shot.json": resolve_zero_shot(params, quora_split),
         "features.json": resolve_features(params),
+        "sentiment-features.json": resolve_sentiment_features(params),
     }
     out.update(
         {f"sentiment/{run}.json": resolve_sentiment(params, run) for run in params["sentiment"]["runs"]}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minbert.data.batches import TokenizedTable
+from minbert.data.validation_split import run_rows
 from minbert.metrics import fixed, mcc
 from minbert.model.bert import BertModel
-from minbert.pipeline import outputs
+from minbert.pipeline import outputs, sentiment_features
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
 from minbert.runs.record_parts import Checkpoint
@@ -21,29 +21,42 @@ from minbert.train.sentiment import train_sentiment
 def run(
     resolved: dict,
     tokenized: Path,
+    features: Path,
     metrics: Path,
     predictions: Path,
     resume_dir: Path | None = RESUME_DIRECTORY,
 ) -> dict:
     """Train one run (``resolved``: its settings file's content) and write its metrics file,
-    record, history and predictions; the training state is saved to ``resume_dir`` after
-    every epoch, and a rerun continues from it."""
+    record, history and predictions; ``features``: the sentiment-features stage's frozen
+    vectors. The training state is saved to ``resume_dir`` after every epoch, and a rerun
+    continues from it."""
     tokenized_dir, metrics_dir, predictions_dir = map(Path, (tokenized, metrics, predictions))
     context, settings = RunContext.of(resolved, "run"), SentimentSettings.from_dict(resolved["settings"])
     run = context.name
     with started(context, "sentiment") as stage:
-        tables = {
-            split: TokenizedTable.read(tokenized_dir / f"{settings.task}-{split}.parquet")
-            for split in ("train", "dev", "test")
-            if split != "test"
-            or (settings.test_predictions and (tokenized_dir / f"{settings.task}-test.parquet").exists())
-        }
+        tables = sentiment_features.read_tables(tokenized_dir, settings.task, settings.test_predictions)
+        train, validation = run_rows(
+            tables["train"], settings.validation_examples, settings.train_examples, settings.seed
+        )
+        # The frozen encoder's vectors: all a last-layer run encodes; the splits a full
+        # fine-tuning run scores before its first step.
+        splits = {"validation": validation, "dev": tables["dev"]}
+        if settings.mode == "last-layer":
+            splits |= {"train": train, **({"test": tables["test"]} if "test" in tables else {})}
+        pooled = sentiment_features.read(features, settings, stage.checkpoint["sha256"], splits)
         encoder = BertModel.from_pretrained(stage.checkpoint_dir)
         resume = stage.resume_point(
             resume_dir, f"sentiment-{run}", settings, data={k: len(v) for k, v in tables.items()}
         )
         result = train_sentiment(
-            settings, encoder, tables["train"], tables["dev"], tables.get("test"), stage.device, resume=resume
+            settings,
+            encoder,
+            tables["train"],
+            tables["dev"],
+            tables.get("test"),
+            stage.device,
+            resume=resume,
+            pooled=pooled,
         )
     file = SentimentRunFile(
         run=run,
@@ -96,4 +109,4 @@ def run(
     return written
 
 
-main = stage_main(run, "tokenized", "metrics", "predictions")
+main = stage_main(run, "tokenized", "features", "metrics", "predictions")

@@ -76,8 +76,7 @@ class MultitaskRunFile:
         return self.config
 
     @property
-    def cuda_graphs(self) -> bool:
-        """The run's ``cuda_graphs`` setting, stated in ``step_execution``."""
+    def cuda_graphs(self) -> bool:  # the setting, stated in step_execution
         return self.step_execution is not None and self.step_execution.cuda_graphs
 
     def settings_dict(self) -> dict:

@@ -17,11 +17,10 @@ from minbert.data.batches import (
     length_bucketed_batches,
     pad,
     split_by_tokens,
-    subsample,
 )
-from minbert.data.validation_split import carve_validation
+from minbert.data.validation_split import run_rows
 from minbert.device import compute_context, to_device
-from minbert.evaluate.sentiment import encode_pooled, predict_logits
+from minbert.evaluate.sentiment import encode_pooled, logits_from_pooled, predict_logits
 from minbert.metrics import accuracy, correlation_noise, fixed, mcc
 from minbert.model.bert import BertModel
 from minbert.model.heads import ClassificationHead, SentimentClassifier
@@ -53,14 +52,16 @@ def train_sentiment(
     test: TokenizedTable | None,
     device: torch.device,
     resume: ResumePoint | None = None,
+    pooled: dict[str, torch.Tensor] | None = None,
 ) -> SentimentResult:
+    # pooled: the frozen encoder's vectors of the run's splits (the sentiment-features
+    # stage's): the last-layer arm's, the full arm's start, not encoded again.
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     num_classes = TASKS[settings.task].num_classes
     if train.labels is None:
         raise ValueError(f"{settings.task} train split has no labels")
-    pool, validation = carve_validation(train, settings.validation_examples, settings.seed)
-    train = subsample(pool, settings.train_examples, settings.seed)
+    train, validation = run_rows(train, settings.validation_examples, settings.train_examples, settings.seed)
     for name, table in (("train", train), ("validation", validation), ("dev", dev)):
         if table.labels is None:
             raise ValueError(f"{settings.task} {name} split has no labels")
@@ -71,7 +72,7 @@ def train_sentiment(
                 f"for ids {[table.ids[i] for i in np.flatnonzero(bad)[:5]]}"
             )
     train_mode = _train_head_on_features if settings.mode == "last-layer" else _fine_tune
-    result = train_mode(settings, encoder, train, validation, dev, test, device, rng, resume)
+    result = train_mode(settings, encoder, train, validation, dev, test, device, rng, resume, pooled)
     result.dev_accuracy = accuracy(dev.labels, result.dev_predictions)
     result.train_examples, result.validation_examples = len(train), len(validation)
     result.examples_seen = len(train) * (len(result.history) - 1)
@@ -194,12 +195,12 @@ def _guard(task: str) -> NonFiniteGuard:
 
 
 def _train_head_on_features(
-    settings, encoder, train, validation, dev, test, device, rng, resume
+    settings, encoder, train, validation, dev, test, device, rng, resume, pooled
 ) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     guard = _guard(settings.task)
     encoder.to(device)
-    feats = {
+    feats = pooled or {
         name: encode_pooled(
             encoder, t, settings.eval_batch_size, device, settings.max_tokens, settings.pooling
         )
@@ -249,7 +250,9 @@ def _train_head_on_features(
     return result
 
 
-def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, resume) -> SentimentResult:
+def _fine_tune(
+    settings, encoder, train, validation, dev, test, device, rng, resume, pooled
+) -> SentimentResult:
     num_classes = TASKS[settings.task].num_classes
     guard = _guard(settings.task)
     model = SentimentClassifier(encoder, num_classes, settings.dropout, settings.pooling).to(device)
@@ -264,7 +267,11 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
     lengths = seqs.lengths()
     n_batches = math.ceil(len(train) / settings.batch_size)
 
+    trained = False  # until then the encoder is the frozen one that gave ``pooled``
+
     def run_epoch(epoch, tick):
+        nonlocal trained
+        trained = True
         model.train()
         total, correct = _epoch_sums(device)
         batches = length_bucketed_batches(lengths, settings.batch_size, shuffle=True, generator=rng)
@@ -291,12 +298,16 @@ def _fine_tune(settings, encoder, train, validation, dev, test, device, rng, res
             tick(guard.last)
         return float(total) / len(train), int(correct) / len(train)
 
-    def logits_of(table):
+    def logits_of(table, name=None):
+        if pooled is not None and not trained and name in pooled:
+            return logits_from_pooled(
+                model, pooled[name], table, settings.eval_batch_size, device, settings.max_tokens
+            )
         return predict_logits(model, table, settings.eval_batch_size, device, settings.max_tokens)
 
     def evaluate(splits):
         tables = {"validation": validation, "dev": dev}
-        return tuple(_scores(tables[name].labels, logits_of(tables[name])) for name in splits)
+        return tuple(_scores(tables[name].labels, logits_of(tables[name], name)) for name in splits)
 
     result = _run_epochs(
         settings, _Epochs(settings, model, optimizer, rng, n_batches, run_epoch, evaluate), resume
