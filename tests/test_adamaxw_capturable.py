@@ -138,3 +138,13 @@ def test_capturable_rate_is_read_at_each_step_and_survives_a_reload():
         opt.step()
     for x, y in zip(a.parameters(), b.parameters()):
         assert torch.equal(x, y)
+
+
+def test_build_optimizer_passes_capturable_and_keeps_adamw_fused():
+    model = _model()
+    for capturable in (False, True):
+        adamw = build_optimizer("adamw", model, lr=1e-3, weight_decay=0.01, capturable=capturable)
+        assert adamw.defaults["fused"] and adamw.defaults["capturable"] is capturable
+        adamaxw = build_optimizer("adamaxw", model, lr=1e-3, weight_decay=0.01, capturable=capturable)
+        assert all(g["capturable"] is capturable for g in adamaxw.param_groups)
+        assert all(torch.is_tensor(g["lr"]) is capturable for g in adamaxw.param_groups)

@@ -410,17 +410,15 @@ def _pcgrad_plan(step, steps: int) -> list[dict[str, np.ndarray]]:
     return [{t: b[(i * (k + 1)) % 3] for k, (t, b) in enumerate(batches.items())} for i in range(steps)]
 
 
-class _StaleOrders:
+def _stale_orders(step, new_capture):
     """A GraphedStep whose replays keep the orders they were captured with (not refilled)."""
+    from minbert.train.graphed_step import GraphedStep
 
-    def __new__(cls, step, new_capture):
-        from minbert.train.graphed_step import GraphedStep
+    class Stale(GraphedStep):
+        def visit_orders(self, loaded):
+            return None
 
-        class Stale(GraphedStep):
-            def visit_orders(self, loaded):
-                return None
-
-        return Stale(step, new_capture)
+    return Stale(step, new_capture)
 
 
 @pytest.mark.parametrize("refill", [True, False], ids=["refilled", "stale-orders"])
@@ -434,7 +432,7 @@ def test_a_graphed_pcgrad_step_trains_as_the_eager_step(tokenized, tiny_params, 
 
     eager, base = _graph_pair(tiny_params, tokenized, "best-no-smart", capturable=True)
     capture = lambda fn: fn  # noqa: E731  recording runs nothing; each replay runs the step
-    graphed = (GraphedStep if refill else _StaleOrders)(base, new_capture=lambda: capture)
+    graphed = (GraphedStep if refill else _stale_orders)(base, new_capture=lambda: capture)
     plan = _pcgrad_plan(eager, 20)
     torch.manual_seed(1)
     expected = [eager(rows, 0, i) for i, rows in enumerate(plan)]
