@@ -388,6 +388,21 @@ def test_graphed_step_refuses_what_a_graph_cannot_hold(tokenized, tiny_params, c
         )
 
 
+def test_compare_with_eager_draws_pcgrad_orders_alike_in_every_run(tokenized, tiny_params, one_thread):
+    """Each of the check's runs draws PCGrad's visit orders from the same generator state,
+    and the check leaves that state as it found it."""
+    from minbert.train.graphed_step import GraphedStep, compare_with_eager
+
+    _, base = _graph_pair(tiny_params, tokenized, "best-no-smart", capturable=True)
+    graphed = GraphedStep(base, new_capture=lambda: lambda fn: fn)
+    plan = _pcgrad_plan(base, 6)
+    graphed(plan[0])
+    before = base.pcgrad_generator.get_state()
+    check = compare_with_eager(graphed, plan)
+    assert check.passed and check.eager_weight_difference == 0 and check.weight_difference == 0
+    assert torch.equal(base.pcgrad_generator.get_state(), before)
+
+
 def test_graphed_step_takes_pcgrad_and_a_capturable_adamaxw(tokenized, tiny_params):
     from minbert.train.graphed_step import refusal
 

@@ -224,12 +224,16 @@ def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) 
         t for s in step.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
     ]
     saved = [t.detach().clone() for t in state]
+    # PCGrad's visit orders too: each run draws the same ones, and the check draws none.
+    generators = [g.get_state() for g in step.generators]
     training = model.training
 
     def restore() -> None:
         with torch.no_grad():
             for t, s in zip(state, saved):
                 t.copy_(s)
+        for g, g_state in zip(step.generators, generators):
+            g.set_state(g_state)
         graphed.reset()
 
     def run(train) -> tuple[torch.Tensor, list[torch.Tensor]]:
