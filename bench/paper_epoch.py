@@ -155,7 +155,8 @@ def main() -> None:
         t: TaskData(t, table, model.is_siamese(t))
         for t, table in synthetic_tables(sizes, config.vocab_size, rng).items()
     }
-    step = MultitaskStep(settings, model, data, device)
+    # Capturable: an optimizer step a graph can record (AdamaxW's rate and step counts on the device).
+    step = MultitaskStep(settings, model, data, device, capturable=args.cuda_graphs)
     plan = epoch_steps(
         {t: d.lengths for t, d in data.items()},
         BATCH,

@@ -12,8 +12,8 @@ from minbert.train.pcgrad import (
     _combine,
     _gram,
     _surgery_weights,
-    _visit_orders,
     gram_stats,
+    visit_orders,
 )
 
 
@@ -22,7 +22,7 @@ def project_conflicting(grads: list[torch.Tensor], generator: torch.Generator | 
     functions: the sum of the conflict-projected gradients (orders: one
     ``torch.randperm(k, generator=generator)`` per task, in task order)."""
     rows = torch.stack(grads)
-    return _combine(_surgery_weights(_gram(rows), _visit_orders(len(grads), generator)), rows)
+    return _combine(_surgery_weights(_gram(rows), visit_orders(len(grads), generator)), rows)
 
 
 def conflict_stats(grads: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -337,3 +337,77 @@ def test_flattened_pcgrad_on_a_bert_encoder_matches_the_vector_algorithm():
     got = flat(p.grad for p in shared).double()
     assert stats["conflicts"] >= 2  # the surgery had something to do
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6 * expected.abs().max().item())
+
+
+def frozen_visit_orders(k: int, generator: torch.Generator | None) -> list[list[int]]:
+    """pcgrad._visit_orders as of main 7084fbe, copied unchanged: the reference."""
+    device = generator.device if generator is not None else torch.device("cpu")
+    return [torch.randperm(k, generator=generator, device=device).tolist() for _ in range(k)]
+
+
+@torch.no_grad()
+def frozen_surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tensor:
+    """pcgrad._surgery_weights as of main 7084fbe (host orders), copied unchanged."""
+    k = gram.shape[0]
+    coef = torch.eye(k, dtype=torch.float64, device=gram.device)
+    norm_sq = gram.diagonal()
+    zero = gram.new_zeros(())
+    for i in range(k):
+        for j in orders[i]:
+            if j == i:
+                continue
+            dot = coef[i] @ gram[:, j]
+            conflict = (dot < 0) & (norm_sq[j] > 0)
+            step = dot / norm_sq[j].clamp_min(torch.finfo(torch.float64).tiny)
+            coef[i, j] -= torch.where(conflict, step, zero)
+    return coef.sum(0)
+
+
+def random_task_gradients(gen: torch.Generator) -> list[torch.Tensor]:
+    """2 or 3 task gradients of random length and scale, often conflicting, sometimes
+    zero or a multiple of another (ties and exact cancellations)."""
+    k = int(torch.randint(2, 4, (), generator=gen))
+    n = int(torch.randint(1, 40, (), generator=gen))
+    scale = 10.0 ** float(torch.empty(()).uniform_(-6, 3, generator=gen))
+    grads = [torch.randn(n, generator=gen) * scale for _ in range(k)]
+    kind = int(torch.randint(0, 6, (), generator=gen))
+    if kind == 0:
+        grads[0] = torch.zeros(n)
+    elif kind == 1:
+        grads[1] = -2.0 * grads[0]
+    elif kind == 2:
+        grads[-1] = -grads[0] + 0.1 * grads[-1]
+    return grads
+
+
+def test_the_device_surgery_is_the_frozen_host_surgery_to_the_bit():
+    """2,000 random gradient sets: the same draws of visit orders (a tensor now, a list
+    before), the same weights and the same combined gradient, to the bit."""
+    gen = torch.Generator().manual_seed(0)
+    conflicts = 0
+    for case in range(2000):
+        grads = random_task_gradients(gen)
+        rows, k = torch.stack(grads), len(grads)
+        gram = _gram(rows)
+        seed = int(torch.randint(0, 2**31, (), generator=gen))
+        orders = visit_orders(k, torch.Generator().manual_seed(seed))
+        old_orders = frozen_visit_orders(k, torch.Generator().manual_seed(seed))
+        assert orders.tolist() == old_orders and orders.dtype == torch.int64
+        new, old = _surgery_weights(gram, orders), frozen_surgery_weights(gram, old_orders)
+        assert torch.equal(new, old), (case, new, old)
+        assert torch.equal(_combine(new, rows), _combine(old, rows)), case
+        conflicts += gram_stats(gram)[1] > 0
+    assert conflicts > 500  # the surgery had work to do in many cases
+
+
+def test_pcgrad_draws_from_its_generator_unless_given_the_orders():
+    model, x, y_a, y_b = make_problem()
+    shared = model.shared_params()
+    drawn = PCGrad(shared, None, torch.Generator().manual_seed(3))
+    drawn(model.losses(x, y_a, y_b))
+    first = flat(p.grad for p in shared).clone()
+    given = PCGrad(shared, None, torch.Generator().manual_seed(99))
+    given(model.losses(x, y_a, y_b), visit_orders(2, torch.Generator().manual_seed(3)))
+    assert torch.equal(flat(p.grad for p in shared), first)
+    # The generator was not drawn from when the orders were given.
+    assert torch.equal(given.generator.get_state(), torch.Generator().manual_seed(99).get_state())

@@ -11,6 +11,7 @@ import torch
 
 from minbert.tasks import MULTITASK_TASKS
 from minbert.train.multitask_step import LoadedPiece, MultitaskStep, rows_used
+from minbert.train.optim import AdamaxW
 from minbert.train.smart import LOSS_PARTS
 
 # capture(fn) records fn's device work without running it and returns what replays it.
@@ -41,8 +42,12 @@ class _Captured:
     inputs: list[LoadedPiece]
     losses: torch.Tensor
     local: torch.Tensor
+    orders: torch.Tensor | None = None  # PCGrad's visit orders in, its Gram matrix out
+    gram: torch.Tensor | None = None
 
-    def fill(self, loaded: list[LoadedPiece]) -> None:
+    def fill(self, loaded: list[LoadedPiece], orders: torch.Tensor | None = None) -> None:
+        if orders is not None and self.orders is not None:
+            self.orders.copy_(orders, non_blocking=True)
         for static, piece in zip(self.inputs, loaded):
             static.batch.ids.copy_(piece.batch.ids, non_blocking=True)
             static.batch.mask.copy_(piece.batch.mask, non_blocking=True)
@@ -88,59 +93,73 @@ class GraphedStep:
 
     def __call__(
         self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         loaded = self.step.load(rows_by_task)
         key = shape_key(loaded)
         if key not in self.seen:
             self.seen.add(key)
-            losses, local = self._eager(loaded)
+            losses, local, gram = self._eager(loaded)
         else:
             captured = self.graphs.get(key) or self._capture(key, loaded)
-            captured.fill(loaded)
+            captured.fill(loaded, self.visit_orders(loaded))
             captured.replay()
             # The static outputs are overwritten by the next replay; the guard reads later.
             losses, local = captured.losses.clone(), captured.local.clone()
+            gram = None if captured.gram is None else captured.gram.clone()
         self.step.guard.push(losses, (epoch, step, rows_used(loaded)), local)
-        return losses, None
+        return losses, gram
+
+    def visit_orders(self, loaded: list[LoadedPiece]) -> torch.Tensor | None:
+        """PCGrad's visit orders for a replay, drawn on the host as the eager step draws them
+        (a graph would otherwise replay its capture's orders); None without PCGrad."""
+        return None if self.step.pcgrad is None else self.step.visit_orders(len(loaded))
 
     def reset(self) -> None:
-        """Forget every graph (after the learning rate changes), and their memory pool."""
+        """Forget every graph, and their memory pool (after fused AdamW's rate changes)."""
+        # Fused AdamW's rate is a float, a constant of its graphs; AdamaxW's is read on the device.
         self.graphs.clear()
         self.seen.clear()
         self.capture = self.new_capture()
 
-    def _eager(self, loaded: list[LoadedPiece]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _eager(self, loaded: list[LoadedPiece]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self.eager_steps += 1
         if self.side is None:
-            losses, local, _ = self.step.train_on(loaded)
-            return losses, local
+            return self.step.train_on(loaded)
         self.side.wait_stream(torch.cuda.current_stream(self.step.device))
         with torch.cuda.stream(self.side):
-            losses, local, _ = self.step.train_on(loaded)
+            out = self.step.train_on(loaded)
         torch.cuda.current_stream(self.step.device).wait_stream(self.side)
-        return losses, local
+        return out
 
     def _capture(self, key: tuple, loaded: list[LoadedPiece]) -> _Captured:
         inputs = [_static_copy(p) for p in loaded]
         shape = (len(MULTITASK_TASKS), len(LOSS_PARTS))
         losses = torch.zeros(shape, device=self.step.device)
         local = torch.zeros(shape, device=self.step.device)
+        orders = gram = None
+        if self.step.pcgrad is not None:  # every piece a task's whole batch: k = len(loaded)
+            k = len(loaded)
+            # Any valid orders until each replay's fill draws the step's own.
+            orders = torch.arange(k, device=self.step.device).repeat(k, 1)
+            gram = torch.zeros(k, k, dtype=torch.float64, device=self.step.device)
 
         def step() -> None:
-            step_losses, step_local, _ = self.step.train_on(inputs)
+            step_losses, step_local, step_gram = self.step.train_on(inputs, orders=orders)
             losses.copy_(step_losses)
             local.copy_(step_local)
+            if gram is not None:
+                gram.copy_(step_gram)
 
         # Optimizers refuse capture unless marked capturable; fused AdamW's step counts live
         # on the device either way, and its kernel is the same (the mark is off again after,
-        # as PyTorch warns of capturable steps run eagerly).
-        groups = self.step.optimizer.param_groups
-        for group in groups:
+        # as PyTorch warns of capturable steps run eagerly). AdamaxW is built capturable.
+        unmarked = [g for g in self.step.optimizer.param_groups if not g.get("capturable")]
+        for group in unmarked:
             group["capturable"] = True
         try:
-            captured = _Captured(self.capture(step), inputs, losses, local)
+            captured = _Captured(self.capture(step), inputs, losses, local, orders, gram)
         finally:
-            for group in groups:
+            for group in unmarked:
                 group["capturable"] = False
         self.graphs[key] = captured
         return captured
@@ -150,14 +169,18 @@ def refusal(step: MultitaskStep) -> str | None:
     """Why ``step`` cannot run from graphs, or None."""
     if step.smart is not None:
         return "SMART draws its noise from its own generator, which a graph would replay unchanged"
-    if step.pcgrad is not None:
-        return "PCGrad draws its task order on the host"
     if step.world.distributed:
         return "several processes: DDP's communication is not captured here"
     optimizer = step.optimizer
-    if not (isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused")):
-        return f"the optimizer is {type(optimizer).__name__}; only fused AdamW is captured"
-    return None
+    capturable = all(group.get("capturable") for group in optimizer.param_groups)
+    if isinstance(optimizer, AdamaxW) and capturable:
+        return None  # its rate and step counts on the device
+    if isinstance(optimizer, torch.optim.AdamW) and (optimizer.defaults.get("fused") or capturable):
+        return None
+    return (
+        f"the optimizer is {type(optimizer).__name__}{' (not capturable)' if not capturable else ''}; "
+        "only fused AdamW and AdamaxW or AdamW built capturable are captured"
+    )
 
 
 def _static_copy(piece: LoadedPiece) -> LoadedPiece:
@@ -201,12 +224,16 @@ def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) 
         t for s in step.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
     ]
     saved = [t.detach().clone() for t in state]
+    # PCGrad's visit orders too: each run draws the same ones, and the check draws none.
+    generators = [g.get_state() for g in step.generators]
     training = model.training
 
     def restore() -> None:
         with torch.no_grad():
             for t, s in zip(state, saved):
                 t.copy_(s)
+        for g, g_state in zip(step.generators, generators):
+            g.set_state(g_state)
         graphed.reset()
 
     def run(train) -> tuple[torch.Tensor, list[torch.Tensor]]:

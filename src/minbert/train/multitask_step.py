@@ -70,6 +70,7 @@ class MultitaskStep:
         device: torch.device,
         world: World = World(),
         observer: MultitaskObserver | None = None,
+        capturable: bool = False,
     ):
         self.settings, self.model, self.train, self.device, self.world = settings, model, train, device, world
         self.observer = observer or MultitaskObserver()
@@ -88,6 +89,7 @@ class MultitaskStep:
             lr=settings.lr,
             weight_decay=settings.weight_decay,
             head_lr=settings.head_lr,
+            capturable=capturable,  # an optimizer step a CUDA graph can record (GraphedStep)
         )
         self.pad_multiple = pad_multiple(device)
         self.smart = (
@@ -110,6 +112,13 @@ class MultitaskStep:
     @property
     def generators(self) -> tuple[torch.Generator, ...]:
         return (self.pcgrad_generator, *([self.smart.generator] if self.smart else []))
+
+    def visit_orders(self, k: int) -> torch.Tensor:
+        """PCGrad's (k, k) task visit orders for the next step, drawn on the host from
+        ``pcgrad_generator`` (one draw a PCGrad step), on the device."""
+        if self.pcgrad is None:
+            raise ValueError("visit orders are PCGrad's; this step sums its tasks' gradients")
+        return self.pcgrad.visit_orders(k)
 
     def __call__(
         self, rows_by_task: dict[str, np.ndarray], epoch: int = 0, step: int = 0
@@ -136,13 +145,13 @@ class MultitaskStep:
         return loaded
 
     def train_on(
-        self, loaded: list[LoadedPiece], at: tuple[int, int] | None = None
+        self, loaded: list[LoadedPiece], at: tuple[int, int] | None = None, orders: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The device's part of a step, top to bottom; nothing here waits for the device or
         reads the host's data, so a CUDA graph can hold it (``GraphedStep``). Returns the
         global and this rank's (task, LOSS_PARTS) means and PCGrad's Gram matrix. ``at``:
         the (epoch, step) under which the losses go to the non-finite guard (None: the
-        caller checks them)."""
+        caller checks them). ``orders``: PCGrad's visit orders (None: drawn here)."""
         objectives = []
         local = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         # Cleared first: a batch cut into pieces backpropagates each piece as it goes.
@@ -169,7 +178,8 @@ class MultitaskStep:
             # step), or PCGrad's surgery on the encoder's per-task gradients.
             gram = None
             if self.pcgrad is not None:
-                gram = self.pcgrad(objectives)
+                orders = self.visit_orders(len(objectives)) if orders is None else orders
+                gram = self.pcgrad(objectives, orders)
             elif objectives:
                 torch.stack(objectives).sum().backward()
 

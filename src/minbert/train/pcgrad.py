@@ -39,29 +39,35 @@ def _gram(rows: torch.Tensor) -> torch.Tensor:
     return (gram + gram.T) / 2
 
 
-def _visit_orders(k: int, generator: torch.Generator | None) -> list[list[int]]:
-    """One ``torch.randperm(k)`` per task, in task order (its own index skipped when
-    visited): a fixed draw from ``generator`` whatever the gradients are."""
+def visit_orders(k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Row ``i``: task ``i``'s visit order (its own index a no-op), one ``torch.randperm(k)``
+    per task, in task order: a fixed draw from ``generator``, on the host."""
     device = generator.device if generator is not None else torch.device("cpu")
-    return [torch.randperm(k, generator=generator, device=device).tolist() for _ in range(k)]
+    return torch.stack([torch.randperm(k, generator=generator, device=device) for _ in range(k)])
 
 
 @torch.no_grad()
-def _surgery_weights(gram: torch.Tensor, orders: list[list[int]]) -> torch.Tensor:
+def _surgery_weights(gram: torch.Tensor, orders: torch.Tensor) -> torch.Tensor:
     """Weights ``w`` with ``sum_i g_i' = sum_m w[m] g_m``: row ``i`` of ``coef`` is g_i' in the
     basis of the original gradients; a zero ``g_j`` is never projected onto."""
+    # `orders` is only indexed with, never read by the host: a CUDA graph holds this.
     k = gram.shape[0]
+    orders = orders.to(gram.device)
     coef = torch.eye(k, dtype=torch.float64, device=gram.device)
-    norm_sq = gram.diagonal()
+    # A task's visit to itself subtracts 0.0, as skipping it did.
+    others = orders != torch.arange(k, device=gram.device)[:, None]
     zero = gram.new_zeros(())
     for i in range(k):
-        for j in orders[i]:
-            if j == i:
-                continue
-            dot = coef[i] @ gram[:, j]
-            conflict = (dot < 0) & (norm_sq[j] > 0)
-            step = dot / norm_sq[j].clamp_min(torch.finfo(torch.float64).tiny)
-            coef[i, j] -= torch.where(conflict, step, zero)
+        # Column p: gram[:, orders[i, p]], strided as that column is (a contiguous copy's
+        # dot product rounds differently in MKL), and its squared norm.
+        visited = gram.index_select(1, orders[i])
+        norm_sq = gram.diagonal().index_select(0, orders[i])
+        for p in range(k):
+            j = orders[i, p : p + 1]
+            dot = coef[i] @ visited[:, p]
+            conflict = (dot < 0) & (norm_sq[p] > 0) & others[i, p]
+            step = dot / norm_sq[p].clamp_min(torch.finfo(torch.float64).tiny)
+            coef[i].index_copy_(0, j, coef[i].index_select(0, j) - torch.where(conflict, step, zero))
     return coef.sum(0)
 
 
@@ -93,7 +99,8 @@ class PCGrad:
     task's shared gradient a row of one matrix; writes the surgery's result into a flat
     buffer whose views are the shared ``.grad``, and each head's summed plain gradient.
     ``reduce`` (data-parallel: the mean over ranks) is applied to each row and once to
-    the heads' gradients. Returns the Gram matrix of the original shared gradients."""
+    the heads' gradients. Returns the Gram matrix of the original shared gradients.
+    ``orders``: :func:`visit_orders` (None: drawn from ``generator``)."""
 
     def __init__(
         self,
@@ -135,7 +142,11 @@ class PCGrad:
             offset += p.numel()
         return views
 
-    def __call__(self, losses: Sequence[torch.Tensor]) -> torch.Tensor:
+    def visit_orders(self, k: int) -> torch.Tensor:
+        """The next step's (k, k) visit orders from ``generator``, on the gradients' device."""
+        return visit_orders(k, self.generator).to(self.combined.device)
+
+    def __call__(self, losses: Sequence[torch.Tensor], orders: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(losses, torch.Tensor) or len(losses) == 0:
             raise ValueError("expected a non-empty list of per-task losses")
         for t, loss in enumerate(losses):
@@ -161,7 +172,7 @@ class PCGrad:
                 if g is not None:
                     head_grads[h] = g if head_grads[h] is None else head_grads[h] + g
         gram = _gram(self.rows)
-        weights = _surgery_weights(gram, _visit_orders(k, self.generator))
+        weights = _surgery_weights(gram, self.visit_orders(k) if orders is None else orders)
         _combine(weights, self.rows, out=self.combined)
         # A head no task reached gets a zero gradient, like the shared parameters.
         heads = [p.new_zeros(p.shape) if g is None else g for p, g in zip(self.heads, head_grads)]
