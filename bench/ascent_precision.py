@@ -43,9 +43,9 @@ def gradient(net, dtype, linearised: bool, task, batch, kind, embedded, noise, m
     if linearised:
         return ascent_gradient(lambda e: net(task, batch, e), x, start, kind, masks)[0].double()
     moved = start.clone().requires_grad_(True)
-    with masks.replay():
+    with masks.play():
         clean = net(task, batch, x).detach()
-    with masks.replay():
+    with masks.play():
         perturbed = net(task, batch, x + moved)
     return torch.autograd.grad(divergence(perturbed, clean, kind), moved)[0].double()
 
@@ -60,9 +60,10 @@ def main() -> None:
     from minbert.device import pin_cpu_kernels
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.model.dropout import MaskTape
     from minbert.model.multitask import MultitaskBert
     from minbert.tasks import TASKS as SPECS
-    from minbert.train.smart import DropoutMasks, initial_noise
+    from minbert.train.smart import initial_noise
 
     pin_cpu_kernels()
     params = yaml.safe_load((common.REPO / "params.yaml").read_text(encoding="utf-8"))
@@ -92,7 +93,7 @@ def main() -> None:
             torch.manual_seed(args.seed)
             embedded = model.embed(batch).detach()
             noise = initial_noise(embedded, sigma, torch.Generator().manual_seed(args.seed))
-            masks = DropoutMasks("cpu")
+            masks = MaskTape()
 
             case = (task, batch, kind, embedded, noise, masks)
             reference = gradient(reference_model, torch.float64, False, *case)

@@ -180,7 +180,7 @@ def main() -> None:
         if device.type == "cuda":
             run = graphed = GraphedStep(step)
         else:  # --quick: a stand-in "graph" reruns the step: the path, not its speed
-            run = graphed = GraphedStep(step, new_capture=lambda: lambda fn: fn)
+            run = graphed = GraphedStep(step, new_capture=lambda: lambda fn, generators: fn)
     for rows in warmup:
         run(rows)
     if graphed:

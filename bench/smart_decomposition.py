@@ -122,11 +122,11 @@ def main() -> None:
 
     from minbert.model.bert import BertModel
     from minbert.model.checkpoint import resolve_checkpoint
+    from minbert.model.dropout import MaskTape
     from minbert.model.multitask import MultitaskBert
     from minbert.settings import SmartSettings
     from minbert.tasks import TASKS
     from minbert.train.smart import (
-        DropoutMasks,
         adversarial_perturbation,
         divergence,
         initial_noise,
@@ -178,7 +178,7 @@ def main() -> None:
         model.train(not eval_mode)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             embedded = model.embed(batch)
-            masks = DropoutMasks("cpu") if settings.dropout_masks == "shared" else None
+            masks = MaskTape() if settings.dropout_masks == "shared" else None
             _, loss, control = smoothness_terms(
                 forward_fn(task, batch, bf16_inside),
                 embedded,
@@ -260,7 +260,7 @@ def main() -> None:
         for t, b, s in cases:
             torch.manual_seed(args.seed)
             embedded = model.embed(b)
-            masks = DropoutMasks("cpu")
+            masks = MaskTape()
             fn = forward_fn(t, b, False)
             noise, _ = adversarial_perturbation(
                 fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
@@ -294,11 +294,11 @@ def main() -> None:
                 fn = forward_fn(t, b, inside)
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     embedded = model.embed(b)
-                    masks = DropoutMasks("cpu")
+                    masks = MaskTape()
 
                     def run(x, fn=fn, masks=masks):
                         # A perturbed pass as smart.py runs it (autocast off, masks replayed).
-                        with torch.no_grad(), masks.replay(), torch.autocast("cpu", enabled=False):
+                        with torch.no_grad(), masks.play(), torch.autocast("cpu", enabled=False):
                             return fn(x).float()
 
                     hooks.take()

@@ -1,7 +1,7 @@
 """Dropout that gives stacked copies of a batch the same masks (SMART's clean and perturbed
 copies, docs/smart.md): inside :func:`tiled`, every dropout, attention's included, draws
 its mask for one copy with ``bernoulli_`` and applies it to each; outside, it is
-``nn.Dropout`` and SDPA."""
+``nn.Dropout`` and SDPA. A :class:`MaskTape` gives later passes the first pass's masks."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _COPIES: contextvars.ContextVar[int | None] = contextvars.ContextVar("dropout_copies", default=None)
+_TAPE: contextvars.ContextVar[MaskTape | None] = contextvars.ContextVar("dropout_tape", default=None)
 
 
 @contextlib.contextmanager
@@ -29,6 +30,49 @@ def tiled(copies: int) -> Iterator[None]:
         _COPIES.reset(token)
 
 
+class MaskTape:
+    """One step's dropout masks (one copy's each): the first pass under :meth:`play` draws
+    and records them, every later pass replays them in order. Nothing rewinds a
+    generator, which a CUDA graph's capture forbids."""
+
+    def __init__(self) -> None:
+        self.masks: list[torch.Tensor] = []
+        self.recorded = False
+        self._next = 0
+
+    @contextlib.contextmanager
+    def play(self, copies: int = 1) -> Iterator[None]:
+        """Run the block as :func:`tiled` (``copies``), its masks the tape's."""
+        self._next = 0
+        token = _TAPE.set(self)
+        try:
+            with tiled(copies):
+                yield
+        finally:
+            _TAPE.reset(token)
+        if self.recorded and self._next != len(self.masks):
+            raise RuntimeError(f"a pass replayed {self._next} of the tape's {len(self.masks)} dropout masks")
+        self.recorded = True
+
+    def keep(self, shape: tuple[int, ...], x: torch.Tensor, p: float) -> torch.Tensor:
+        """The next mask, ``shape`` for ``x``: drawn (and recorded) or replayed."""
+        if not self.recorded:
+            self.masks.append(_draw(shape, x, p))
+            return self.masks[-1]
+        if self._next == len(self.masks):
+            raise RuntimeError(f"a pass asked for more than the tape's {len(self.masks)} dropout masks")
+        mask = self.masks[self._next]
+        self._next += 1
+        if mask.shape != shape:
+            raise RuntimeError(f"the tape's mask is {tuple(mask.shape)}, a pass's {tuple(shape)}")
+        return mask.to(x.dtype)
+
+
+def _draw(shape: tuple[int, ...], x: torch.Tensor, p: float) -> torch.Tensor:
+    keep = torch.empty(shape, dtype=x.dtype, device=x.device)
+    return keep.bernoulli_(1.0 - p).div_(1.0 - p)
+
+
 def in_tiled() -> bool:
     """Whether the caller runs inside :func:`tiled`."""
     return _COPIES.get() is not None
@@ -40,8 +84,9 @@ def tiled_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     copies = _COPIES.get() or 1
     if x.shape[0] % copies:
         raise ValueError(f"a batch of {x.shape[0]} rows is not {copies} copies of one")
-    keep = torch.empty((x.shape[0] // copies, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    keep.bernoulli_(1.0 - p).div_(1.0 - p)
+    shape = (x.shape[0] // copies, *x.shape[1:])
+    tape = _TAPE.get()
+    keep = _draw(shape, x, p) if tape is None else tape.keep(shape, x, p)
     if copies > 1:
         keep = keep.repeat(copies, *([1] * (x.dim() - 1)))
     return x * keep

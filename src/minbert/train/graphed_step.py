@@ -3,8 +3,9 @@ sentences the host paces a GPU step (docs/performance.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -14,8 +15,9 @@ from minbert.train.multitask_step import LoadedPiece, MultitaskStep, rows_used
 from minbert.train.optim import AdamaxW
 from minbert.train.smart import LOSS_PARTS
 
-# capture(fn) records fn's device work without running it and returns what replays it.
-Capture = Callable[[Callable[[], None]], Callable[[], None]]
+# capture(fn, generators) records fn's device work without running it and returns what
+# replays it; each replay draws on from where ``generators`` stand (others would repeat).
+Capture = Callable[[Callable[[], None], Sequence[torch.Generator]], Callable[[], None]]
 
 
 class CudaGraphs:
@@ -27,8 +29,11 @@ class CudaGraphs:
     def __init__(self) -> None:
         self.pool = torch.cuda.graph_pool_handle()
 
-    def __call__(self, fn: Callable[[], None]) -> Callable[[], None]:
+    def __call__(self, fn: Callable[[], None], generators: Sequence[torch.Generator]) -> Callable[[], None]:
         graph = torch.cuda.CUDAGraph()
+        for generator in generators:  # registered before capture: each replay advances them
+            if generator.device.type == "cuda":
+                graph.register_generator_state(generator)
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
         return graph.replay
@@ -157,7 +162,9 @@ class GraphedStep:
         for group in unmarked:
             group["capturable"] = True
         try:
-            captured = _Captured(self.capture(step), inputs, losses, local, orders, gram)
+            captured = _Captured(
+                self.capture(step, device_generators(self.step)), inputs, losses, local, orders, gram
+            )
         finally:
             for group in unmarked:
                 group["capturable"] = False
@@ -165,10 +172,26 @@ class GraphedStep:
         return captured
 
 
+def device_generators(step: MultitaskStep) -> list[torch.Generator]:
+    """The generators ``step``'s device work draws from: dropout's (the device's default)
+    and SMART's random starts'."""
+    device = step.device
+    if device.type == "cuda":
+        default = torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()
+        ]
+    else:
+        default = torch.default_generator
+    return [default, *([step.smart.generator] if step.smart is not None else [])]
+
+
+def drawn_from(step: MultitaskStep) -> list[torch.Generator]:
+    """Every generator ``step`` draws from: the device's and PCGrad's host one."""
+    return list({id(g): g for g in (*device_generators(step), *step.generators)}.values())
+
+
 def refusal(step: MultitaskStep) -> str | None:
     """Why ``step`` cannot run from graphs, or None."""
-    if step.smart is not None:
-        return "SMART draws its noise from its own generator, which a graph would replay unchanged"
     if step.world.distributed:
         return "several processes: DDP's communication is not captured here"
     optimizer = step.optimizer
@@ -218,22 +241,26 @@ class GraphCheck:
 
 def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) -> GraphCheck:
     """``plan`` trained three times from one state, dropout off: graphed, eager, eager
-    again; the state is restored after and the graphs dropped."""
+    again; the state (weights, optimizer, SMART's teacher, the generators) is restored
+    after and the graphs dropped."""
     step, model = graphed.step, graphed.step.model
-    state = [p for p in model.parameters()] + [
-        t for s in step.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
-    ]
+    teacher = [] if step.smart is None else [step.smart.teacher.module]
+    state = [t for m in (model, *teacher) for t in (*m.parameters(), *m.buffers())]
     saved = [t.detach().clone() for t in state]
-    # PCGrad's visit orders too: each run draws the same ones, and the check draws none.
-    generators = [g.get_state() for g in step.generators]
+    # Deep copies: load_state_dict keeps the tensors it is given, and the runs may add state.
+    optimizer = copy.deepcopy(step.optimizer.state_dict())
+    # Each run draws the same numbers, and the check none of the training run's.
+    generators = drawn_from(step)
+    positions = [g.get_state() for g in generators]
     training = model.training
 
     def restore() -> None:
         with torch.no_grad():
             for t, s in zip(state, saved):
                 t.copy_(s)
-        for g, g_state in zip(step.generators, generators):
-            g.set_state(g_state)
+        step.optimizer.load_state_dict(copy.deepcopy(optimizer))
+        for g, position in zip(generators, positions):
+            g.set_state(position)
         graphed.reset()
 
     def run(train) -> tuple[torch.Tensor, list[torch.Tensor]]:

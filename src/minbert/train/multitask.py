@@ -175,7 +175,11 @@ class _MultitaskEpochs:
         self.start_dev: dict = {}
         self.start_predictions: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(settings.seed)
-        self.train_step = MultitaskStep(settings, model, data.train, device, world, self.observer)
+        # Graphs need an optimizer whose rate and step counts live on the device.
+        capturable = settings.cuda_graphs and device.type == "cuda"
+        self.train_step = MultitaskStep(
+            settings, model, data.train, device, world, self.observer, capturable=capturable
+        )
         self.steps, self.steps_from = None, (False, "")  # chosen at the first epoch (choose_steps)
         self.global_batch = {t: settings.batch_size[t] * world.size for t in MULTITASK_TASKS}
         self.one_task_per_step = settings.gradient == "round-robin"
@@ -228,7 +232,7 @@ class _MultitaskEpochs:
 
     def epoch(self, epoch, step, log):
         self.model.train()
-        lr = self.train_step.optimizer.param_groups[0]["lr"]
+        lr = float(self.train_step.optimizer.param_groups[0]["lr"])
         # Loss sums stay on the device (no host synchronisation for the log).
         sums = torch.zeros(len(MULTITASK_TASKS), len(LOSS_PARTS), device=self.device)
         grams: list[tuple[int, torch.Tensor]] = []  # PCGrad's, read once the epoch is done
@@ -244,7 +248,7 @@ class _MultitaskEpochs:
             self.steps, graphs, why = choose_steps(self.train_step, self.settings.cuda_graphs, plan)
             self.steps_from = (graphs, why)
         for index, rows_by_task in enumerate(batches):
-            last_lr = optimizer.param_groups[0]["lr"]
+            last_lr = _rate(optimizer)
             step_losses, gram = self.steps(rows_by_task, epoch, index)
             self.schedule.after_step()
             sums += step_losses
@@ -274,7 +278,7 @@ class _MultitaskEpochs:
         self.schedule.after_epoch()
         if self.steps is not self.train_step:  # graphs hold the rate they were captured with
             self.steps.reset()
-        self.applied_lr.append((epoch, lr, last_lr))
+        self.applied_lr.append((epoch, lr, float(last_lr)))
         means = (sums.cpu().numpy() / counts[:, None]).tolist()
         parts = LOSS_PARTS if self.settings.smart else ("loss",)
         losses = {
@@ -326,6 +330,13 @@ class _MultitaskEpochs:
         self.start_dev = state["start_dev"]
         self.start_predictions = {t: np.asarray(p) for t, p in state["start_predictions"].items()}
         self.global_step, self.seen = state["global_step"], state["examples_seen"]
+
+
+def _rate(optimizer: torch.optim.Optimizer) -> float | torch.Tensor:
+    """The encoder's rate now: a capturable optimizer's is a device tensor, copied on the
+    device (read once the epoch is done, never a host wait a step)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.clone() if torch.is_tensor(lr) else lr
 
 
 # The training-loss log: each task's mean loss over the steps of a window that trained it

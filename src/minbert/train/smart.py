@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from minbert.data.multitask import Batch, TaskData
 from minbert.device import at_least_float32, compute_context
-from minbert.model.dropout import tiled
+from minbert.model.dropout import MaskTape, tiled
 from minbert.model.multitask import task_loss
 from minbert.settings import SmartSettings
 from minbert.tasks import HEAD_OUTPUTS, TASKS
@@ -72,7 +72,7 @@ class Smart:
         # Random starts are drawn for whole global batches: alike on every rank.
         self.generator = torch.Generator(device).manual_seed(seed)
         self.hidden = model.encoder.config.hidden_size
-        self.masks: DropoutMasks | None = None  # this step's, taken after the embedding layer
+        self.masks: MaskTape | None = None  # this step's, drawn by the ascent's first pass
 
     def __call__(
         self,
@@ -112,10 +112,9 @@ class Smart:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The clean output (float32), R_s and its control (:func:`smoothness_terms`) with
         autocast off: the ascent on the model, the trained pass through ``net`` (the model
-        or its DDP wrapper). Call it right after the embedding layer: shared masks are
-        taken here."""
+        or its DDP wrapper); shared masks on a new tape."""
         shared = self.settings.dropout_masks == "shared"
-        self.masks = DropoutMasks(embedded.device) if shared else None
+        self.masks = MaskTape() if shared else None
         with compute_context(self.device), torch.autocast(self.device.type, enabled=False):
             return smoothness_terms(
                 lambda e: net(task, batch, e), embedded, TASKS[task].head_output, self.settings,
@@ -205,39 +204,6 @@ def bregman_loss(student_output: torch.Tensor, teacher_output: torch.Tensor, kin
 # -------------------------------------------------------- smoothness term R_s
 
 
-class DropoutMasks:
-    """The global random state (CPU, and the CUDA device's) at one moment: every pass run
-    from it by the same modules draws the same dropout masks."""
-
-    def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
-        self.cpu_state = torch.get_rng_state()
-        self.cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-
-    @contextlib.contextmanager
-    def replay(self, copies: int = 1) -> Iterator[None]:
-        """Run the block from the saved state, masks drawn for one of ``copies`` stacked
-        copies, then put the global state back: the block draws nothing from the stream."""
-        cuda = self.cuda_state is not None
-        with torch.random.fork_rng(devices=[self.device] if cuda else [], device_type="cuda"):
-            self.rewind()
-            with tiled(copies):
-                yield
-
-    @contextlib.contextmanager
-    def draw(self, copies: int = 1) -> Iterator[None]:
-        """Run the block from the saved state, masks drawn for one of ``copies``, and let
-        the training's stream go on from there."""
-        self.rewind()
-        with tiled(copies):
-            yield
-
-    def rewind(self) -> None:
-        torch.set_rng_state(self.cpu_state)
-        if self.cuda_state is not None:
-            torch.cuda.set_rng_state(self.cuda_state, self.device)
-
-
 def initial_noise(
     embedded: torch.Tensor, std: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -274,14 +240,14 @@ def ascent_gradient(
     embedded: torch.Tensor,
     noise: torch.Tensor,
     kind: Kind,
-    masks: DropoutMasks | None,
+    masks: MaskTape | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient in ``noise`` of the divergence between ``f(embedded + noise)`` and
     ``f(embedded)``, on its second-order model J' H J noise (forward-mode J noise, one
     backward pass), and the clean output, detached."""
     x = embedded.detach().requires_grad_(True)
     # Explicit attention and dropout (tiled), which forward mode supports; float32.
-    replayed = masks.replay() if masks is not None else tiled(1)
+    replayed = masks.play() if masks is not None else tiled(1)
     with fwAD.dual_level(), torch.autocast(embedded.device.type, enabled=False), replayed:
         dual = forward_fn(fwAD.make_dual(x, noise).float()).float()
         clean, change = fwAD.unpack_dual(dual)
@@ -300,7 +266,7 @@ def adversarial_perturbation(
     settings: SmartSettings,
     generator: torch.Generator | None = None,
     start: torch.Tensor | None = None,
-    masks: DropoutMasks | None = None,
+    masks: MaskTape | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The inner max of R_s by normalised ascent from ``start`` (or noise drawn with
     ``generator``), then :func:`project`; the perturbation and the clean output it was
@@ -330,7 +296,7 @@ def smoothness_terms(
     embedded: torch.Tensor,
     kind: Kind,
     settings: SmartSettings,
-    masks: DropoutMasks | None = None,
+    masks: MaskTape | None = None,
     start: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     ascent_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -343,8 +309,8 @@ def smoothness_terms(
     noise, target = adversarial_perturbation(
         ascent_fn or forward_fn, embedded32, kind, settings, generator=generator, start=start, masks=masks
     )
-    # The pass that draws this step's masks for the training's stream (the ascent replayed them).
-    drawn = masks.draw(2) if masks is not None else contextlib.nullcontext()
+    # The ascent's first pass drew the masks (with no ascent, this pass draws them).
+    drawn = masks.play(2) if masks is not None else contextlib.nullcontext()
     with torch.autocast(embedded.device.type, enabled=False), drawn:
         both = forward_fn(torch.cat([embedded32, embedded32 + noise])).float()
     clean, perturbed = both.chunk(2)
