@@ -26,6 +26,7 @@ from minbert.train.head_warmup import frozen_vectors
 STAGES = [
     "features",
     "zero-shot",
+    "sentiment-features",
     "sentiment@sst-last-layer",
     "sentiment@cfimdb-full",
     "multitask@baseline",
