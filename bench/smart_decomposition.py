@@ -49,7 +49,6 @@ import torch
 import yaml
 from torch import nn
 
-TASKS = ("sst", "quora", "sts")
 COURSE_FILES = {"sst": "ids-sst-train.csv", "quora": "quora-dev.csv", "sts": "sts-train.csv"}
 DATA = common.REPO.parent / "shared" / "data" / "cs224n"
 TOKEN_NORMS = (0.1, 0.3, 1.0, 3.0)
@@ -125,7 +124,8 @@ def main() -> None:
     from minbert.model.dropout import MaskTape
     from minbert.model.multitask import MultitaskBert
     from minbert.settings import SmartSettings
-    from minbert.tasks import TASKS
+    from minbert.tasks import MULTITASK_TASKS as TASKS
+    from minbert.tasks import TASKS as SPECS
     from minbert.train.smart import (
         adversarial_perturbation,
         divergence,
@@ -182,7 +182,7 @@ def main() -> None:
             _, loss, control = smoothness_terms(
                 forward_fn(task, batch, bf16_inside),
                 embedded,
-                TASKS[task].head_output,
+                SPECS[task].head_output,
                 settings,
                 start=start,
                 masks=masks,
@@ -263,7 +263,7 @@ def main() -> None:
             masks = MaskTape()
             fn = forward_fn(t, b, False)
             noise, _ = adversarial_perturbation(
-                fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
+                fn, embedded, SPECS[t].head_output, settings, start=s, masks=masks
             )
             real = b.mask.bool()
             ratios.append((noise.norm(dim=-1) / embedded.norm(dim=-1))[real])
@@ -305,14 +305,14 @@ def main() -> None:
                     clean = run(embedded)
                     clean_calls = hooks.take()
                     noise, _ = adversarial_perturbation(
-                        fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
+                        fn, embedded, SPECS[t].head_output, settings, start=s, masks=masks
                     )
                     perturbed = run(embedded + noise)
                     calls = hooks.take()[-len(clean_calls) :]  # the last pass's, after the ascent's
                 first, every = vanished(clean_calls, calls)
                 (x32, x_seen), (y32, y_seen) = clean_calls[0], calls[0]
                 error = ((y_seen - x_seen) - (y32 - x32)).norm() / (y32 - x32).norm()
-                r_s = divergence(perturbed, clean, TASKS[t].head_output).item()
+                r_s = divergence(perturbed, clean, SPECS[t].head_output).item()
                 cells[t].append((first, every, error.item(), r_s))
             bf16[f"{projection}_{when}"] = {
                 "vanished_first_linear": float(np.mean([c[0] for cs in cells.values() for c in cs])),

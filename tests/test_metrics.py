@@ -134,3 +134,42 @@ def test_the_resampled_selection_metric_is_mcc_on_the_drawn_examples(task):
     # Paired: a model against itself differs by exactly zero.
     same = paired_average([(task, labels, predictions, predictions)], selection=True)
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+def test_the_bootstrap_is_scipys_percentile_bootstrap_draw_for_draw():
+    """The draws are made here (int32, no gather of arange), but the interval is
+    scipy.stats.bootstrap's to the bit, for one sample and for several of unequal size."""
+    from minbert.metrics import BOOTSTRAP_RESAMPLES, CONFIDENCE, _bootstrap
+
+    values = {n: np.random.default_rng(n).normal(size=n) for n in (37, 300)}
+
+    def mean_of(*idx, axis=-1):  # scipy hands over arange(n) resampled, i.e. the indices
+        return np.mean([values[i.shape[-1]][i].mean(axis=-1) for i in idx], axis=0)
+
+    for sizes in [(300,), (37, 300)]:
+        reference = stats.bootstrap(
+            tuple(np.arange(n) for n in sizes),
+            mean_of,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            vectorized=True,
+            confidence_level=CONFIDENCE,
+            method="percentile",
+            batch=500,
+            rng=np.random.default_rng(5),
+        ).confidence_interval
+        assert _bootstrap(sizes, mean_of, 5) == (reference.low, reference.high)
+    assert _bootstrap((300,), mean_of, 6) != _bootstrap((300,), mean_of, 5)
+
+
+def test_drawn_counts_are_the_drawn_units_summed():
+    """Counting each draw per distinct unit gives the sum of the drawn units exactly,
+    for examples (few distinct rows) and for clusters (many)."""
+    from minbert.metrics import _clusters, _per_unit, _summing
+
+    rng = np.random.default_rng(4)
+    examples = rng.integers(0, 2, (500, 6)).astype(float)
+    clusters = _per_unit(examples, _clusters("quora", rng.integers(0, 120, 500), 500))
+    for units in (examples, clusters):
+        drawn = rng.integers(0, len(units), (7, len(units)), dtype=np.int32)
+        assert np.array_equal(_summing(units)(drawn), units[drawn].sum(axis=-2))
+        assert np.array_equal(_summing(units)(drawn[None]), units[drawn[None]].sum(axis=-2))

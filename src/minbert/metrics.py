@@ -29,6 +29,7 @@ STS_DECIMALS = 3
 BOOTSTRAP_RESAMPLES = 9999
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+_BATCH = 500  # resamples drawn and scored at once
 
 
 def fixed(x: float | None) -> float | None:
@@ -115,10 +116,9 @@ def _clusters(task: str, groups: np.ndarray | None, n: int) -> _Clusters | None:
     return _Clusters(index, counts)
 
 
-def _units(labels: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
-    """What the bootstrap resamples: the examples, or the clusters."""
-    # int32: the resamples are gathered from these, half the bytes of int64.
-    return np.arange(len(labels) if clusters is None else len(clusters), dtype=np.int32)
+def _size(labels: np.ndarray, clusters: _Clusters | None) -> int:
+    """How many units the bootstrap resamples: the examples, or the clusters."""
+    return len(labels) if clusters is None else len(clusters)
 
 
 def _per_unit(values: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
@@ -130,15 +130,22 @@ def _per_unit(values: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
     )
 
 
-def _drawn_sums(units: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``units[idx].sum(axis=-2)`` for rows of drawn indices, as how often each unit was
-    drawn times ``units``: one matrix product instead of a gather of every draw. The
-    same numbers exactly: both add integer counts, exact in float64."""
-    draws = np.reshape(idx, (-1, np.shape(idx)[-1]))
-    times = np.empty((len(draws), len(units)))
-    for row, drawn in zip(times, draws):  # a draw at a time: no index array of every draw
-        row[:] = np.bincount(drawn, minlength=len(units))
-    return (times @ units).reshape(*np.shape(idx)[:-1], units.shape[1])
+def _summing(units: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """``idx -> units[idx].sum(axis=-2)`` for rows of drawn indices. An example's counts
+    take few distinct values, so a draw is counted per distinct unit (a bincount over few
+    bins) and the counts multiplied by the distinct units: the same numbers exactly, as
+    integer counts are exact in float64."""
+    distinct, kind = np.unique(units, axis=0, return_inverse=True)
+    kind = kind.reshape(-1).astype(np.intp)
+
+    def sums(idx: np.ndarray) -> np.ndarray:
+        draws = kind[np.reshape(idx, (-1, np.shape(idx)[-1]))]
+        times = np.empty((len(draws), len(distinct)))
+        for row, drawn in zip(times, draws):  # a draw at a time: a cache-sized bincount
+            row[:] = np.bincount(drawn, minlength=len(distinct))
+        return (times @ distinct).reshape(*np.shape(idx)[:-1], units.shape[1])
+
+    return sums
 
 
 def _count_columns(task: str, metric: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
@@ -196,11 +203,11 @@ def _resampled(
     models = [predictions] if reference is None else [predictions, reference]
     if metric in ("accuracy", "mcc"):
         columns = [_count_columns(task, metric, labels, p) for p in models]
-        units = _per_unit(np.concatenate(columns, axis=1), clusters)
+        summed = _summing(_per_unit(np.concatenate(columns, axis=1), clusters))
         width = columns[0].shape[1]
 
         def counted(idx):
-            sums = _drawn_sums(units, idx)  # (..., columns): the drawn units' counts
+            sums = summed(idx)  # (..., columns): the drawn units' counts
             values = [
                 _from_counts(task, metric, sums[..., m * width : (m + 1) * width]) for m in range(len(models))
             ]
@@ -236,18 +243,19 @@ class Interval:
         return {"value": fixed(self.value), "low": fixed(self.low), "high": fixed(self.high)}
 
 
-def _bootstrap(samples: Sequence[np.ndarray], statistic, seed: int) -> tuple[float, float]:
-    result = stats.bootstrap(
-        tuple(samples),
-        statistic,
-        n_resamples=BOOTSTRAP_RESAMPLES,
-        vectorized=True,
-        confidence_level=CONFIDENCE,
-        method="percentile",
-        batch=500,
-        rng=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+def _bootstrap(sizes: Sequence[int], statistic, seed: int) -> tuple[float, float]:
+    """scipy.stats.bootstrap's percentile interval (vectorized, batches of 500) of
+    ``statistic(*idx)``, ``idx`` the drawn indices of units 0..n-1 of each size. Drawn
+    here from the same stream, the same values: int32 (numpy draws the same numbers for
+    int32 and int64 below 2**32, with half the bytes) and no gather of ``arange(n)``."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for start in range(0, BOOTSTRAP_RESAMPLES, _BATCH):
+        rows = min(_BATCH, BOOTSTRAP_RESAMPLES - start)
+        values.append(statistic(*[rng.integers(0, n, (rows, n), dtype=np.int32) for n in sizes]))
+    alpha = (1 - CONFIDENCE) / 2
+    low, high = stats.quantile(np.concatenate(values, axis=-1), np.asarray([alpha, 1 - alpha]), axis=-1)
+    return float(low), float(high)
 
 
 def _check(task: str, labels: np.ndarray, *predictions: np.ndarray) -> None:
@@ -272,7 +280,7 @@ def interval(
     _check(task, labels, predictions)
     clusters = _clusters(task, groups, len(labels))
     metric = _resampled(task, labels, predictions, clusters)
-    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: metric(idx), seed)
+    low, high = _bootstrap([_size(labels, clusters)], metric, seed)
     return Interval(score(task, labels, predictions), low, high)
 
 
@@ -293,7 +301,7 @@ def paired(
     _check(task, labels, predictions, reference)
     clusters = _clusters(task, groups, len(labels))
     difference = _resampled(task, labels, predictions, clusters, reference=reference)
-    low, high = _bootstrap([_units(labels, clusters)], lambda idx, axis=-1: difference(idx), seed)
+    low, high = _bootstrap([_size(labels, clusters)], difference, seed)
     return Interval(score(task, labels, predictions) - score(task, labels, reference), low, high)
 
 
@@ -318,10 +326,10 @@ def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Inte
     parts = [_part(part, 2) for part in parts]
     metrics = [_resampled(t, y, p, c) for t, (y, p), c in parts]
 
-    def statistic(*indices, axis=-1):
+    def statistic(*indices):
         return np.mean([metric(i) for metric, i in zip(metrics, indices)], axis=0)
 
-    low, high = _bootstrap([_units(y, c) for _, (y, _), c in parts], statistic, seed)
+    low, high = _bootstrap([_size(y, c) for _, (y, _), c in parts], statistic, seed)
     return Interval(float(np.mean([score(t, y, p) for t, (y, p), _ in parts])), low, high)
 
 
@@ -333,10 +341,10 @@ def paired_average(
     parts = [_part(part, 3) for part in parts]
     differences = [_resampled(t, y, p, c, selection, reference=r) for t, (y, p, r), c in parts]
 
-    def statistic(*indices, axis=-1):
+    def statistic(*indices):
         return np.mean([difference(i) for difference, i in zip(differences, indices)], axis=0)
 
-    low, high = _bootstrap([_units(y, c) for _, (y, _, _), c in parts], statistic, seed)
+    low, high = _bootstrap([_size(y, c) for _, (y, _, _), c in parts], statistic, seed)
     measure = selection_score if selection else score
     value = float(np.mean([measure(t, y, p) - measure(t, y, r) for t, (y, p, r), _ in parts]))
     return Interval(value, low, high)

@@ -44,7 +44,8 @@ def run(resolved: dict, tokenized: Path, out: Path) -> dict:
                 tables["train"], values["validation_examples"], values["train_examples"], values["seed"]
             )
             files = {}
-            for split, table in (("train", train), ("validation", validation), *list(tables.items())[1:]):
+            scored = {split: table for split, table in tables.items() if split != "train"}
+            for split, table in {"train": train, "validation": validation, **scored}.items():
                 console.log(f"sentiment features: {task} {split}, {len(table)} rows")
                 vectors = encode_pooled(
                     encoder, table, values["eval_batch_size"], stage.device, values["max_tokens"],

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from minbert.data.multitask import epoch_steps
-from minbert.train.graphed_step import Capture, GraphedStep, compare_with_eager, refusal
+from minbert.train.graphed_step import Capture, CudaGraphs, GraphedStep, compare_with_eager, refusal
 from minbert.train.multitask_step import MultitaskStep
 
 # Each batch of the check three times: its first step eager, its second captured and
@@ -51,7 +51,7 @@ def choose_steps(
     why = refusal(step)
     if why:
         return eager(f"eager: {why}")
-    graphed = GraphedStep(step) if new_capture is None else GraphedStep(step, new_capture)
+    graphed = GraphedStep(step, new_capture or CudaGraphs)
     try:
         check = compare_with_eager(graphed, plan)
     except RuntimeError as error:  # a capture the device refused: the run goes on eager
