@@ -124,8 +124,7 @@ def main() -> None:
     from minbert.model.dropout import MaskTape
     from minbert.model.multitask import MultitaskBert
     from minbert.settings import SmartSettings
-    from minbert.tasks import MULTITASK_TASKS as TASKS
-    from minbert.tasks import TASKS as SPECS
+    from minbert.tasks import MULTITASK_TASKS, TASKS
     from minbert.train.smart import (
         adversarial_perturbation,
         divergence,
@@ -151,13 +150,13 @@ def main() -> None:
         t: load_batches(
             t, directory / "vocab.txt", args.batches, args.batch_size, cpu["max_length"][t], skip
         )[1]
-        for t in TASKS
+        for t in MULTITASK_TASKS
     }
     # One random start per batch, shared by every variant.
     hidden = model.encoder.config.hidden_size
     cases = [
         (t, b, initial_noise(torch.zeros(*b.ids.shape, hidden), SmartSettings().noise_std, gen))
-        for t in TASKS
+        for t in MULTITASK_TASKS
         for i, b in enumerate(batches[t])
         for gen in [torch.Generator().manual_seed(args.seed + i)]
     ]
@@ -182,7 +181,7 @@ def main() -> None:
             _, loss, control = smoothness_terms(
                 forward_fn(task, batch, bf16_inside),
                 embedded,
-                SPECS[task].head_output,
+                TASKS[task].head_output,
                 settings,
                 start=start,
                 masks=masks,
@@ -191,7 +190,7 @@ def main() -> None:
         return loss.item(), control.item()
 
     def per_task(settings, **kw) -> dict:
-        values = {t: [] for t in TASKS}
+        values = {t: [] for t in MULTITASK_TASKS}
         for t, b, s in cases:
             values[t].append(terms(t, b, s, settings, **kw))
         return {
@@ -246,7 +245,7 @@ def main() -> None:
                 f"{v['default'][t]['adversarial']:.2e}",
                 f"{v['default'][t]['adversarial_control']:.1e}",
             ]
-            for t in TASKS
+            for t in MULTITASK_TASKS
         ],
     )
 
@@ -263,7 +262,7 @@ def main() -> None:
             masks = MaskTape()
             fn = forward_fn(t, b, False)
             noise, _ = adversarial_perturbation(
-                fn, embedded, SPECS[t].head_output, settings, start=s, masks=masks
+                fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
             )
             real = b.mask.bool()
             ratios.append((noise.norm(dim=-1) / embedded.norm(dim=-1))[real])
@@ -288,7 +287,7 @@ def main() -> None:
     for projection in ("ball", "token"):
         settings = dataclasses.replace(default, projection=projection)
         for when, inside in (("before", True), ("after", False)):
-            cells = {t: [] for t in TASKS}
+            cells = {t: [] for t in MULTITASK_TASKS}
             for t, b, s in cases:
                 torch.manual_seed(args.seed)
                 fn = forward_fn(t, b, inside)
@@ -305,14 +304,14 @@ def main() -> None:
                     clean = run(embedded)
                     clean_calls = hooks.take()
                     noise, _ = adversarial_perturbation(
-                        fn, embedded, SPECS[t].head_output, settings, start=s, masks=masks
+                        fn, embedded, TASKS[t].head_output, settings, start=s, masks=masks
                     )
                     perturbed = run(embedded + noise)
                     calls = hooks.take()[-len(clean_calls) :]  # the last pass's, after the ascent's
                 first, every = vanished(clean_calls, calls)
                 (x32, x_seen), (y32, y_seen) = clean_calls[0], calls[0]
                 error = ((y_seen - x_seen) - (y32 - x32)).norm() / (y32 - x32).norm()
-                r_s = divergence(perturbed, clean, SPECS[t].head_output).item()
+                r_s = divergence(perturbed, clean, TASKS[t].head_output).item()
                 cells[t].append((first, every, error.item(), r_s))
             bf16[f"{projection}_{when}"] = {
                 "vanished_first_linear": float(np.mean([c[0] for cs in cells.values() for c in cs])),
@@ -330,7 +329,7 @@ def main() -> None:
             "vanished, first Linear",
             "mean over Linears",
             "relative error",
-            *(f"R_s {t}" for t in TASKS),
+            *(f"R_s {t}" for t in MULTITASK_TASKS),
         ],
         [
             [
@@ -338,7 +337,7 @@ def main() -> None:
                 f"{r['vanished_first_linear']:.3f}",
                 f"{r['vanished_mean_over_linears']:.3f}",
                 f"{r['relative_error_first_linear']:.3f}",
-                *(f"{r['adversarial'][t]:.2e}" for t in TASKS),
+                *(f"{r['adversarial'][t]:.2e}" for t in MULTITASK_TASKS),
             ]
             for k, r in bf16.items()
         ],
@@ -353,7 +352,7 @@ def main() -> None:
         encoder_dropout=model.encoder.config.hidden_dropout_prob,
         batches_per_task=args.batches,
         batch_size=args.batch_size,
-        batch_shapes={t: [list(b.ids.shape) for b in batches[t]] for t in TASKS},
+        batch_shapes={t: [list(b.ids.shape) for b in batches[t]] for t in MULTITASK_TASKS},
         seconds=elapsed,
         cpu_seconds=time.process_time(),
         load_average_at_end=list(os.getloadavg()),
@@ -365,7 +364,7 @@ def main() -> None:
             "<=",
             1e-6,
         )
-        for t in TASKS
+        for t in MULTITASK_TASKS
     ] + [
         common.target(
             "bf16, after: fraction of the perturbation vanishing at the first Linear",
