@@ -116,24 +116,49 @@ def test_history_csv_orders_columns_by_the_fullest_row():
 def test_the_resampled_selection_metric_is_mcc_on_the_drawn_examples(task):
     """The bootstrap of the chance-corrected score (what ranks configurations) recomputes
     Matthews' correlation from each resample's counts, also when whole clusters are drawn."""
-    from minbert.metrics import _clusters, _resampled, mcc
+    from minbert.metrics import Drawn, _clusters, _resampled, mcc
 
     rng = np.random.default_rng(0)
     k = TASKS[task].num_classes
     labels = rng.integers(0, k, 300).astype(float)
     predictions = np.where(rng.random(300) < 0.6, labels, rng.integers(0, k, 300)).astype(float)
     drawn = rng.integers(0, 300, (4, 300))
-    resampled = _resampled(task, labels, predictions, selection=True)(drawn)
+    resampled = _resampled(task, labels, predictions, selection=True)(Drawn(drawn))
     assert resampled == pytest.approx([mcc(labels[i], predictions[i]) for i in drawn], abs=1e-12)
     clusters = _clusters(task, rng.integers(0, 60, 300), 300)
     units = rng.integers(0, len(clusters), (3, len(clusters)))
-    by_cluster = _resampled(task, labels, predictions, clusters, selection=True)(units)
+    by_cluster = _resampled(task, labels, predictions, clusters, selection=True)(Drawn(units))
     for value, row in zip(by_cluster, units):
         rows = np.concatenate([np.flatnonzero(clusters.index == u) for u in row])
         assert value == pytest.approx(mcc(labels[rows], predictions[rows]), abs=1e-12)
     # Paired: a model against itself differs by exactly zero.
     same = paired_average([(task, labels, predictions, predictions)], selection=True)
     assert (same.value, same.low, same.high) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("task", ["sst", "quora", "sts"])
+@pytest.mark.parametrize("selection", [False, True])
+def test_a_resampled_difference_is_the_two_models_scored_on_the_same_draws(task, selection):
+    """A paired difference scores each model on every resample (accuracy, MCC or Pearson's
+    r recomputed per draw), also when both were scored on the batch before, with these
+    labels or others."""
+    from minbert.metrics import Drawn, _resampled
+
+    rng = np.random.default_rng(3)
+    if task == "sts":
+        labels = rng.uniform(0, 5, 200).round(1)
+        first, second = (np.round(labels + rng.normal(0, s, 200), 3) for s in (1.0, 2.0))
+    else:
+        labels = rng.integers(0, TASKS[task].num_classes, 200).astype(float)
+        first, second = (np.where(rng.random(200) < q, labels, 0.0) for q in (0.7, 0.4))
+    drawn = Drawn(rng.integers(0, 200, (5, 200), dtype=np.int32))
+    measure = selection_score if selection else score
+    # The second time from what the batch remembers; other labels on the same draws.
+    for y in (labels, labels, labels[::-1].copy()):
+        for a, b in [(first, second), (second, first)]:
+            difference = _resampled(task, y, a, selection=selection, reference=b)(drawn)
+            expected = [measure(task, y[i], a[i]) - measure(task, y[i], b[i]) for i in drawn.indices]
+            assert difference == pytest.approx(expected, abs=1e-12)
 
 
 def test_the_bootstrap_is_scipys_percentile_bootstrap_draw_for_draw():
@@ -144,6 +169,7 @@ def test_the_bootstrap_is_scipys_percentile_bootstrap_draw_for_draw():
     values = {n: np.random.default_rng(n).normal(size=n) for n in (37, 300)}
 
     def mean_of(*idx, axis=-1):  # scipy hands over arange(n) resampled, i.e. the indices
+        idx = [getattr(i, "indices", i) for i in idx]  # here: the Drawn batches
         return np.mean([values[i.shape[-1]][i].mean(axis=-1) for i in idx], axis=0)
 
     for sizes in [(300,), (37, 300)]:
@@ -162,14 +188,45 @@ def test_the_bootstrap_is_scipys_percentile_bootstrap_draw_for_draw():
 
 
 def test_drawn_counts_are_the_drawn_units_summed():
-    """Counting each draw per distinct unit gives the sum of the drawn units exactly,
-    for examples (few distinct rows) and for clusters (many)."""
-    from minbert.metrics import _clusters, _per_unit, _summing
+    """A batch's counts of each unit, times the units, give the sum of the drawn units
+    exactly, for examples and for clusters."""
+    from minbert.metrics import Drawn, _clusters, _per_unit
 
     rng = np.random.default_rng(4)
     examples = rng.integers(0, 2, (500, 6)).astype(float)
     clusters = _per_unit(examples, _clusters("quora", rng.integers(0, 120, 500), 500))
     for units in (examples, clusters):
         drawn = rng.integers(0, len(units), (7, len(units)), dtype=np.int32)
-        assert np.array_equal(_summing(units)(drawn), units[drawn].sum(axis=-2))
-        assert np.array_equal(_summing(units)(drawn[None]), units[drawn[None]].sum(axis=-2))
+        assert np.array_equal(Drawn(drawn).counts @ units, units[drawn].sum(axis=-2))
+
+
+def test_shared_resamples_give_every_interval_its_own_bootstrap_to_the_bit():
+    """Bootstraps that share their draws and what was scored on them (the report's) give
+    each interval exactly what its own fresh draws give, whatever was computed before it."""
+    from minbert.metrics import Resamples
+
+    rng = np.random.default_rng(8)
+    runs = {}
+    for task, n, groups in [("sst", 120, None), ("quora", 150, rng.integers(0, 40, 150)), ("sts", 90, None)]:
+        if task == "sts":
+            labels = rng.uniform(0, 5, n).round(1)
+            answers = [np.round(labels + rng.normal(0, s, n), 3) for s in (1.0, 2.0, 1.0)]
+        else:
+            labels = rng.integers(0, TASKS[task].num_classes, n).astype(float)
+            answers = [np.where(rng.random(n) < q, labels, 0.0) for q in (0.5, 0.7, 0.5)]
+        runs[task] = (labels, answers, groups)
+
+    def intervals(resamples):
+        out = []
+        for task, (labels, (a, b, c), groups) in runs.items():
+            out.append(interval(task, labels, a, groups=groups, resamples=resamples))
+            pairs = [(a, b), (b, c)]
+            out += [paired(task, labels, x, y, groups=groups, resamples=resamples) for x, y in pairs]
+        for answer, reference in [(0, 1), (1, 2)]:
+            parts = [(t, y, p[answer], p[reference], g) for t, (y, p, g) in runs.items()]
+            out.append(paired_average(parts, selection=True, resamples=resamples))
+        out.append(average_interval([(t, y, p[0], g) for t, (y, p, g) in runs.items()], resamples=resamples))
+        return out
+
+    shared = Resamples()
+    assert intervals(shared) == intervals(None) == intervals(shared)

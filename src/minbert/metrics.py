@@ -10,9 +10,12 @@ bootstrap draws whole clusters; Pearson's r has no clustered form."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -130,24 +133,6 @@ def _per_unit(values: np.ndarray, clusters: _Clusters | None) -> np.ndarray:
     )
 
 
-def _summing(units: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """``idx -> units[idx].sum(axis=-2)`` for rows of drawn indices. An example's counts
-    take few distinct values, so a draw is counted per distinct unit (a bincount over few
-    bins) and the counts multiplied by the distinct units: the same numbers exactly, as
-    integer counts are exact in float64."""
-    distinct, kind = np.unique(units, axis=0, return_inverse=True)
-    kind = kind.reshape(-1).astype(np.intp)
-
-    def sums(idx: np.ndarray) -> np.ndarray:
-        draws = kind[np.reshape(idx, (-1, np.shape(idx)[-1]))]
-        times = np.empty((len(draws), len(distinct)))
-        for row, drawn in zip(times, draws):  # a draw at a time: a cache-sized bincount
-            row[:] = np.bincount(drawn, minlength=len(distinct))
-        return (times @ distinct).reshape(*np.shape(idx)[:-1], units.shape[1])
-
-    return sums
-
-
 def _count_columns(task: str, metric: str, labels: np.ndarray, predictions: np.ndarray) -> np.ndarray:
     """Per example, what accuracy and MCC are computed from: correct, then (MCC) the one-hot
     true and answered classes, then a column of ones (the count)."""
@@ -186,6 +171,43 @@ def _pearson_rows(x: np.ndarray, x_squares: np.ndarray, y: np.ndarray) -> np.nda
         return np.where(denominator > 0, (x * y).sum(axis=-1) / denominator, 0.0)
 
 
+def _digest(*arrays: np.ndarray | None) -> str:
+    parts = (b"-" if a is None else np.ascontiguousarray(a).tobytes() + b"|" for a in arrays)
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def _scorer(
+    task: str, metric: str, labels: np.ndarray, predictions: np.ndarray, clusters: _Clusters | None
+) -> Callable[[Drawn], np.ndarray]:
+    """``metric`` of ``predictions`` on each resample of a batch, remembered by the batch (a model
+    compared with several is scored once): accuracy and MCC from the drawn units' counts."""
+    key = (task, metric, _digest(labels, predictions, None if clusters is None else clusters.index))
+    if metric in ("accuracy", "mcc"):
+        units = _per_unit(_count_columns(task, metric, labels, predictions), clusters)
+
+        def compute(drawn: Drawn) -> np.ndarray:
+            # The drawn units' summed counts: integers, exact in float64 in any order.
+            return _from_counts(task, metric, drawn.counts @ units)
+
+    elif clusters is not None:
+        raise ValueError(
+            f"{task}: Pearson's r has no cluster bootstrap here (STS pairs are not grouped); "
+            "leave out its cluster ids"
+        )
+    else:
+        labels_key = ("centered labels", _digest(labels))
+
+        def centered_labels(drawn: Drawn) -> tuple[np.ndarray, np.ndarray]:
+            x = _centered(labels[drawn.indices])
+            return x, (x * x).sum(axis=-1)
+
+        def compute(drawn: Drawn) -> np.ndarray:
+            x, x_squares = drawn.remember(labels_key, lambda: centered_labels(drawn))
+            return _pearson_rows(x, x_squares, _centered(predictions[drawn.indices]))
+
+    return lambda drawn: drawn.remember(key, lambda: compute(drawn))
+
+
 def _resampled(
     task: str,
     labels: np.ndarray,
@@ -193,40 +215,16 @@ def _resampled(
     clusters: _Clusters | None = None,
     selection: bool = False,
     reference: np.ndarray | None = None,
-):
-    """The metric (``selection``: the selection metric) on each row of resampled indices of
-    examples, or of ``clusters``, minus the reference's on the same draws when ``reference``
-    is given: accuracy and MCC from the drawn units' counts (both models' in one pass),
-    Pearson's r recomputed (no clustered form)."""
+) -> Callable[[Drawn], np.ndarray]:
+    """The metric (``selection``: the selection metric) on each resample of a batch of examples,
+    or of ``clusters``, minus the reference's on the same draws when ``reference`` is given."""
     spec = TASKS[task]
     metric = spec.selection_metric if selection else spec.metric
-    models = [predictions] if reference is None else [predictions, reference]
-    if metric in ("accuracy", "mcc"):
-        columns = [_count_columns(task, metric, labels, p) for p in models]
-        summed = _summing(_per_unit(np.concatenate(columns, axis=1), clusters))
-        width = columns[0].shape[1]
-
-        def counted(idx):
-            sums = summed(idx)  # (..., columns): the drawn units' counts
-            values = [
-                _from_counts(task, metric, sums[..., m * width : (m + 1) * width]) for m in range(len(models))
-            ]
-            return values[0] if reference is None else values[0] - values[1]
-
-        return counted
-    if clusters is not None:
-        raise ValueError(
-            f"{task}: Pearson's r has no cluster bootstrap here (STS pairs are not grouped); "
-            "leave out its cluster ids"
-        )
-
-    def r(idx):
-        x = _centered(labels[idx])  # once for both models
-        x_squares = (x * x).sum(axis=-1)
-        values = [_pearson_rows(x, x_squares, _centered(p[idx])) for p in models]
-        return values[0] if reference is None else values[0] - values[1]
-
-    return r
+    scored = _scorer(task, metric, labels, predictions, clusters)
+    if reference is None:
+        return scored
+    referenced = _scorer(task, metric, labels, reference, clusters)
+    return lambda drawn: scored(drawn) - referenced(drawn)
 
 
 @dataclass(frozen=True)
@@ -243,16 +241,59 @@ class Interval:
         return {"value": fixed(self.value), "low": fixed(self.low), "high": fixed(self.high)}
 
 
-def _bootstrap(sizes: Sequence[int], statistic, seed: int) -> tuple[float, float]:
+@dataclass
+class Drawn:
+    """A batch of one sample's resamples (rows of drawn units), and what was computed on it."""
+
+    indices: np.ndarray  # (rows, n) int32
+    _remembered: dict = field(default_factory=dict, repr=False)
+
+    def remember(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        if key not in self._remembered:
+            self._remembered[key] = compute()
+        return self._remembered[key]
+
+    @cached_property
+    def counts(self) -> np.ndarray:  # how often each row drew each unit
+        rows, n = self.indices.shape
+        flat = (self.indices + n * np.arange(rows)[:, None]).reshape(-1)
+        counts = np.bincount(flat, minlength=rows * n).reshape(rows, n)
+        return counts.astype(np.min_scalar_type(counts.max()))
+
+
+class Resamples:
+    """scipy.stats.bootstrap's draws: batches of 500 rows from ``default_rng(seed)``, made
+    here as int32 (numpy draws the same numbers as int64 below 2**32, in half the bytes).
+    ``keep``: bootstraps of the same sizes and seed share one set of draws (the report's
+    ~300 intervals draw five sets; about 5 bytes per unit and resample); otherwise each
+    batch is dropped once scored."""
+
+    def __init__(self, keep: bool = True):
+        self._kept: dict[tuple, list[list[Drawn]]] | None = {} if keep else None
+
+    def batches(self, sizes: Sequence[int], seed: int) -> Iterable[list[Drawn]]:
+        rng, key = np.random.default_rng(seed), (tuple(sizes), seed, BOOTSTRAP_RESAMPLES)
+        drawn = (
+            [
+                Drawn(rng.integers(0, n, (min(_BATCH, BOOTSTRAP_RESAMPLES - at), n), dtype=np.int32))
+                for n in sizes
+            ]
+            for at in range(0, BOOTSTRAP_RESAMPLES, _BATCH)
+        )
+        if self._kept is None:
+            return drawn
+        if key not in self._kept:
+            self._kept[key] = list(drawn)
+        return self._kept[key]
+
+
+def _bootstrap(
+    sizes: Sequence[int], statistic, seed: int, resamples: Resamples | None = None
+) -> tuple[float, float]:
     """scipy.stats.bootstrap's percentile interval (vectorized, batches of 500) of
-    ``statistic(*idx)``, ``idx`` the drawn indices of units 0..n-1 of each size. Drawn
-    here from the same stream, the same values: int32 (numpy draws the same numbers for
-    int32 and int64 below 2**32, with half the bytes) and no gather of ``arange(n)``."""
-    rng = np.random.default_rng(seed)
-    values = []
-    for start in range(0, BOOTSTRAP_RESAMPLES, _BATCH):
-        rows = min(_BATCH, BOOTSTRAP_RESAMPLES - start)
-        values.append(statistic(*[rng.integers(0, n, (rows, n), dtype=np.int32) for n in sizes]))
+    ``statistic(*drawn)``, one :class:`Drawn` per sample of units 0..n-1 of each size: the
+    same draws, and no gather of ``arange(n)``."""
+    values = [statistic(*batch) for batch in (resamples or Resamples(keep=False)).batches(sizes, seed)]
     alpha = (1 - CONFIDENCE) / 2
     low, high = stats.quantile(np.concatenate(values, axis=-1), np.asarray([alpha, 1 - alpha]), axis=-1)
     return float(low), float(high)
@@ -273,6 +314,7 @@ def interval(
     seed: int = BOOTSTRAP_SEED,
     *,
     groups: np.ndarray | None = None,
+    resamples: Resamples | None = None,
 ) -> Interval:
     """The metric with a 95% percentile-bootstrap interval over the examples, or over
     whole clusters of them when ``groups`` (one cluster id per example) is given."""
@@ -280,7 +322,7 @@ def interval(
     _check(task, labels, predictions)
     clusters = _clusters(task, groups, len(labels))
     metric = _resampled(task, labels, predictions, clusters)
-    low, high = _bootstrap([_size(labels, clusters)], metric, seed)
+    low, high = _bootstrap([_size(labels, clusters)], metric, seed, resamples)
     return Interval(score(task, labels, predictions), low, high)
 
 
@@ -292,6 +334,7 @@ def paired(
     seed: int = BOOTSTRAP_SEED,
     *,
     groups: np.ndarray | None = None,
+    resamples: Resamples | None = None,
 ) -> Interval:
     """``score(predictions) - score(reference)`` on the same examples, with a 95%
     interval from resampling the examples (or, with ``groups``, whole clusters of
@@ -301,7 +344,7 @@ def paired(
     _check(task, labels, predictions, reference)
     clusters = _clusters(task, groups, len(labels))
     difference = _resampled(task, labels, predictions, clusters, reference=reference)
-    low, high = _bootstrap([_size(labels, clusters)], difference, seed)
+    low, high = _bootstrap([_size(labels, clusters)], difference, seed, resamples)
     return Interval(score(task, labels, predictions) - score(task, labels, reference), low, high)
 
 
@@ -320,7 +363,9 @@ def _part(part: Sequence, arrays: int) -> tuple[str, list[np.ndarray], _Clusters
     return task, values, _clusters(task, groups, len(values[0]))
 
 
-def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Interval:
+def average_interval(
+    parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED, *, resamples: Resamples | None = None
+) -> Interval:
     """The mean of several tasks' metrics, each task's examples resampled on their own;
     ``parts``: (task, labels, predictions[, groups])."""
     parts = [_part(part, 2) for part in parts]
@@ -329,12 +374,16 @@ def average_interval(parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED) -> Inte
     def statistic(*indices):
         return np.mean([metric(i) for metric, i in zip(metrics, indices)], axis=0)
 
-    low, high = _bootstrap([_size(y, c) for _, (y, _), c in parts], statistic, seed)
+    low, high = _bootstrap([_size(y, c) for _, (y, _), c in parts], statistic, seed, resamples)
     return Interval(float(np.mean([score(t, y, p) for t, (y, p), _ in parts])), low, high)
 
 
 def paired_average(
-    parts: Sequence[tuple], seed: int = BOOTSTRAP_SEED, *, selection: bool = False
+    parts: Sequence[tuple],
+    seed: int = BOOTSTRAP_SEED,
+    *,
+    selection: bool = False,
+    resamples: Resamples | None = None,
 ) -> Interval:
     """The difference of two models' averages (``selection``: of the selection metrics), each
     task paired on its examples; ``parts``: (task, labels, predictions, reference[, groups])."""
@@ -344,7 +393,7 @@ def paired_average(
     def statistic(*indices):
         return np.mean([difference(i) for difference, i in zip(differences, indices)], axis=0)
 
-    low, high = _bootstrap([_size(y, c) for _, (y, _, _), c in parts], statistic, seed)
+    low, high = _bootstrap([_size(y, c) for _, (y, _, _), c in parts], statistic, seed, resamples)
     measure = selection_score if selection else score
     value = float(np.mean([measure(t, y, p) - measure(t, y, r) for t, (y, p, r), _ in parts]))
     return Interval(value, low, high)

@@ -100,7 +100,7 @@ def controls_section(
         scored = multitask_scored(evidence, "multitask", name, run)
         labels = scored.labels["sst"]
         majority = np.full_like(labels, zero_shot.sst_majority_class)
-        sst = paired("sst", labels, scored.predictions["sst"], majority)
+        sst = paired("sst", labels, scored.predictions["sst"], majority, resamples=evidence.resamples)
         if not add(
             _check(name, "SST acc above the majority class", run.scores["sst"], "majority class", sst)
         ):
@@ -111,7 +111,8 @@ def controls_section(
             )
         labels, groups = scored.labels["quora"], scored.groups.get("quora")
         constant = np.zeros_like(labels)
-        quora = paired("quora", labels, scored.predictions["quora"], constant, groups=groups)
+        predicted = scored.predictions["quora"]
+        quora = paired("quora", labels, predicted, constant, groups=groups, resamples=evidence.resamples)
         if not add(
             _check(name, "Quora acc above always not-duplicate", run.scores["quora"], "always 0", quora)
         ):

@@ -13,7 +13,16 @@ import pandas as pd
 import pyarrow as pa
 
 from minbert.data.predictions import read_predictions
-from minbert.metrics import Interval, average_interval, fixed, interval, paired, paired_average, score
+from minbert.metrics import (
+    Interval,
+    Resamples,
+    average_interval,
+    fixed,
+    interval,
+    paired,
+    paired_average,
+    score,
+)
 from minbert.tasks import AVERAGE
 
 
@@ -34,10 +43,12 @@ class Scored:
 
 
 class Evidence:
-    """Reads labels and predictions once and computes each interval once."""
+    """Reads labels and predictions once and computes each interval once; its bootstraps
+    share their draws (``resamples``, which another Evidence on the same dev sets can share)."""
 
-    def __init__(self, predictions_dir: Path, prepared_dir: Path):
+    def __init__(self, predictions_dir: Path, prepared_dir: Path, resamples: Resamples | None = None):
         self.predictions_dir, self.prepared_dir = Path(predictions_dir), Path(prepared_dir)
+        self.resamples = resamples or Resamples()
         self._labels: dict[str, pd.Series] = {}
         self._groups: dict[str, pd.Series | None] = {}
         self._intervals: dict[tuple, Interval] = {}
@@ -112,14 +123,21 @@ class Evidence:
     def cell(self, run: Scored, task: str) -> Interval:
         return self._cached(
             ("cell", task, run.answers(task)),
-            lambda: interval(task, run.labels[task], run.predictions[task], groups=run.groups.get(task)),
+            lambda: interval(
+                task,
+                run.labels[task],
+                run.predictions[task],
+                groups=run.groups.get(task),
+                resamples=self.resamples,
+            ),
         )
 
     def average(self, run: Scored) -> Interval:
         return self._cached(
             ("average", *((t, run.answers(t)) for t in run.labels)),
             lambda: average_interval(
-                [(t, run.labels[t], run.predictions[t], run.groups.get(t)) for t in run.labels]
+                [(t, run.labels[t], run.predictions[t], run.groups.get(t)) for t in run.labels],
+                resamples=self.resamples,
             ),
         )
 
@@ -133,6 +151,7 @@ class Evidence:
                 run.predictions[task],
                 parent.predictions[task],
                 groups=run.groups.get(task),
+                resamples=self.resamples,
             ),
         )
 
@@ -143,7 +162,8 @@ class Evidence:
                 [
                     (t, run.labels[t], run.predictions[t], parent.predictions[t], run.groups.get(t))
                     for t in run.labels
-                ]
+                ],
+                resamples=self.resamples,
             ),
         )
 
@@ -158,6 +178,7 @@ class Evidence:
                     for t in run.labels
                 ],
                 selection=True,
+                resamples=self.resamples,
             ),
         )
 

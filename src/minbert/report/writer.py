@@ -13,6 +13,7 @@ import yaml
 
 from minbert.atomic import atomic_directory
 from minbert.gpu_study import changed_code
+from minbert.metrics import Resamples
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section, smart_collapse_section
@@ -92,10 +93,13 @@ def load_runs(directory: Path) -> list[MultitaskRunFile]:
     return runs
 
 
-def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy | None:
+def gpu_study(
+    metrics_dir: Path, prepared_dir: Path, sources: Path, resamples: Resamples | None = None
+) -> GpuStudy | None:
     """The `gpu` scale's study that ``minbert gpu-unpack`` gathered under
     ``metrics/gpu`` (its own metrics/ and predictions/), with the code each stage ran with
-    compared to ``sources``' (the repository root), or None before the first call."""
+    compared to ``sources``' (the repository root), or None before the first call;
+    ``resamples``: the bootstrap draws it shares (the dev sets are the same)."""
     if not (metrics_dir / GPU_ROOT / PROVENANCE_FILE).is_file():
         return None
     runs = metrics_dir / GPU_METRICS
@@ -108,7 +112,7 @@ def gpu_study(metrics_dir: Path, prepared_dir: Path, sources: Path) -> GpuStudy 
         provenance=provenance,
         # The dev sets are the same at every scale: this machine's prepared labels; every
         # number is recomputed from the node's predictions and must equal its metrics file's.
-        evidence=Evidence(metrics_dir / GPU_PREDICTIONS, prepared_dir),
+        evidence=Evidence(metrics_dir / GPU_PREDICTIONS, prepared_dir, resamples),
         stale=changed_code(provenance, sources),
         multitask_dir=runs / "multitask",
     )
@@ -207,7 +211,7 @@ def write_report(
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence)
 
-    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources))
+    on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources), evidence.resamples)
     gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
     ends = arm_ends(sentiment, metrics_dir / "sentiment")
     gpu_columns = (

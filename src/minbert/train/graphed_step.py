@@ -239,10 +239,14 @@ class GraphCheck:
         return self.loss_difference <= self.loss_tolerance and self.weight_difference <= self.weight_tolerance
 
 
-def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) -> GraphCheck:
+def compare_with_eager(
+    graphed: GraphedStep,
+    plan: list[dict[str, np.ndarray]],
+    generators: list[torch.Generator] | None = None,
+) -> GraphCheck:
     """``plan`` trained three times from one state, dropout off: graphed, eager, eager
-    again; the state (weights, optimizer, SMART's teacher, the generators) is restored
-    after and the graphs dropped."""
+    again; the state (weights, optimizer, SMART's teacher, ``generators``: by default every
+    one the step draws from) is restored after and the graphs dropped."""
     step, model = graphed.step, graphed.step.model
     teacher = [] if step.smart is None else [step.smart.teacher.module]
     state = [t for m in (model, *teacher) for t in (*m.parameters(), *m.buffers())]
@@ -250,7 +254,7 @@ def compare_with_eager(graphed: GraphedStep, plan: list[dict[str, np.ndarray]]) 
     # Deep copies: load_state_dict keeps the tensors it is given, and the runs may add state.
     optimizer = copy.deepcopy(step.optimizer.state_dict())
     # Each run draws the same numbers, and the check none of the training run's.
-    generators = drawn_from(step)
+    generators = drawn_from(step) if generators is None else generators
     positions = [g.get_state() for g in generators]
     training = model.training
 
