@@ -371,8 +371,8 @@ def average_interval(
     parts = [_part(part, 2) for part in parts]
     metrics = [_resampled(t, y, p, c) for t, (y, p), c in parts]
 
-    def statistic(*indices):
-        return np.mean([metric(i) for metric, i in zip(metrics, indices)], axis=0)
+    def statistic(*drawn):
+        return np.mean([metric(d) for metric, d in zip(metrics, drawn)], axis=0)
 
     low, high = _bootstrap([_size(y, c) for _, (y, _), c in parts], statistic, seed, resamples)
     return Interval(float(np.mean([score(t, y, p) for t, (y, p), _ in parts])), low, high)
@@ -390,8 +390,8 @@ def paired_average(
     parts = [_part(part, 3) for part in parts]
     differences = [_resampled(t, y, p, c, selection, reference=r) for t, (y, p, r), c in parts]
 
-    def statistic(*indices):
-        return np.mean([difference(i) for difference, i in zip(differences, indices)], axis=0)
+    def statistic(*drawn):
+        return np.mean([difference(d) for difference, d in zip(differences, drawn)], axis=0)
 
     low, high = _bootstrap([_size(y, c) for _, (y, _, _), c in parts], statistic, seed, resamples)
     measure = selection_score if selection else score

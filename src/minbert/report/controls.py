@@ -118,7 +118,7 @@ def controls_section(
         ):
             short.append(f"`{name}` Quora")
             missed.append(
-                f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')}"
+                f"`{name}` Quora ({_most_predicted(predicted, 'label')}"
                 f"{_validation_course(multitask_dir, run, 'quora')})"
             )
     for run in sentiment:
