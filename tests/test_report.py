@@ -435,7 +435,8 @@ def test_the_first_page_sets_ours_beside_the_paper_in_whole_rows(text):
     header = next(line for line in table2.splitlines() if line.startswith("|"))
     assert "| Average | Seeds | Δ average vs `baseline` |" in header
     zero = _row(table2, "(`zero-shot`)")
-    assert zero[5:7] == ["—", "—"] and all(re.match(r"^\d\.\d{3}$", c) for c in zero[1:5])
+    # Its seeds as every row's (one: no seed study here); no parent to differ from.
+    assert zero[5:7] == ["1", "—"] and all(re.match(r"^\d\.\d{3}$", c) for c in zero[1:5])
     assert "The tables' runs use seed 11711" in _sections(first)["Summary"]
 
 
@@ -759,7 +760,8 @@ def test_findings_rank_by_the_chance_corrected_score_and_mark_unequal_budgets(tm
     # and says that the budgets differ.
     assert "the next, `best`'s 0.450 (Δ " in findings
     assert (
-        "one seed; budgets differ: 180 optimizer steps against 60, the same 4,320 training examples seen)."
+        "the tables' seed 11711 alone: the seed study records the tables' metrics, not these; budgets "
+        "differ: 180 optimizer steps against 60, the same 4,320 training examples seen)."
     ) in findings
     # The same scores, per task, in one table where the selection is explained.
     chose = _sections(text)["What chose what"]

@@ -28,6 +28,7 @@ from test_report import (
     table_shapes,
     write_labels,
     write_multitask,
+    write_zero_shot,
 )
 
 from minbert import metrics
@@ -1019,3 +1020,42 @@ def test_changed_files_are_named_with_their_folder_where_two_share_a_name():
     files = [f"src/minbert/{f}" for f in ("evaluate/zero_shot.py", "metrics.py", "pipeline/zero_shot.py")]
     assert named_files(files) == "`evaluate/zero_shot.py`, `metrics.py`, `pipeline/zero_shot.py`"
     assert named_files(files, at_most=1) == "`evaluate/zero_shot.py` and 2 more"
+
+
+def test_fine_tuning_against_the_untrained_checkpoint_is_said_over_the_seeds_it_was_fitted_with(tmp_path):
+    """With the checkpoint's probes fitted with the study's seeds, each configuration's
+    average minus the checkpoint's with the same seed, over the seeds: `baseline` lower
+    with every seed, `best` and `best-no-smart` higher, `best-summed` scattered across it;
+    the tables' seed's own dev intervals are said as that seed's."""
+    root = _studied(tmp_path)
+    write_zero_shot(root)
+    _edit(root / "metrics", "zero-shot", seed=99)  # fitted with a seed no configuration ran with
+    study = json.loads((root / "metrics" / "seed-study.json").read_text())
+    study["configs"]["zero-shot"] = _seed_rows({1: 0.45, 2: 0.46, 3: 0.44})
+    (root / "metrics" / "seed-study.json").write_text(json.dumps(study))
+    text = report(root, tmp_path / "r")
+    findings = _sections(text)["Findings"]
+    assert (
+        "fine-tuning left the average lower in 1 (`baseline`) and higher in 2 (`best-no-smart`, "
+        "`best`) of the 4 configurations" in findings
+    )
+    assert "the mean over its 4 seeds" in findings and "with the tables' seed" in findings
+    over = {c: _row(findings, f"| `{c}` |")[-1] for c in STUDIED}
+    assert over["baseline"] == "-0.050 [-0.050, -0.050]"
+    assert not _excludes_zero(over["best-summed"])
+    summary = _sections(text)["Summary"]
+    assert "Over the seeds, each configuration's average minus the untrained checkpoint's" in summary
+    # Table 2's untrained row: the mean over the seeds it was fitted with, as every row.
+    zero = _row(
+        _sections((tmp_path / "r" / "README.md").read_text(encoding="utf-8"))["Table 2"], "(`zero-shot`)"
+    )
+    own = read_result(root / "metrics" / "zero-shot.json")["average"]
+    assert zero[4] == f"{statistics.mean([0.45, 0.46, 0.44, own]):.3f}" and zero[5] == "4"
+
+
+def test_without_the_checkpoint_in_the_seed_study_the_comparison_is_the_tables_seeds_alone(tmp_path):
+    root = _studied(tmp_path)
+    write_zero_shot(root)
+    findings = _sections(report(root, tmp_path / "r"))["Findings"]
+    assert "the seed study has not fitted the checkpoint's probes with its seeds" in findings
+    assert "over seeds" not in findings.split("Each configuration minus the untrained checkpoint")[1]

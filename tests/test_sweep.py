@@ -13,8 +13,8 @@ from test_pipeline import _run, make_project, tool_env
 
 from minbert.cores import threads_each
 from minbert.report.comparisons import settings_digest
-from minbert.runs.training import MultitaskRunFile, SentimentRunFile, read_run
-from minbert.tools.sweep import Run, aggregate, collect_runs, seed_study
+from minbert.runs.training import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run
+from minbert.tools.sweep import UNTRAINED, Run, aggregate, beside, collect_runs, seed_study, study_entry
 
 # Runs as a commit holds them: committed runs of the study with the numbers a test sets.
 _MULTITASK = read_run(MultitaskRunFile, REPO / "metrics" / "multitask" / "baseline.json")
@@ -112,7 +112,15 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
         assert run.metrics["multitask/baseline"].device == f"cpu ({threads_each(2)} threads)", run.name
     # The settings its runs share (all but the seed), which the report checks the tables' run against.
     shared = {settings_digest(run.metrics["multitask/baseline"]) for run in experiments}
-    assert study["settings"] == {"baseline": shared.pop()} and not shared
+    assert study["settings"]["baseline"] == shared.pop() and not shared
+    # The untrained checkpoint fitted with each seed beside them, by its own stage.
+    assert list(study["settings"]) == ["baseline", UNTRAINED]
+    assert [r["seed"] for r in study["configs"][UNTRAINED]] == [1, 2]
+    # One entry again: the others stay as the study held them.
+    kept = json.loads(json.dumps(study["configs"]["baseline"]))
+    _run(["minbert", "seed-study", "--no-queue", "--only", UNTRAINED], root)
+    again = json.loads((root / "metrics" / "seed-study.json").read_text())
+    assert again["configs"]["baseline"] == kept and list(again["configs"]) == ["baseline", UNTRAINED]
     out = _run(["minbert", "sweep-report", "--out", "sweep.md"], root)
     # The baseline commit has no results (no `dvc repro` before the sweep): only the
     # two seeds make up the one group.
@@ -278,3 +286,35 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
     assert provenance["compared_with"] == {"baseline": baseline}
     assert provenance["experiment"] == "mlm-study-x" and provenance["experiment_commit"] == commit
     assert json.loads((study / "study.json").read_text()) == provenance
+
+
+def test_seed_study_fits_the_untrained_checkpoint_with_each_seed_from_its_own_stage():
+    """The untrained checkpoint is an entry of the study: its metrics file, written by the
+    zero-shot stage with the run's seed and, given a lock, that stage's current code."""
+    params = {"seed": 11711}
+    zero_shot = read_run(ZeroShotRunFile, REPO / "metrics" / "zero-shot.json")
+
+    def lock(md5):
+        return {"zero-shot": {"deps": [{"path": "src/z.py", "md5": md5}]}}
+
+    def run(name, seed, md5, file_seed=None):
+        m = replace(zero_shot, seed=file_seed or seed, scores={**zero_shot.scores, "average": seed / 10})
+        return Run(name, {"seed": seed}, {"metrics/zero-shot": m}, lock(md5))
+
+    runs = [run("one", 1, "abc"), run("older-code", 2, "old"), run("not-rerun", 3, "abc", file_seed=11711)]
+    study = seed_study(runs, params, [UNTRAINED], lock("abc"))
+    assert [(r["seed"], r["average"]) for r in study[UNTRAINED]] == [(1, 0.1)]
+    assert study_entry(UNTRAINED) == ("zero-shot", "metrics/zero-shot")
+    assert study_entry("best") == ("multitask@best", "multitask/best")
+
+
+def test_a_study_of_some_entries_keeps_the_others_as_the_study_held_them():
+    before = {
+        "configs": {"a": [{"seed": 1}], "b": [{"seed": 1}], "gone": [{"seed": 1}]},
+        "settings": {"a": "da", "b": "db", "gone": "dg"},
+    }
+    rows, digests = beside(before, {UNTRAINED: [{"seed": 2}]}, {UNTRAINED: "dz"}, ["a", "b", UNTRAINED])
+    assert list(rows) == ["a", "b", UNTRAINED] and rows["a"] == [{"seed": 1}]
+    assert digests == {"a": "da", "b": "db", UNTRAINED: "dz"}
+    rows, _ = beside(before, {"a": [{"seed": 5}]}, {"a": "da2"}, ["a", "b"])
+    assert rows == {"a": [{"seed": 5}], "b": [{"seed": 1}]}

@@ -56,16 +56,23 @@ def seed_study(
     baseline: list[str] = typer.Option(
         [], "--baseline", help="Also an earlier commit's experiments, where their code is current."
     ),
+    only: list[str] = typer.Option(
+        [],
+        "--only",
+        help="Only this entry (a configuration of `seed_study.configs`, or zero-shot: the untrained "
+        "checkpoint); repeat for several. The others stay in --out as they are.",
+    ),
 ) -> None:
-    """The seed study of params.yaml's `seed_study`: retrain its configurations with its
-    seeds through DVC's experiment queue, then write each configuration's full-dev
-    metrics per seed (the committed results are the default seed's) to --out.
+    """The seed study of params.yaml's `seed_study`: retrain its configurations, and fit the
+    untrained checkpoint's probes (stage zero-shot), with its seeds through DVC's experiment
+    queue, then write their full-dev metrics per seed (the committed results are the
+    default seed's) to --out.
 
     Run `dvc repro` afterwards: the report's seed-study section reads --out.
     """
     from minbert.tools.sweep import run_seed_study
 
-    result = run_seed_study(repo, out, queue, tuple(baseline))
+    result = run_seed_study(repo, out, queue, tuple(baseline), tuple(only))
     # The command's result goes to stdout (progress and DVC's own output to stderr).
     configs, seeds = len(result["configs"]), result["seeds"]
     typer.echo(f"{repo / out}: {configs} configurations, seeds {seeds}; now run `dvc repro`")

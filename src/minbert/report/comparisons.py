@@ -18,7 +18,7 @@ from scipy import stats
 from minbert import metrics as scoring
 from minbert.metrics import Interval
 from minbert.report.evidence import Evidence, Scored
-from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_signed, per_task
+from minbert.report.formatting import COLUMN_TITLES, COLUMNS, fmt_bound, fmt_signed, per_task
 from minbert.runs.study_files import SeedRun, SeedStudyFile
 from minbert.runs.training import MultitaskRunFile, ZeroShotRunFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
@@ -99,9 +99,16 @@ def ran_at(run: MultitaskRunFile) -> dict:
     return {**run.settings.as_dict(), **{k: getattr(run, k) for k in STATED_BESIDE}}
 
 
-def settings_digest(run: MultitaskRunFile) -> str:
-    """``ran_at`` in a few characters: what the seed study records of each configuration."""
-    return hashlib.sha256(json.dumps(ran_at(run), sort_keys=True).encode()).hexdigest()[:16]
+def settings_digest(run: MultitaskRunFile | ZeroShotRunFile) -> str:
+    """``ran_at`` in a few characters: what the seed study records of each entry (of the
+    untrained checkpoint: its checkpoint, pooling, scale and data, which hold no seed)."""
+    if isinstance(run, ZeroShotRunFile):
+        settled = {
+            k: getattr(run, k) for k in ("checkpoint", "pooling", "scale", "dev_examples", "data_split")
+        }
+    else:
+        settled = ran_at(run)
+    return hashlib.sha256(json.dumps(settled, sort_keys=True, default=vars).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -117,14 +124,17 @@ class SeedRuns:
     settings_unrecorded: list[str]
 
 
-def seed_runs(study: SeedStudyFile | None, runs: dict[str, MultitaskRunFile]) -> SeedRuns | None:
+def seed_runs(
+    study: SeedStudyFile | None, runs: dict[str, MultitaskRunFile], zero_shot: ZeroShotRunFile | None = None
+) -> SeedRuns | None:
     """The seed study's extra seeds with the tables' own seed taken from the current metrics
-    files (``runs``), per configuration and seed. A configuration whose extra seeds ran at
-    other settings than its current run (the study records them, ``settings``) keeps its
-    own seed alone, and is named in ``other_settings``."""
+    files (``runs``, and ``zero_shot``: the untrained checkpoint's), per entry and seed. An
+    entry whose extra seeds ran at other settings than its current run (the study records
+    them, ``settings``) keeps its own seed alone, and is named in ``other_settings``."""
     if study is None:
         return None
     own = {m.seed for m in runs.values()}
+    runs = {**runs, **({zero_shot.config: zero_shot} if zero_shot is not None else {})}
     recorded = study.settings
     configs, other = {}, []
     for config, rows in study.configs.items():
@@ -287,7 +297,8 @@ class Comparison:
             return f"fewer than {MIN_SEEDS} seeds in the seed study"
         said = f"over {self.seed_count} seeds {fmt_signed(seeds)}"
         if not seeds.excludes_zero:
-            return f"{said}, which rules out a difference below {seeds.low:+.3f} or above {seeds.high:+.3f}"
+            low, high = fmt_bound(seeds.low), fmt_bound(seeds.high)
+            return f"{said}, which rules out a difference below {low} or above {high}"
         p, adjusted = self.p(column), self.p_adjusted(column)
         family = f"Holm over {self.family} comparisons" if self.family > 1 else "one comparison"
         return f"{said}, p {fmt_p(p)}, adjusted {fmt_p(adjusted)} ({family})"

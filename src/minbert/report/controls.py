@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from minbert.metrics import Interval, paired
-from minbert.report.comparisons import multitask_scored
+from minbert.report.comparisons import SeedRuns, multitask_scored, seed_differences, seed_interval
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -25,7 +25,7 @@ from minbert.report.formatting import (
 )
 from minbert.report.notes import training_budget
 from minbert.results import history_column
-from minbert.tasks import MULTITASK_TASKS, TASKS
+from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 
 def _check(run: str, what: str, ours: float, control: str, iv: Interval) -> tuple:
@@ -175,6 +175,34 @@ def _side(iv: Interval) -> str:
     return ABOVE if iv.low > 0 else BELOW if iv.high < 0 else NOT_SEPARATED
 
 
+def untrained_over_seeds(runs: dict[str, dict], zero_shot: dict, study: SeedRuns | None) -> dict[str, dict]:
+    """Each configuration minus the untrained checkpoint fitted with the same seed, per
+    column, as the interval over the seeds both ran with; only where there are enough."""
+    out = {}
+    for name in runs:
+        ivs = {
+            c: seed_interval(d) for c, d in (seed_differences(study, name, zero_shot.config) or {}).items()
+        }
+        if ivs and all(iv is not None for iv in ivs.values()):
+            out[name] = ivs
+    return out
+
+
+def _share(names: list[str], total: int) -> str:
+    """``all``, ``none``, or ``3 (`a`, `b`, `c`)``: the names only when they are few."""
+    if len(names) in (0, total):
+        return "all" if names else "none"
+    listed = f" ({', '.join(f'`{n}`' for n in names)})" if len(names) <= 4 else ""
+    return f"{len(names)}{listed}"
+
+
+def lower_higher(deltas: dict[str, dict[str, Interval]], total: int) -> str:
+    """``lower in 3 (...) and higher in none`` of the average's intervals in ``deltas``."""
+    below = [n for n, d in deltas.items() if d[AVERAGE].high < 0]
+    above = [n for n, d in deltas.items() if d[AVERAGE].low > 0]
+    return f"lower in {_share(below, total)} and higher in {_share(above, total)}"
+
+
 @dataclass
 class Starts:
     """The section comparing every run with where it started, and its counts per
@@ -185,11 +213,17 @@ class Starts:
     own: dict[str, list[str]] = field(default_factory=dict)
     untrained: dict[str, list[str]] = field(default_factory=dict)
     below_because: dict[str, list[str]] = field(default_factory=dict)  # AT_START / IN_FINE_TUNING
+    seed: str = ""  # the tables' seed, which the counts are of
+    # Per configuration and column: minus the untrained checkpoint fitted with the same seed,
+    # over the seeds (untrained_over_seeds); empty without a seed study of both.
+    over_seeds: dict[str, dict[str, Interval]] = field(default_factory=dict)
 
     def counted(self) -> str:
-        """The counts in words: against its own start, then against the untrained checkpoint
-        (the cells where that is not the run's own start)."""
-        said = f"against its own start (epoch 0), {describe_counts(self.own)}"
+        """The counts in words (the tables' seed): against its own start, then against the
+        untrained checkpoint (the cells where that is not the run's own start)."""
+        said = (
+            f"with the tables' seed {self.seed}, against its own start (epoch 0), {describe_counts(self.own)}"
+        )
         if not self.untrained:
             return said
         why = self.below_because
@@ -205,12 +239,25 @@ class Starts:
             )
         )
 
+    def over_seeds_said(self) -> str:
+        """The average against the untrained checkpoint over the seeds, in words ("": none)."""
+        if not self.over_seeds:
+            return ""
+        return (
+            "Over the seeds, each configuration's average minus the untrained checkpoint's fitted "
+            f"with the same seed: {lower_higher(self.over_seeds, len(self.over_seeds))} of "
+            f"{len(self.over_seeds)} (intervals over seeds excluding zero; findings.md)."
+        )
 
-def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence: Evidence) -> Starts:
+
+def starts_section(
+    multitask: dict[str, dict], zero_shot: dict | None, evidence: Evidence, seed_study: SeedRuns | None = None
+) -> Starts:
     """Every configuration and column against its own start (epoch 0: heads fitted on the
     frozen encoder, from its `<task>-dev-start-out.csv`) and against the untrained
     checkpoint (zero-shot; SST: the frozen checkpoint's probe), each a paired difference on
-    the same dev examples; every comparison printed, above, below or not separated."""
+    the same dev examples; every comparison printed, above, below or not separated; over
+    the seeds too where ``seed_study`` has both."""
     counts = {
         "own": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
         "untrained": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
@@ -279,7 +326,16 @@ def starts_section(multitask: dict[str, dict], zero_shot: dict | None, evidence:
         ),
         *rows,
     ]
-    return Starts("\n".join(lines), counts["own"], counts["untrained"], counts["below_because"])
+    seeds = {str(m.seed) for m in multitask.values()}
+    over = untrained_over_seeds(multitask, zero_shot, seed_study) if zero_shot is not None else {}
+    return Starts(
+        "\n".join(lines),
+        counts["own"],
+        counts["untrained"],
+        counts["below_because"],
+        ", ".join(sorted(seeds)),
+        over,
+    )
 
 
 def describe_counts(counts: dict[str, list[str]]) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p
-from minbert.report.formatting import NO_NUMBER, fmt_signed, md_header, md_row
+from minbert.report.formatting import NO_NUMBER, fmt_bound, fmt_signed, md_header, md_row
 from minbert.runs.study_files import SmartMeasurement
 from minbert.tasks import AVERAGE
 
@@ -43,7 +43,7 @@ def smart_reason(differences: list[float]) -> str:
     higher = sum(d > 0 for d in differences)
     return (
         f"without SMART the average is higher with {higher} of {len(differences)} seeds "
-        f"({', '.join(f'{d:+.3f}' for d in differences)})"
+        f"({', '.join(fmt_bound(d) for d in differences)})"
     )
 
 

@@ -3,8 +3,19 @@ here is written by hand."""
 
 from __future__ import annotations
 
-from minbert.report.comparisons import BUDGETS_DIFFER, SHOWN, Compared, budget_gap, multitask_scored
-from minbert.report.controls import Starts
+import statistics
+
+from minbert.metrics import Interval
+from minbert.report.comparisons import (
+    BUDGETS_DIFFER,
+    MIN_SEEDS,
+    SHOWN,
+    Compared,
+    SeedRuns,
+    budget_gap,
+    multitask_scored,
+)
+from minbert.report.controls import Starts, lower_higher, untrained_over_seeds
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -19,14 +30,6 @@ from minbert.report.notes import training_budget, usual
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, SELECTION
 
 
-def _share(names: list[str], total: int) -> str:
-    """``all``, ``none``, or ``3 (`a`, `b`, `c`)``: the names only when they are few."""
-    if len(names) in (0, total):
-        return "all" if names else "none"
-    listed = f" ({', '.join(f'`{n}`' for n in names)})" if len(names) <= 4 else ""
-    return f"{len(names)}{listed}"
-
-
 def against_untrained(runs: dict[str, dict], zero_shot: dict, evidence: Evidence) -> dict[str, dict]:
     """Each configuration minus the untrained checkpoint, per column (paired intervals)."""
     base = multitask_scored(evidence, "zero-shot", "", zero_shot)
@@ -37,10 +40,54 @@ def against_untrained(runs: dict[str, dict], zero_shot: dict, evidence: Evidence
     return out
 
 
+def _tasks_below(deltas: dict[str, dict[str, Interval]]) -> str:
+    worse = [(t, sum(d[t].high < 0 for d in deltas.values())) for t in MULTITASK_TASKS]
+    return ", ".join(f"{COLUMN_TITLES[t]} in {k}" for t, k in worse if k)
+
+
+def untrained_sentence(
+    runs: dict[str, dict],
+    zero_shot: dict,
+    deltas: dict[str, dict],
+    over: dict[str, dict],
+    study: SeedRuns | None,
+) -> str:
+    """Fine-tuning against the untrained checkpoint: over the seeds where the study has
+    them (``over``), then with the tables' seed alone on its dev intervals (``deltas``)."""
+    seed = usual({n: str(m.seed) for n, m in runs.items()})
+    fitted = study.configs.get(zero_shot.config, []) if study else []
+    if not over or len(fitted) < MIN_SEEDS:
+        untrained = ", ".join(f"{COLUMN_TITLES[t]} {zero_shot.scores[t]:.3f}" for t in MULTITASK_TASKS)
+        worse = _tasks_below(deltas)
+        return (
+            f"Against the untrained checkpoint (average {zero_shot.scores[AVERAGE]:.3f}), with the tables' "
+            f"seed {seed} (the seed study has not fitted the checkpoint's probes with its seeds), "
+            f"fine-tuning left the average {lower_higher(deltas, len(runs))} of the {len(runs)} "
+            "configurations (paired intervals excluding zero)"
+            + (f"; per task, fine-tuning scored below the checkpoint on {worse}" if worse else "")
+            + f" (untrained: {untrained}; the checkpoint note above says what it was trained on)."
+        )
+    means = {c: statistics.mean(r.scores[c] for r in fitted) for c in (*MULTITASK_TASKS, AVERAGE)}
+    untrained = ", ".join(f"{COLUMN_TITLES[t]} {means[t]:.3f}" for t in MULTITASK_TASKS)
+    worse = _tasks_below(over)
+    return (
+        f"Against the untrained checkpoint (average {means[AVERAGE]:.3f}, the mean over its {len(fitted)} "
+        "seeds: its SST probe and Quora threshold are fitted on each seed's training rows), each "
+        "configuration minus the checkpoint with the same seed, over the seeds both ran with "
+        "(intervals over seeds excluding zero): fine-tuning left the average "
+        f"{lower_higher(over, len(over))} of the {len(over)} configurations"
+        + (f"; per task, it scored below the checkpoint on {worse}" if worse else "")
+        + f" (untrained: {untrained}; the checkpoint note above says what it was trained on). The "
+        "seeds measure other training runs on the same dev examples; with the tables' seed "
+        f"{seed} alone, on its dev intervals, the average is {lower_higher(deltas, len(runs))}."
+    )
+
+
 def findings_section(
     runs: dict[str, dict],
     zero_shot: dict | None,
     evidence: Evidence,
+    seed_study: SeedRuns | None,
     compared: list[Compared],
     missed_controls: list[str],
     controls_checked: int,
@@ -63,29 +110,33 @@ def findings_section(
     table = []
     if zero_shot is not None:
         deltas = against_untrained(runs, zero_shot, evidence)
-        below = [n for n, d in deltas.items() if d[AVERAGE].high < 0]
-        above = [n for n, d in deltas.items() if d[AVERAGE].low > 0]
-        task_below = {t: sum(d[t].high < 0 for d in deltas.values()) for t in MULTITASK_TASKS}
-        sentence = (
-            f"Against the untrained checkpoint (average {zero_shot.scores[AVERAGE]:.3f}), fine-tuning "
-            f"left the average lower in {_share(below, len(runs))} and higher in "
-            f"{_share(above, len(runs))} of the {len(runs)} configurations (paired intervals "
-            "excluding zero)"
-        )
-        worse = [f"{COLUMN_TITLES[t]} in {k}" for t, k in task_below.items() if k]
-        if worse:
-            sentence += "; per task, fine-tuning scored below the checkpoint on " + ", ".join(worse)
-        untrained = ", ".join(f"{COLUMN_TITLES[t]} {zero_shot.scores[t]:.3f}" for t in MULTITASK_TASKS)
-        sentence += f" (untrained: {untrained}; the checkpoint note above says what it was trained on)."
-        said.append(sentence)
+        over = untrained_over_seeds(runs, zero_shot, seed_study)
+        said.append(untrained_sentence(runs, zero_shot, deltas, over, seed_study))
+        seeds = " over seeds"
         table = [
             "",
-            "Each configuration minus the untrained checkpoint on the same dev examples (95% "
-            "paired-bootstrap intervals; below zero: fine-tuning scored less than the "
-            "checkpoint it started from):",
+            "Each configuration minus the untrained checkpoint on the same dev examples, with the "
+            f"tables' seed {usual({n: str(m.seed) for n, m in runs.items()})} (95% paired-bootstrap "
+            "intervals; below zero: fine-tuning scored less than the checkpoint it started from)"
+            + (
+                ", and its average minus the checkpoint's with the same seed, over the seeds both "
+                "ran with (95% interval over seeds)"
+                if over
+                else ""
+            )
+            + ":",
             "",
-            *md_header(["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)]),
-            *(md_row([f"`{n}`", *(fmt_signed(d[c]) for c in COLUMNS)]) for n, d in deltas.items()),
+            *md_header(
+                ["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)]
+                + ([f"Δ {COLUMN_TITLES[AVERAGE]}{seeds}"] if over else [])
+            ),
+            *(
+                md_row(
+                    [f"`{n}`", *(fmt_signed(d[c]) for c in COLUMNS)]
+                    + ([fmt_signed(over[n][AVERAGE]) if n in over else NO_NUMBER] if over else [])
+                )
+                for n, d in deltas.items()
+            ),
         ]
     said.append(highest(runs, evidence))
     shown = [c for c in compared if c.verdict() == SHOWN]
@@ -112,9 +163,14 @@ def findings_section(
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best
+        fitted = seed_study.configs.get(config, []) if seed_study else []
+        ours = f"{runs[config].scores[AVERAGE]:.3f} here (the tables' seed)"
+        if len(fitted) >= MIN_SEEDS:
+            mean = statistics.mean(r.scores[AVERAGE] for r in fitted)
+            ours = f"{mean:.3f} here (the mean over its {len(fitted)} seeds, as in Table 2)"
         said.append(
-            f"For scale: the paper's best model averages {value:.3f} on its dev sets; `{config}` "
-            f"averages {runs[config].scores[AVERAGE]:.3f} here."
+            f"For scale: the paper's best model averages {value:.3f} on its dev sets; "
+            f"`{config}` averages {ours}."
         )
     return [" ".join(said), *table] if said else [NO_NUMBER]
 
@@ -145,7 +201,8 @@ def highest(runs: dict[str, dict], evidence: Evidence) -> str:
     separated = "separated from" if iv.excludes_zero else "not separated from"
     return (
         sentence
-        + f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}, one seed"
+        + f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}, the tables' seed "
+        + f"{runs[top].seed} alone: the seed study records the tables' metrics, not these"
         + (f"; budgets differ: {gap}" if gap else "")
         + ")."
     )

@@ -121,10 +121,10 @@ def compact_table(
     lines = md_header(header)
     seeded = seed_study.configs if seed_study else {}
 
-    def numbers(ev: Evidence, folder: str, config: str, run: dict | None, seeds: bool = False) -> list[str]:
+    def numbers(ev: Evidence, folder: str, config: str, run: dict | None, entry: str = "") -> list[str]:
         if run is None:
             return ["not run"] * len(COLUMNS)
-        rows = seeded.get(config, []) if seeds else []
+        rows = seeded.get(entry, [])  # entry: the seed study's name for the run ("": none)
         if len(rows) >= MIN_SEEDS:
             return [fmt(statistics.mean(r.scores[c] for r in rows)) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
@@ -151,9 +151,9 @@ def compact_table(
     if spec.get("zero_shot") and zero_shot is not None:
         cells = [
             "Untrained checkpoint, zero-shot (`zero-shot`)",
-            *numbers(evidence, "zero-shot", "", zero_shot),
+            *numbers(evidence, "zero-shot", "", zero_shot, zero_shot.config),
         ]
-        cells += [NO_NUMBER, NO_NUMBER]
+        cells += [seeds(zero_shot.config), NO_NUMBER]
         if gpu:
             cells += [*numbers(gpu.evidence, "zero-shot", "", gpu.zero_shot), NO_NUMBER]
         lines.append(md_row(cells + [NO_NUMBER] * len(COLUMNS) * with_paper))
@@ -162,7 +162,7 @@ def compact_table(
         title = row_title(row, m)[0] if m is not None else row["label"]
         cells = [
             f"{title} (`{config}`)".replace("|", "\\|"),
-            *numbers(evidence, "multitask", config, m, True),
+            *numbers(evidence, "multitask", config, m, config),
         ]
         cells += [seeds(config) if m else NO_NUMBER, delta(judged, config, m)]
         if gpu:

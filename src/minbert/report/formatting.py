@@ -38,10 +38,10 @@ def fmt_signed(iv: Interval) -> str:
     """A difference with its interval, signed: ``+0.012 [-0.003, +0.027]``; a bound that is
     not zero but rounds to it gets the digits that show its side (``[-0.020, -0.0003]``),
     so that a printed interval excludes zero exactly when the interval does."""
-    return f"{iv.value:+.3f} [{_bound(iv.low)}, {_bound(iv.high)}]"
+    return f"{iv.value:+.3f} [{fmt_bound(iv.low)}, {fmt_bound(iv.high)}]"
 
 
-def _bound(x: float) -> str:
+def fmt_bound(x: float) -> str:
     decimals = 3
     while x != 0 and round(x, decimals) == 0 and decimals < 8:
         decimals += 1

@@ -23,6 +23,7 @@ from minbert.report.formatting import (
     NO_NUMBER,
     SELECTION_COLUMNS,
     fmt,
+    fmt_bound,
     fmt_signed,
     md_header,
     md_row,
@@ -238,7 +239,7 @@ def seed_section(
         diffs = seed_differences(study, config, parent)[AVERAGE] if parent in configs else []
         if diffs:
             iv, detectable = seed_interval(diffs), seed_detectable(diffs)
-            per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
+            per_seed = ", ".join(fmt_bound(d) for d in diffs)
             cells += [f"vs `{parent}`: {per_seed}", fmt_signed(iv) if iv else NO_NUMBER]
             cells.append(NO_NUMBER if detectable is None else f"{detectable:.3f}")
             record = judged.get((config, parent))
@@ -247,8 +248,19 @@ def seed_section(
         else:
             cells += [NO_NUMBER, NO_NUMBER, NO_NUMBER]
         lines.append(md_row(cells))
+    untrained = [f"`{c}`" for c in configs if c not in runs]  # the untrained checkpoint: no training
     lines += [
         "",
+        *(
+            [
+                f"{', '.join(untrained)}: the untrained checkpoint, its SST probe and Quora threshold "
+                "fitted on each seed's training rows (the findings compare each configuration with it "
+                "seed by seed).",
+                "",
+            ]
+            if untrained
+            else []
+        ),
         "Average − parent: the configuration's average minus that of the configuration it "
         "ablates (as in the tables above), trained with the same seed, one number per seed "
         "in the order of the seeds column. Interval over seeds: their mean ± t · sd / √n "

@@ -4,7 +4,9 @@ arms), the budget ours were made at, and what that budget can and cannot show.""
 
 from __future__ import annotations
 
-from minbert.report.comparisons import VERDICTS, Compared
+import statistics
+
+from minbert.report.comparisons import MIN_SEEDS, VERDICTS, Compared, SeedRuns
 from minbert.report.controls import Starts
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -28,11 +30,13 @@ def beside_the_paper(
     gpu_sentiment: list[dict] | None = None,
     gpu_provenance: GpuProvenance | None = None,
     gpu_stale: dict[str, list[str]] | None = None,
+    seed_study: SeedRuns | None = None,
 ) -> tuple[list[str], str]:
     """The two tables (Table 2's rows with all four published numbers, each the paper's
-    then ours, then ours at the `gpu` scale where ``metrics/gpu`` has it, with the commit
-    it ran at and whether its code changed since, ``gpu_stale``; Table 1's arms) as
-    markdown lines, and the sentence that says what each was made at."""
+    then ours, the mean over ``seed_study``'s seeds where it has them, then ours at the
+    `gpu` scale where ``metrics/gpu`` has it, with the commit it ran at and whether its
+    code changed since, ``gpu_stale``; Table 1's arms) as markdown lines, and the sentence
+    that says what each was made at."""
     gpu_runs, gpu_sentiment, gpu_stale = gpu_runs or {}, gpu_sentiment or [], gpu_stale or {}
 
     def on_gpu_label(stages: list[str]) -> str:
@@ -50,7 +54,12 @@ def beside_the_paper(
     for row in shown:
         name = f"`{row['config']}`"
         multitask.append(md_row([f"{name}, the paper", *(fmt(row["paper"][c]) for c in COLUMNS)]))
-        multitask.append(md_row([f"{name}, ours", *(fmt(runs[row["config"]].scores[c]) for c in COLUMNS)]))
+        run = runs[row["config"]]  # the tables' seed's run
+        multitask.append(md_row([f"{name}, ours (seed {run.seed})", *(fmt(run.scores[c]) for c in COLUMNS)]))
+        seeded = seed_study.configs.get(row["config"], []) if seed_study else []
+        if len(seeded) >= MIN_SEEDS:  # as the report's Tables 2-4 give it
+            means = [fmt(statistics.mean(r.scores[c] for r in seeded)) for c in COLUMNS]
+            multitask.append(md_row([f"{name}, ours (mean over {len(seeded)} seeds)", *means]))
         if row["config"] in gpu_runs:
             on_gpu = gpu_runs[row["config"]]
             label = f"{name}, {on_gpu_label(['multitask@' + row['config']])}"
@@ -140,7 +149,7 @@ def what_it_can_show(compared: list[Compared], starts: Starts) -> str:
     if starts.own:
         started.append(
             "Fine-tuning against where it started, every configuration and column on dev (paired "
-            f"intervals): {starts.counted()}."
+            f"intervals): {starts.counted()}. {starts.over_seeds_said()}".strip()
         )
     if not compared:
         return "\n\n".join([*started, "No comparison of Tables 2-4 has both rows run."])

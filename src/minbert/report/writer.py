@@ -1,8 +1,7 @@
 """The report: every comparison of Tables 2-4 computed and judged once, then its pages.
-The first (README.md) holds the summary (what ran, each comparison's verdict) and Tables
-1-4 beside the paper's and the GPU's; the others, listed there (``PAGES``), hold setup and
-findings, the full tables, controls and starts, the budget, choices, seeds, MLM, the GPU
-study, figures and how each run was produced."""
+The first (README.md) holds the summary (what ran, each comparison's verdict) and Tables 1-4
+beside the paper's and the GPU's; the others (``PAGES``) hold setup and findings, the full
+tables, controls and starts, the budget, choices, seeds, MLM, the GPU study, figures, provenance."""
 
 from __future__ import annotations
 
@@ -40,6 +39,7 @@ from minbert.report.tables import arm_ends, judged_comparisons, multitask_table,
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 from minbert.runs.study_files import (
     LR_SEARCH_FILE,
+    SEED_STUDY_FILE,
     read_family_search,
     read_mlm_study,
     read_seed_study,
@@ -55,7 +55,6 @@ from minbert.runs.training import (
 )
 
 MULTITASK_TABLES = ["table2", "table3", "table4"]
-SEED_STUDY_FILE = "seed-study.json"
 ZERO_SHOT_FILE = "zero-shot.json"
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
@@ -170,7 +169,7 @@ def write_report(
         )
     zero_shot_file = metrics_dir / ZERO_SHOT_FILE
     zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
-    seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask)
+    seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask, zero_shot)
     lr_search = read_family_search(metrics_dir / LR_SEARCH_FILE)
     smart = read_smart_measurement(Path(smart_file)) if smart_file else None
     mlm = mlm_runs(metrics_dir)
@@ -209,7 +208,7 @@ def write_report(
     }
     table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
     controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
-    starts = starts_section(multitask, zero_shot, evidence)
+    starts = starts_section(multitask, zero_shot, evidence, seed_study)
 
     on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources), evidence.resamples)
     gpu_compared = gpu_comparisons(on_gpu, paper, MULTITASK_TABLES) if on_gpu else []
@@ -286,6 +285,7 @@ def write_report(
                 multitask,
                 zero_shot,
                 evidence,
+                seed_study,
                 table_compared,
                 controls.missed,
                 controls.checked,

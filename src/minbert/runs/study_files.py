@@ -10,8 +10,10 @@ from pathlib import Path
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 SCORE_KEYS = (*MULTITASK_TASKS, AVERAGE)
-# The learning-rate search's file under metrics/ (`minbert lr-search` writes it, the report reads it).
+# The studies' files under metrics/ (`minbert lr-search`, `minbert seed-study` write them; the
+# report reads them).
 LR_SEARCH_FILE = "lr-search.json"
+SEED_STUDY_FILE = "seed-study.json"
 
 
 def _load(path: Path) -> dict | None:

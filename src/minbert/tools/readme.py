@@ -16,11 +16,14 @@ from pathlib import Path
 import yaml
 
 from minbert.gpu_study import changed_code
+from minbert.report.comparisons import seed_runs
+from minbert.report.controls import untrained_over_seeds
 from minbert.report.findings import ranked
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS, SELECTION_MEAN, md_header, md_row, per_task
 from minbert.report.gpu import GPU_METRICS, GPU_ROOT
 from minbert.report.summary import beside_the_paper
 from minbert.runs.gpu_calls import read_gpu_provenance
+from minbert.runs.study_files import SEED_STUDY_FILE, read_seed_study
 from minbert.runs.training import MultitaskRunFile, SentimentRunFile, ZeroShotRunFile, read_run, read_runs
 
 WIDTH = 86  # the README's line length
@@ -69,6 +72,7 @@ def results_block(metrics: Path, paper_file: Path, sources: Path) -> str:
         read_runs(SentimentRunFile, gpu / "sentiment"),
         provenance,
         changed_code(provenance, sources),
+        seed_runs(read_seed_study(metrics / SEED_STUDY_FILE), runs),
     )
     link = " Every table with each comparison's verdict, then a page each for the full tables, "
     link += "controls, budget, seeds, choices and the GPU: [report/README.md](report/README.md)."
@@ -80,20 +84,31 @@ def model_block(metrics: Path) -> str:
     commands that try it (without its markers)."""
     metrics = Path(metrics)
     runs = {m.config: m for m in read_runs(MultitaskRunFile, metrics / "multitask")}
-    untrained = read_run(ZeroShotRunFile, metrics / "zero-shot.json").scores
+    zero_shot = read_run(ZeroShotRunFile, metrics / "zero-shot.json")
+    untrained = zero_shot.scores
     (top, score), *others = ranked(runs)
     run = runs[top]
     scores = run.scores
     next_one = f" (next: `{others[0][0]}`, {others[0][1]:.3f})" if others else ""
-    below = [COLUMN_TITLES[c] for c in COLUMNS if scores[c] < untrained[c]]
+    study = seed_runs(read_seed_study(metrics / SEED_STUDY_FILE), runs, zero_shot)
+    over = untrained_over_seeds({top: run}, zero_shot, study).get(top)
+    sides = ""
+    if over:  # seed by seed, as the report's findings say it
+        below = " and ".join(COLUMN_TITLES[c] for c in COLUMNS if over[c].high < 0)
+        above = " and ".join(COLUMN_TITLES[c] for c in COLUMNS if over[c].low > 0)
+        said = [*([f"below it on {below}"] if below else []), *([f"above it on {above}"] if above else [])]
+        sides = (
+            "; over the seeds both ran with (each minus the checkpoint fitted with the same seed; "
+            "intervals over seeds excluding zero), it "
+            + (f"scores {' and '.join(said)}" if said else "is not separated from it on any column")
+        )
     prose = (
         f"Ranked highest by the report on the chance-corrected dev score ({SELECTION_MEAN}; "
-        f"a constant answer scores 0): **`{top}`**, {score:.3f}{next_one}, fine-tuned from "
-        f"`{run.checkpoint.name}` on {per_task(run.train_examples)} training examples "
-        f"(scale `{run.scale}`; epoch {run.epoch} of {run.epochs}, chosen on validation). "
-        "On the full dev sets, beside the untrained checkpoint it starts from (the `zero-shot` stage)"
-        + (f", it scores below it on {', '.join(below)}" if below else "")
-        + ' (the "Findings" table of report/findings.md gives the differences\' intervals):'
+        f"a constant answer scores 0) with seed {run.seed}: **`{top}`**, {score:.3f}{next_one}, "
+        f"fine-tuned from `{run.checkpoint.name}` on {per_task(run.train_examples)} training examples "
+        f"(scale `{run.scale}`; epoch {run.epoch} of {run.epochs}, chosen on validation). The "
+        "table sets it beside the untrained checkpoint it starts from (the `zero-shot` stage) on "
+        f"the full dev sets with that seed{sides} (report/findings.md gives every interval):"
     )
     table = [
         *md_header(["full dev sets", *(COLUMN_TITLES[c] for c in COLUMNS)]),

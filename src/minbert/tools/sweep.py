@@ -243,10 +243,25 @@ def current_lock(repo: Path) -> dict:
     return lock.get("stages", {})
 
 
+# The untrained checkpoint, fitted with each seed beside the configurations (nothing of it
+# is trained but its SST probe and Quora threshold, on the seed's training rows), so
+# fine-tuning is compared with it seed by seed. Its stage's name, and its name in the study.
+UNTRAINED = "zero-shot"
+
+
+def study_entry(name: str) -> tuple[str, str]:
+    """An entry of the study (a configuration, or ``UNTRAINED``): its stage, and its key
+    among a run's metrics files (``Run.metrics``)."""
+    if name == UNTRAINED:
+        return UNTRAINED, "metrics/zero-shot"
+    return f"multitask@{name}", f"multitask/{name}"
+
+
 def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | None = None) -> dict:
-    """Each configuration's full-dev metrics per seed other than ``params``' own (the committed
-    files hold that one). A run counts for a configuration only when its metrics file was
-    written with the run's seed and, given ``lock``, by the stage's current code and data."""
+    """Each entry's full-dev metrics per seed other than ``params``' own (the committed
+    files hold that one); ``configs``: configurations, or ``UNTRAINED``. A run counts for
+    an entry only when its metrics file was written with the run's seed and, given
+    ``lock``, by the stage's current code and data."""
     same = [
         r
         for r in runs
@@ -254,14 +269,11 @@ def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | N
     ]
     out = {}
     for config in configs:
+        stage, key = study_entry(config)
         by_seed = {}
         for run in same:
-            m = run.metrics.get(f"multitask/{config}")
-            if (
-                m is not None
-                and m.seed == run.params["seed"]
-                and same_code(run, lock or {}, f"multitask@{config}")
-            ):
+            m = run.metrics.get(key)
+            if m is not None and m.seed == run.params["seed"] and same_code(run, lock or {}, stage):
                 by_seed[m.seed] = {"seed": m.seed, "run": run.name, **m.scores}
         if not by_seed:
             raise ValueError(f"no finished run of configuration {config!r} with these parameters")
@@ -291,10 +303,22 @@ def wait_for_queue(repo: Path, poll_seconds: float = 10.0) -> dict[str, str]:
 SEED_STUDY_COMMAND = "minbert seed-study"
 
 
-def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[str, ...] = ()) -> dict:
-    """Queue, run and wait for ``seed_study``'s configurations at each of its seeds, then
-    write their full-dev metrics per seed to ``out``; ``baselines``: earlier commits
-    whose experiments count too."""
+def beside(before: dict, configs: dict, settings: dict, entries: list[str]) -> tuple[dict, dict]:
+    """The rows and settings of the entries just collected (``configs``, ``settings``)
+    beside those of the other ``entries`` in the study written ``before``, in the order of
+    ``entries``; an entry no longer among them is dropped."""
+    rows, digests = {**before["configs"], **configs}, {**before.get("settings", {}), **settings}
+    rows = {n: rows[n] for n in entries if n in rows}
+    return rows, {n: digests[n] for n in rows if n in digests}
+
+
+def run_seed_study(
+    repo: Path, out: Path, queue: bool = True, baselines: tuple[str, ...] = (), only: tuple[str, ...] = ()
+) -> dict:
+    """Queue, run and wait for ``seed_study``'s configurations and the untrained checkpoint
+    at each of its seeds, then write their full-dev metrics per seed to ``out``;
+    ``baselines``: earlier commits whose experiments count too; ``only``: these entries
+    alone, the others kept from ``out`` as they are."""
     from minbert.atomic import atomic_write_text
     from minbert.cores import side_by_side
     from minbert.pipeline.params import load
@@ -303,7 +327,12 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
 
     params = load(repo / "params.yaml")
     study = params["seed_study"]
-    targets = [f"multitask@{c}" for c in study["configs"]]
+    entries = [*study["configs"], UNTRAINED]
+    unknown = [n for n in only if n not in entries]
+    if unknown:
+        raise ValueError(f"seed study: no entry {unknown[0]!r}; expected one of {', '.join(entries)}")
+    chosen = [n for n in entries if n in only] if only else entries
+    targets = [study_entry(n)[0] for n in chosen]
     if queue:
         for seed in study["seeds"]:
             subprocess.run(
@@ -319,17 +348,21 @@ def run_seed_study(repo: Path, out: Path, queue: bool = True, baselines: tuple[s
         if failed:
             console.print(f"experiments that did not succeed (see `dvc queue logs NAME`): {failed}")
     runs = collect_runs(repo, ["HEAD", *baselines])
-    configs = seed_study(runs, params, study["configs"], current_lock(repo))
-    # Each configuration's settings (its record's, which hold no seed): one value, as every
-    # run counted has the same parameters but the seed; the report checks its runs against it.
+    configs = seed_study(runs, params, chosen, current_lock(repo))
+    # Each entry's settings (its record's, which hold no seed): one value, as every run
+    # counted has the same parameters but the seed; the report checks its runs against it.
     by_name = {r.name: r for r in runs}
     settings = {
-        config: settings_digest(by_name[rows[0]["run"]].metrics[f"multitask/{config}"])
-        for config, rows in configs.items()
+        name: settings_digest(by_name[rows[0]["run"]].metrics[study_entry(name)[1]])
+        for name, rows in configs.items()
     }
+    if only and (repo / out).is_file():  # the entries not rerun, as the study holds them
+        before = json.loads((repo / out).read_text(encoding="utf-8"))
+        configs, settings = beside(before, configs, settings, entries)
+    every = " ".join(study_entry(n)[0] for n in entries)
     result = {
         "command": SEED_STUDY_COMMAND,
-        "how": f"queues `dvc exp run -S seed=N {' '.join(targets)}` for each seed of "
+        "how": f"queues `dvc exp run -S seed=N {every}` for each seed of "
         "`seed_study.seeds` and runs the queue; the pipeline's own seed is not copied here "
         "(the report reads it from the current metrics files)",
         "seeds": sorted({r["seed"] for rows in configs.values() for r in rows}),
