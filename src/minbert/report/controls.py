@@ -200,7 +200,9 @@ def lower_higher(deltas: dict[str, dict[str, Interval]], total: int) -> str:
     """``lower in 3 (...) and higher in none`` of the average's intervals in ``deltas``."""
     below = [n for n, d in deltas.items() if d[AVERAGE].high < 0]
     above = [n for n, d in deltas.items() if d[AVERAGE].low > 0]
-    return f"lower in {_share(below, total)} and higher in {_share(above, total)}"
+    said = f"lower in {_share(below, total)} and higher in {_share(above, total)}"
+    apart = [f"`{n}` {fmt_signed(d[AVERAGE])}" for n, d in deltas.items() if n not in below + above]
+    return said + (f" (not separated: {', '.join(apart)})" if 0 < len(apart) <= 4 else "")
 
 
 @dataclass
@@ -297,9 +299,11 @@ def starts_section(
             rows.append(md_row(cells))
     if not rows:
         return Starts("No run records every task's start (rerun the multitask stages).")
+    seeds = ", ".join(sorted({str(m.seed) for m in multitask.values()}))
     lines = [
-        "Every configuration and column against where it started, on the same dev examples, with "
-        "95% paired-bootstrap intervals (Quora: question groups resampled whole): its own start "
+        f"Every configuration and column against where it started, with the tables' seed {seeds} (over "
+        "the seeds: findings.md), on the same dev examples, with 95% paired-bootstrap intervals "
+        "(Quora: question groups resampled whole): its own start "
         "(epoch 0: the heads fitted on the frozen encoder, nothing fine-tuned; a run that keeps "
         "epoch 0 was not helped by fine-tuning) and the untrained checkpoint (zero-shot: STS and "
         "Quora by the cosine of its sentence vectors, SST by its frozen probe, the SST head every "
@@ -326,14 +330,13 @@ def starts_section(
         ),
         *rows,
     ]
-    seeds = {str(m.seed) for m in multitask.values()}
     over = untrained_over_seeds(multitask, zero_shot, seed_study) if zero_shot is not None else {}
     return Starts(
         "\n".join(lines),
         counts["own"],
         counts["untrained"],
         counts["below_because"],
-        ", ".join(sorted(seeds)),
+        seeds,
         over,
     )
 
