@@ -825,3 +825,28 @@ def test_the_committed_loss_logs_draw_a_curve_within_the_one_epoch():
         run = read_result(REPO / "metrics" / "multitask" / f"{config}.json")
         assert run["epochs"] == 1 and len(log) >= run["steps"] // 16 >= 9, config
         assert log.step.iloc[-1] == run["steps"] and log.notna().all().all(), config
+
+
+def test_a_task_answered_alike_for_every_dev_example_is_marked_on_the_first_page(tmp_path):
+    """The untrained checkpoint's SST without a probe (the gpu scale's) answers the majority
+    class for every sentence: its number is what a constant scores, and says so."""
+    write_labels(tmp_path)
+    write_multitask(tmp_path, ["baseline", "best"])
+    write_zero_shot(tmp_path)
+    ids, labels = _labels_of(tmp_path, "sst")
+    constant = np.full(len(labels), 3)
+    write_predictions(tmp_path / "predictions" / "zero-shot" / "sst-dev-out.csv", "sst", ids, constant)
+    scores = read_result(tmp_path / "metrics" / "zero-shot.json")
+    sst = fixed(score("sst", labels, constant))
+    average = fixed(float(np.mean([sst, scores["quora"], scores["sts"]])))
+    save(tmp_path / "metrics", "zero-shot", scores | {"sst": sst, "average": average})
+    report(tmp_path, tmp_path / "r")
+    first = (tmp_path / "r" / "README.md").read_text(encoding="utf-8")
+    zero = _row(_sections(first)["Table 2"], "(`zero-shot`)")
+    assert zero[1] == f"{sst:.3f} (one answer)" and zero[2:5] == [
+        f"{scores['quora']:.3f}",
+        f"{scores['sts']:.3f}",
+        f"{average:.3f}",
+    ]
+    assert "A number marked one answer" in first
+    assert "(one answer)" not in _row(_sections(first)["Table 2"], "(`baseline`)")[1]

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from minbert.report.comparisons import MIN_SEEDS, Compared, multitask_scored
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
@@ -52,8 +54,12 @@ READING_NOTE = (
     "dev noise (how each is reached, and the tables' own seed with its dev intervals and marks: "
     "tables.md). GPU: the `gpu` scale's one run where one has been made (stale: its code has "
     "changed since, gpu.md), its Δ over the dev examples; paper: the paper's. Table 1: the "
-    "tables' seed, its Δ marked bold shown, † not confirmed by the seeds, ‡ budgets differ."
+    "tables' seed, its Δ marked bold shown, † not confirmed by the seeds, ‡ budgets differ. "
+    "A number marked one answer comes from the same answer for every dev example (the "
+    "untrained checkpoint's SST without a probe: the training labels' majority class)."
 )
+# The mark of a task a run answered alike for every dev example (READING_NOTE).
+ONE_ANSWER = "one answer"
 
 
 def _stale(stale: dict[str, list[str]] | None, stage: str) -> str:
@@ -128,7 +134,9 @@ def compact_table(
         if len(rows) >= MIN_SEEDS:
             return [fmt(statistics.mean(r.scores[c] for r in rows)) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
-        return [fmt(ev.value(scored, c)) for c in COLUMNS]
+        # A task answered alike for every dev example scores what a constant does: marked.
+        alike = {t for t, p in scored.predictions.items() if len(np.unique(p)) == 1}
+        return [fmt(ev.value(scored, c)) + (f" ({ONE_ANSWER})" if c in alike else "") for c in COLUMNS]
 
     def seeds(config: str) -> str:
         count = len(seeded.get(config, []))
