@@ -123,6 +123,13 @@ class SeedRuns:
     other_settings: list[str]
     settings_unrecorded: list[str]
 
+    def means(self, name: str) -> dict[str, float] | None:
+        """An entry's mean over its seeds per column; None from fewer than ``MIN_SEEDS``."""
+        rows = self.configs.get(name, [])
+        if len(rows) < MIN_SEEDS:
+            return None
+        return {c: statistics.mean(r.scores[c] for r in rows) for c in COLUMNS}
+
 
 def seed_runs(
     study: SeedStudyFile | None, runs: dict[str, MultitaskRunFile], zero_shot: ZeroShotRunFile | None = None

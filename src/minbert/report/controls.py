@@ -297,9 +297,11 @@ def starts_section(
                     counts["below_because"][because].append(cell)
                 cells += [f"{evidence.value(base, column):.3f}", fmt_signed(untrained), side, because]
             rows.append(md_row(cells))
-    if not rows:
-        return Starts("No run records every task's start (rerun the multitask stages).")
     seeds = ", ".join(sorted({str(m.seed) for m in multitask.values()}))
+    over = untrained_over_seeds(multitask, zero_shot, seed_study) if zero_shot is not None else {}
+    if not rows:
+        message = "No run records every task's start (rerun the multitask stages)."
+        return Starts(message, seed=seeds, over_seeds=over)
     lines = [
         f"Every configuration and column against where it started, with the tables' seed {seeds} (over "
         "the seeds: findings.md), on the same dev examples, with 95% paired-bootstrap intervals "
@@ -330,7 +332,6 @@ def starts_section(
         ),
         *rows,
     ]
-    over = untrained_over_seeds(multitask, zero_shot, seed_study) if zero_shot is not None else {}
     return Starts(
         "\n".join(lines),
         counts["own"],

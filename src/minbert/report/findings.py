@@ -3,19 +3,16 @@ here is written by hand."""
 
 from __future__ import annotations
 
-import statistics
-
 from minbert.metrics import Interval
 from minbert.report.comparisons import (
     BUDGETS_DIFFER,
-    MIN_SEEDS,
     SHOWN,
     Compared,
     SeedRuns,
     budget_gap,
     multitask_scored,
 )
-from minbert.report.controls import Starts, lower_higher, untrained_over_seeds
+from minbert.report.controls import Starts, lower_higher
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -51,12 +48,12 @@ def untrained_sentence(
     deltas: dict[str, dict],
     over: dict[str, dict],
     study: SeedRuns | None,
+    seed: str,
 ) -> str:
     """Fine-tuning against the untrained checkpoint: over the seeds where the study has
-    them (``over``), then with the tables' seed alone on its dev intervals (``deltas``)."""
-    seed = usual({n: str(m.seed) for n, m in runs.items()})
-    fitted = study.configs.get(zero_shot.config, []) if study else []
-    if not over or len(fitted) < MIN_SEEDS:
+    them (``over``), then with the tables' ``seed`` alone on its dev intervals (``deltas``)."""
+    means = study.means(zero_shot.config) if study else None
+    if not over or means is None:
         untrained = ", ".join(f"{COLUMN_TITLES[t]} {zero_shot.scores[t]:.3f}" for t in MULTITASK_TASKS)
         worse = _tasks_below(deltas)
         return (
@@ -67,11 +64,11 @@ def untrained_sentence(
             + (f"; per task, fine-tuning scored below the checkpoint on {worse}" if worse else "")
             + f" (untrained: {untrained}; the checkpoint note above says what it was trained on)."
         )
-    means = {c: statistics.mean(r.scores[c] for r in fitted) for c in (*MULTITASK_TASKS, AVERAGE)}
     untrained = ", ".join(f"{COLUMN_TITLES[t]} {means[t]:.3f}" for t in MULTITASK_TASKS)
     worse = _tasks_below(over)
+    fitted = len(study.configs[zero_shot.config])
     return (
-        f"Against the untrained checkpoint (average {means[AVERAGE]:.3f}, the mean over its {len(fitted)} "
+        f"Against the untrained checkpoint (average {means[AVERAGE]:.3f}, the mean over its {fitted} "
         "seeds: its SST probe and Quora threshold are fitted on each seed's training rows), each "
         "configuration minus the checkpoint with the same seed, over the seeds both ran with "
         "(intervals over seeds excluding zero): fine-tuning left the average "
@@ -109,14 +106,13 @@ def findings_section(
     )
     table = []
     if zero_shot is not None:
-        deltas = against_untrained(runs, zero_shot, evidence)
-        over = untrained_over_seeds(runs, zero_shot, seed_study)
-        said.append(untrained_sentence(runs, zero_shot, deltas, over, seed_study))
-        seeds = " over seeds"
+        deltas, over = against_untrained(runs, zero_shot, evidence), starts.over_seeds
+        seed = usual({n: str(m.seed) for n, m in runs.items()})
+        said.append(untrained_sentence(runs, zero_shot, deltas, over, seed_study, seed))
         table = [
             "",
             "Each configuration minus the untrained checkpoint on the same dev examples, with the "
-            f"tables' seed {usual({n: str(m.seed) for n, m in runs.items()})} (95% paired-bootstrap "
+            f"tables' seed {seed} (95% paired-bootstrap "
             "intervals; below zero: fine-tuning scored less than the checkpoint it started from)"
             + (
                 ", and its average minus the checkpoint's with the same seed, over the seeds both "
@@ -128,7 +124,7 @@ def findings_section(
             "",
             *md_header(
                 ["Configuration", *(f"Δ {COLUMN_TITLES[c]}" for c in COLUMNS)]
-                + ([f"Δ {COLUMN_TITLES[AVERAGE]}{seeds}"] if over else [])
+                + ([f"Δ {COLUMN_TITLES[AVERAGE]} over seeds"] if over else [])
             ),
             *(
                 md_row(
@@ -163,11 +159,11 @@ def findings_section(
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best
-        fitted = seed_study.configs.get(config, []) if seed_study else []
+        means = seed_study.means(config) if seed_study else None
         ours = f"{runs[config].scores[AVERAGE]:.3f} here (the tables' seed)"
-        if len(fitted) >= MIN_SEEDS:
-            mean = statistics.mean(r.scores[AVERAGE] for r in fitted)
-            ours = f"{mean:.3f} here (the mean over its {len(fitted)} seeds, as in Table 2)"
+        if means is not None:
+            count = len(seed_study.configs[config])
+            ours = f"{means[AVERAGE]:.3f} here (the mean over its {count} seeds, as in Table 2)"
         said.append(
             f"For scale: the paper's best model averages {value:.3f} on its dev sets; "
             f"`{config}` averages {ours}."

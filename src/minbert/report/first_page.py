@@ -130,9 +130,9 @@ def compact_table(
     def numbers(ev: Evidence, folder: str, config: str, run: dict | None, entry: str = "") -> list[str]:
         if run is None:
             return ["not run"] * len(COLUMNS)
-        rows = seeded.get(entry, [])  # entry: the seed study's name for the run ("": none)
-        if len(rows) >= MIN_SEEDS:
-            return [fmt(statistics.mean(r.scores[c] for r in rows)) for c in COLUMNS]
+        means = seed_study.means(entry) if seed_study and entry else None  # entry: its name there
+        if means is not None:
+            return [fmt(means[c]) for c in COLUMNS]
         scored = multitask_scored(ev, folder, config, run)
         # A task answered alike for every dev example scores what a constant does: marked.
         alike = {t for t, p in scored.predictions.items() if len(np.unique(p)) == 1}

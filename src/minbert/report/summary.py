@@ -4,9 +4,7 @@ arms), the budget ours were made at, and what that budget can and cannot show.""
 
 from __future__ import annotations
 
-import statistics
-
-from minbert.report.comparisons import MIN_SEEDS, VERDICTS, Compared, SeedRuns
+from minbert.report.comparisons import VERDICTS, Compared, SeedRuns
 from minbert.report.controls import Starts
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -56,10 +54,12 @@ def beside_the_paper(
         multitask.append(md_row([f"{name}, the paper", *(fmt(row["paper"][c]) for c in COLUMNS)]))
         run = runs[row["config"]]  # the tables' seed's run
         multitask.append(md_row([f"{name}, ours (seed {run.seed})", *(fmt(run.scores[c]) for c in COLUMNS)]))
-        seeded = seed_study.configs.get(row["config"], []) if seed_study else []
-        if len(seeded) >= MIN_SEEDS:  # as the report's Tables 2-4 give it
-            means = [fmt(statistics.mean(r.scores[c] for r in seeded)) for c in COLUMNS]
-            multitask.append(md_row([f"{name}, ours (mean over {len(seeded)} seeds)", *means]))
+        means = seed_study.means(row["config"]) if seed_study else None
+        if means is not None:  # as the report's Tables 2-4 give it
+            count = len(seed_study.configs[row["config"]])
+            multitask.append(
+                md_row([f"{name}, ours (mean over {count} seeds)", *(fmt(means[c]) for c in COLUMNS)])
+            )
         if row["config"] in gpu_runs:
             on_gpu = gpu_runs[row["config"]]
             label = f"{name}, {on_gpu_label(['multitask@' + row['config']])}"
