@@ -82,3 +82,21 @@ def test_a_writer_cannot_state_a_number_in_both_files(tmp_path):
     with pytest.raises(ValueError, match="is not a number"):
         write_run(run, tmp_path, "bad")
     assert not list(tmp_path.iterdir())
+
+
+def test_the_untrained_checkpoints_settings_digest_holds_what_it_was_fitted_with_but_no_seed():
+    """The seed study tells the checkpoint's rows fitted at other settings by this digest:
+    its Quora pairs and its probe's warm-up change it, its seed does not."""
+    from minbert.report.comparisons import settings_digest
+
+    run = read_run(ZeroShotRunFile, REPO / "metrics" / "zero-shot.json")
+    assert run.settings is not None and run.settings.sst_probe.seed == run.seed
+    probe = run.settings.sst_probe
+    other_seed = replace(
+        run, seed=run.seed + 1, settings=replace(run.settings, sst_probe=replace(probe, seed=1))
+    )
+    assert settings_digest(other_seed) == settings_digest(run)
+    fewer_pairs = replace(run, settings=replace(run.settings, quora_train_pairs=1000))
+    warmup = replace(probe.head_warmup, epochs=probe.head_warmup.epochs + 1)
+    other_warmup = replace(run, settings=replace(run.settings, sst_probe=replace(probe, head_warmup=warmup)))
+    assert len({settings_digest(r) for r in (run, fewer_pairs, other_warmup)}) == 3

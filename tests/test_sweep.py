@@ -116,6 +116,8 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     # The untrained checkpoint fitted with each seed beside them, by its own stage.
     assert list(study["settings"]) == ["baseline", UNTRAINED]
     assert [r["seed"] for r in study["configs"][UNTRAINED]] == [1, 2]
+    fitted = {settings_digest(run.metrics[study_entry(UNTRAINED)[1]]) for run in experiments}
+    assert study["settings"][UNTRAINED] == fitted.pop() and not fitted
     # One entry again: the others stay as the study held them.
     kept = json.loads(json.dumps(study["configs"]["baseline"]))
     _run(["minbert", "seed-study", "--no-queue", "--only", UNTRAINED], root)

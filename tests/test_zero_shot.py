@@ -45,6 +45,10 @@ def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpo
     assert read_result(tmp_path / "zero-shot.json") == metrics
     assert set(json.loads((tmp_path / "zero-shot.json").read_text())) == {"sst", "quora", "sts", "average"}
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
+    # The record states what it was fitted with, less the seed (stated apart).
+    assert metrics["settings"]["quora_train_pairs"] == p["zero_shot"]["quora_train_pairs"]
+    assert metrics["settings"]["sst_probe"]["head_warmup"] == resolved["sst_probe"]["head_warmup"]
+    assert "seed" not in metrics["settings"]["sst_probe"]
     assert -1 <= metrics["sts"] <= 1 and 0 <= metrics["quora"] <= 1
     # SST: the frozen checkpoint's probe, the SST head every configuration starts from (its
     # start on dev, to the prediction); STS: scores on the 0-5 scale, as written.

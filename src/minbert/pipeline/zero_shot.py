@@ -20,7 +20,7 @@ from minbert.model.bert import BertModel
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
-from minbert.runs.record_parts import Checkpoint, DataSplit
+from minbert.runs.record_parts import Checkpoint, DataSplit, ZeroShotRecordedSettings
 from minbert.runs.training import ZeroShotRunFile, write_run
 from minbert.settings import RunContext, RunStart
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
@@ -105,6 +105,7 @@ def run(
         scale=context.scale,
         seed=resolved["seed"],
         device=stage.device_name,
+        settings=ZeroShotRecordedSettings.of(resolved),
     )
     return write_run(file, metrics_file.parent, metrics_file.stem)
 

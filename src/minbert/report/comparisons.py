@@ -101,11 +101,14 @@ def ran_at(run: MultitaskRunFile) -> dict:
 
 def settings_digest(run: MultitaskRunFile | ZeroShotRunFile) -> str:
     """``ran_at`` in a few characters: what the seed study records of each entry (of the
-    untrained checkpoint: its checkpoint, pooling, scale and data, which hold no seed)."""
+    untrained checkpoint: its checkpoint, pooling, scale, data and recorded settings, which
+    hold no seed)."""
     if isinstance(run, ZeroShotRunFile):
         settled = {
             k: getattr(run, k) for k in ("checkpoint", "pooling", "scale", "dev_examples", "data_split")
         }
+        if run.settings is not None:
+            settled["settings"] = run.settings.as_dict()
     else:
         settled = ran_at(run)
     return hashlib.sha256(json.dumps(settled, sort_keys=True, default=vars).encode()).hexdigest()[:16]

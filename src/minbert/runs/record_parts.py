@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, fields
 
-from minbert.settings import HeadWarmup, MlmSettings, MultitaskSettings, SmartSettings
+from minbert.settings import HeadWarmup, MlmSettings, MultitaskSettings, RunStart, SmartSettings
 
 # The multitask settings a record states apart from its `settings` (per task, or beside them;
 # cuda_graphs in step_execution, with what the steps ran from).
@@ -68,6 +68,36 @@ class RecordedSettings:
 assert [f.name for f in fields(RecordedSettings)] == [
     f.name for f in fields(MultitaskSettings) if f.name not in STATED_APART
 ], "RecordedSettings must follow MultitaskSettings"
+
+
+@dataclass(frozen=True)
+class ZeroShotRecordedSettings:
+    """The untrained checkpoint's row's ``settings``: what its resolved settings file gives
+    besides what its record states apart (checkpoint, pooling, scale, seed): the training
+    pairs Quora's threshold is chosen on, the scoring batch, and SST's probe (the start
+    every configuration fits, ``RunStart``), whose seed is the record's."""
+
+    quora_train_pairs: int
+    eval_batch_size: int
+    sst_probe: RunStart
+
+    @classmethod
+    def of(cls, resolved: dict) -> ZeroShotRecordedSettings:
+        """From the zero-shot stage's resolved settings file."""
+        probe = RunStart.from_dict(resolved["sst_probe"])
+        return cls(resolved["quora_train_pairs"], resolved["eval_batch_size"], probe)
+
+    @classmethod
+    def from_dict(cls, values: dict, seed: int) -> ZeroShotRecordedSettings:
+        """Back from the record's form, the record's ``seed`` the probe's."""
+        probe = RunStart.from_dict({**values["sst_probe"], "seed": seed})
+        return cls(values["quora_train_pairs"], values["eval_batch_size"], probe)
+
+    def as_dict(self) -> dict:
+        """The record's form: the probe without its seed, which the record states apart."""
+        values = json.loads(json.dumps(dataclasses.asdict(self)))
+        del values["sst_probe"]["seed"]
+        return values
 
 
 def schedule_words(name: str, gamma: float | None, epochs: int | None = None) -> str:
@@ -228,7 +258,7 @@ def record_form(value: object) -> object:
     leave it out; the settings keep every field, as ``asdict`` gives them."""
     if isinstance(value, (QuoraSplit, OfflineRun)):
         return value.values
-    if isinstance(value, RecordedSettings):
+    if isinstance(value, (RecordedSettings, ZeroShotRecordedSettings)):
         return value.as_dict()
     if isinstance(value, MlmSettings):  # its seed is stated beside it
         return {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(value))).items() if k != "seed"}

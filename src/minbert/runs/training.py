@@ -28,6 +28,7 @@ from minbert.runs.record_parts import (
     SmartTerms,
     StepExecution,
     WarmupKept,
+    ZeroShotRecordedSettings,
     record_form,
 )
 from minbert.settings import MlmSettings
@@ -139,6 +140,7 @@ class ZeroShotRunFile:
     scale: str
     seed: int
     device: str
+    settings: ZeroShotRecordedSettings | None = None  # None: written before it was recorded
     offline_run: OfflineRun | None = None
 
 
@@ -206,6 +208,8 @@ def _typed(kind: type[Run], path: Path, values: dict) -> Run:
         typed["data_split"] = DataSplit.from_dict(values["data_split"])
     if kind is MultitaskRunFile:
         typed["settings"] = RecordedSettings.from_dict(values["settings"])
+    if kind is ZeroShotRunFile and values.get("settings") is not None:
+        typed["settings"] = ZeroShotRecordedSettings.from_dict(values["settings"], values["seed"])
     if kind is MlmRunFile:
         typed["settings"] = MlmSettings.from_dict({**values["settings"], "seed": values["seed"]})
     return kind(**typed)
