@@ -103,7 +103,7 @@ def main() -> None:
     horizon_beta = 1.0 - 1.0 / (0.1 * steps)
     variants = {
         "token_norm 1 (the authors' code)": {"token_norm": 1.0},
-        "token_norm 0.1 (params.yaml)": {"token_norm": 0.1},
+        "token_norm 0.1": {"token_norm": 0.1},
         f"token_norm 1, teacher horizon 10% of {steps} steps (beta {horizon_beta:.3f})": {
             "token_norm": 1.0,
             "beta": horizon_beta,

@@ -503,8 +503,11 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | `best` |" in text
     assert "`best` 144 optimizer steps against the measurement's 72; each ran with the settings" in text
     runs["best"] = run(replace(smart, token_norm=0.01))
+    # Named as params.yaml's when measured: the claim goes once the runs' settings differ.
+    variants["token_norm 0.1 (params.yaml)"] = variants.pop("token_norm 0.1")
     text = smart_collapse_section(smart_measurement(measurement), "x.json", runs)
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
+    assert "(params.yaml) |" not in text
     assert "token_norm 0.01, dropout_masks shared) are those of no" in text
     assert "SMART's settings were chosen at other settings than the committed runs'" in text
 

@@ -116,6 +116,11 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
     return lines + (["", *reasons] if reasons else [])
 
 
+# A variant named as params.yaml's was so when it was measured; a table of today's runs keeps
+# the claim only while the runs' settings are still that variant's.
+PARAMS_CLAIM = " (params.yaml)"
+
+
 def smart_collapse_section(
     measurement: SmartMeasurement | None, source: str, runs: dict[str, dict] | None = None
 ) -> str:
@@ -140,7 +145,9 @@ def smart_collapse_section(
         f"`{source}`, `bench/smart_collapse.py`). A Quora MCC of 0 is a head answering one constant; "
         "the gradient norms are the first epoch's means on the Quora head, of the task loss, "
         "of lambda_s times the smoothness term and of mu times the Bregman term "
-        "(docs/smart.md says what they show). A variant's name is the one it was measured under.",
+        "(docs/smart.md says what they show). A variant's name is the one it was measured under, "
+        "less a claim to be params.yaml's that no longer holds (the last column says which are the "
+        "runs' settings now).",
         "",
         *md_header(
             [
@@ -161,7 +168,7 @@ def smart_collapse_section(
         lines.append(
             md_row(
                 [
-                    name,
+                    name if same else name.removesuffix(PARAMS_CLAIM),
                     *(f"{mcc:.3f}" for mcc in variant.quora_mcc),
                     *(f"{gradient[part]:.2f}" for part in ("loss", "adversarial", "bregman")),
                     ", ".join(f"`{n}`" for n in same)
