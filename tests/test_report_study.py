@@ -354,6 +354,12 @@ def test_the_papers_silences_quote_the_metrics_not_prose(tmp_path):
     assert "`best-round-robin` made 180 optimizer steps over 4,320 training examples" in silent
     assert "`best-summed` has not been run" in silent
     assert "lambda_s 1" in silent  # SMART's settings as run
+    # Its per-token bound against the reference code's, from the runs' own settings.
+    norm = read_run(MultitaskRunFile, root / "metrics" / "multitask" / "best.json").settings.smart.token_norm
+    assert (
+        f"scaled to {norm:g} times the reference code's size (per-token norm {norm:g} against its 1)"
+        in silent
+    )
     assert not re.search(r"(?<![\d,])(320|192)\b", silent)  # no training size written as prose
     assert "{" not in silent
 

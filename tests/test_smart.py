@@ -61,7 +61,7 @@ def test_defaults_are_the_papers_where_it_gives_them():
     s = SmartSettings()
     assert (s.epsilon, s.noise_std, s.step_size, s.steps) == (1e-5, 1e-5, 1e-3, 1)
     assert (s.lambda_s, s.mu, s.beta) == (1.0, 1.0, 0.99)
-    # Where the paper is silent: the reference code's per-token geometry at a tenth of its
+    # Where the paper is silent: the reference code's per-token geometry at a hundredth of its
     # size, the clean pass's dropout masks (docs/smart.md says why).
     assert (s.projection, s.token_norm, s.dropout_masks) == ("token", 0.01, "shared")
 

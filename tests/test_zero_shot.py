@@ -47,7 +47,8 @@ def test_stage_scores_the_untrained_checkpoint(tmp_path, tokenized, tiny_checkpo
     assert metrics["dev_examples"] == {"sst": 24, "quora": 24, "sts": 24}
     # The record states what it was fitted with, less the seed (stated apart).
     assert metrics["settings"]["quora_train_pairs"] == p["zero_shot"]["quora_train_pairs"]
-    assert metrics["settings"]["sst_probe"]["head_warmup"] == resolved["sst_probe"]["head_warmup"]
+    warmup = json.loads(json.dumps(resolved["sst_probe"]["head_warmup"]))
+    assert metrics["settings"]["sst_probe"]["head_warmup"] == warmup
     assert "seed" not in metrics["settings"]["sst_probe"]
     assert -1 <= metrics["sts"] <= 1 and 0 <= metrics["quora"] <= 1
     # SST: the frozen checkpoint's probe, the SST head every configuration starts from (its

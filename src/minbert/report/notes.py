@@ -141,6 +141,20 @@ def _smart(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     return usual(values) if values else "no configuration with SMART has been run"
 
 
+# The reference implementation's per-token bound (docs/smart.md), which the runs' is said against.
+REFERENCE_TOKEN_NORM = 1.0
+
+
+def _token_norm(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
+    values = {
+        c: f"{m.settings.smart.token_norm / REFERENCE_TOKEN_NORM:g} times the reference code's size "
+        f"(per-token norm {_value(m.settings.smart.token_norm)} against its {REFERENCE_TOKEN_NORM:g})"
+        for c, m in runs.items()
+        if m.settings.smart and m.settings.smart.projection == "token"
+    }
+    return usual(values) if values else "no configuration with SMART's per-token bound has been run"
+
+
 def _optimizers(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
     by_optimizer: dict[str, dict[str, str]] = {}
     for c, m in runs.items():
@@ -205,6 +219,7 @@ def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
 # Each returns a phrase; those in PER_CONFIG name a configuration: {steps best}.
 FACTS = {
     "smart": _smart,
+    "token_norm": _token_norm,
     "optimizers": _optimizers,
     "steps": _steps,
     "rates": _run_rates,
