@@ -106,8 +106,7 @@ def findings_section(
     )
     table = []
     if zero_shot is not None:
-        deltas, over = against_untrained(runs, zero_shot, evidence), starts.over_seeds
-        seed = usual({n: str(m.seed) for n, m in runs.items()})
+        deltas, over, seed = against_untrained(runs, zero_shot, evidence), starts.over_seeds, starts.seed
         said.append(untrained_sentence(runs, zero_shot, deltas, over, seed_study, seed))
         table = [
             "",
