@@ -1,81 +1,166 @@
-"""SMART's per-token perturbation norm, chosen on the validation split at the committed settings.
+"""SMART's per-token perturbation norm, chosen on the validation split at the committed settings, over seeds.
 
 Not a timing: the choice of ``smart.token_norm`` for the cpu scale. ``--config`` (default
 ``best``: PCGrad + SMART + AdamaxW) is trained at the ``cpu`` scale from params.yaml (its
 own encoder lr, heads fitted first), without scoring dev (``score_dev=False``: no dev
-table is read), once per norm in ``--norms``, and each run's validation
-history is kept: the selection score (mean of SST MCC, Quora MCC, STS Pearson) and the
-SST loss per epoch, epoch 0 being the run's start (heads fitted, encoder untouched).
+table is read), once per norm in ``--norms`` and seed in ``--seeds`` (default: the rate
+search's, ``lr_search.seeds``, apart from the tables' seed and the seed study's), and
+each run's validation history is kept: the selection score (mean of SST MCC, Quora MCC,
+STS Pearson) per epoch, epoch 0 being the run's start (heads fitted, encoder untouched).
 
-The chosen norm is the one whose best epoch (1 or later, as the stage chooses it) scores
-highest on the validation selection score; the table also says whether that epoch beats
-the start. Dev is never read. Writes ``bench/results/smart_norm.json``; params.yaml
-and docs/smart.md quote it. About 15 minutes on the project's 2-core CPU.
+The rule is the rate search's (``minbert lr-search``): the norm whose mean over the seeds
+of the validation selection score at the epoch the stage keeps is highest (a tie keeps the
+smaller norm), with its interval over the seeds and its paired differences from the other
+norms. The settings the runs ran at are recorded in a run record's form (``ran_at``), the
+norm and seed apart, so the report can tell whether the tables' runs share them. Dev is
+never read. ``--jobs`` runs side by side, the cores shared. Writes
+``bench/results/smart_norm.json``; the report's SMART page and docs/smart.md quote it.
+About 70 minutes on the project's 2-core CPU (12 runs, two at a time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import common
+
+# What a run realises of its settings rather than sets (a run record states them beside).
+REALIZED = ("train_examples", "validation_examples")
+
+
+def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> dict:
+    """One run: ``config`` at the committed cpu-scale settings with ``norm`` and ``seed``."""
+    from minbert.device import pin_cpu_kernels
+
+    pin_cpu_kernels()
+    import torch
+
+    from minbert.report.comparisons import STATED_BESIDE
+    from minbert.results import EpochScores
+    from minbert.runs.record_parts import RecordedSettings
+
+    torch.set_num_threads(threads)
+    params, base = common.multitask_settings(config, "cpu")
+    if not base.smart:
+        raise SystemExit(f"{config}: SMART is off in this configuration")
+    base = dataclasses.replace(base, test_predictions=False, seed=seed)
+    if quick:
+        base = dataclasses.replace(
+            base, train_examples={t: 32 for t in base.train_examples}, validation_examples=dict.fromkeys(
+                base.validation_examples, 32
+            ),
+        )  # fmt: skip
+    settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
+    tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
+    result = common.validation_run(settings, params["checkpoint"], tables, common.probe_features())
+    history = [row["val_selection"] for row in map(EpochScores.row, result.history)]
+    recorded = RecordedSettings.of(settings).as_dict()
+    stated = {
+        "batch_size": dict(settings.batch_size),
+        "train_examples": result.train_examples,
+        "validation_examples": result.validation_examples,
+    }
+    ran_at = {**recorded, **{k: stated[k] for k in STATED_BESIDE}}
+    del ran_at["smart"]["token_norm"]
+    return {
+        "token_norm": norm,
+        "seed": seed,
+        "best_epoch": result.best_epoch,
+        "start_selection": history[0],
+        "selection": history[result.best_epoch],
+        "validation_per_epoch": history,
+        "ran_at": ran_at,
+    }
+
+
+def choose(points: list[dict]) -> dict:
+    """The rate search's rule over the norms: each norm's mean over the seeds, the highest
+    chosen (a tie keeps the smaller norm), its interval over the seeds and its paired
+    difference from every other norm (chosen minus other, over the seeds both ran)."""
+    from minbert.metrics import fixed
+    from minbert.report.comparisons import seed_interval
+
+    by_norm: dict[float, dict[int, float]] = {}
+    for p in points:
+        by_norm.setdefault(p["token_norm"], {})[p["seed"]] = p["selection"]
+    means = {n: statistics.mean(s.values()) for n, s in sorted(by_norm.items())}
+    best = max(means, key=lambda n: means[n])
+    mine = by_norm[best]
+
+    def triple(interval):
+        return (
+            None if interval is None else [fixed(interval.value), fixed(interval.low), fixed(interval.high)]
+        )
+
+    grid = []
+    for norm, scores in sorted(by_norm.items()):
+        shared = sorted(set(scores) & set(mine))
+        minus = None if norm == best else triple(seed_interval([mine[s] - scores[s] for s in shared]))
+        grid.append(
+            {"token_norm": norm, "seeds": sorted(scores), "mean": fixed(means[norm]), "chosen_minus": minus}
+        )
+    return {"chosen": best, "interval": triple(seed_interval(list(mine.values()))), "grid": grid}
 
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--config", default="best")
-    p.add_argument("--norms", type=float, nargs="+", default=[0.1, 0.03, 0.01])
+    p.add_argument("--norms", type=float, nargs="+", default=[0.003, 0.01, 0.03, 0.1])
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: lr_search.seeds")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, sharing the cores")
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
-    from minbert.device import pin_cpu_kernels
-    from minbert.results import EpochScores
+    from minbert.pipeline import params as params_module
 
-    pin_cpu_kernels()
-    params, base = common.multitask_settings(args.config, "cpu")
-    if not base.smart:
-        raise SystemExit(f"{args.config}: SMART is off in this configuration")
-    base = dataclasses.replace(base, test_predictions=False)
-    if args.quick:
-        base = dataclasses.replace(base, epochs=1)
-    tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
-    features = common.probe_features()
-
-    keys = ("val_selection", "val_sst_mcc", "val_quora_mcc", "val_sts_pearson", "val_loss_sst")
-    results = {}
-    for norm in args.norms:
-        common.console.print(f"[bold]token_norm {norm:g}[/]")
-        settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
-        result = common.validation_run(settings, params["checkpoint"], tables, features)
-        history = [{k: row[k] for k in ("epoch", *keys)} for row in map(EpochScores.row, result.history)]
-        start, best = history[0]["val_selection"], history[result.best_epoch]["val_selection"]
-        results[f"{norm:g}"] = {
-            "token_norm": norm,
-            "best_epoch": result.best_epoch,
-            "start_selection": start,
-            "best_selection": best,
-            "above_start": best > start,
-            "history": history,
-        }
-    chosen = max(results.values(), key=lambda r: r["best_selection"])["token_norm"]
-    epochs = [row["epoch"] for row in next(iter(results.values()))["history"]]
+    params = params_module.load(common.REPO / "params.yaml")
+    seeds = args.seeds or params["lr_search"]["seeds"]
+    threads = max(1, (args.threads or os.cpu_count() or 1) // args.jobs)
+    work = [(args.config, norm, seed, threads, args.quick) for norm in args.norms for seed in seeds]
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        points = list(pool.map(_point, *zip(*work)))
+    ran_at = [p.pop("ran_at") for p in points]
+    # Quora's validation rows are whole question groups: their count may differ by seed.
+    differ = {k for r in ran_at for k, v in r.items() if v != ran_at[0][k]}
+    if differ - set(REALIZED):
+        raise SystemExit(f"the runs ran at different settings (besides the norm and seed): {sorted(differ)}")
+    for point, r in zip(points, ran_at):
+        point.update({k: r[k] for k in REALIZED if k in differ})
+    chosen = choose(points)
     common.table(
-        f"{args.config}: validation selection score by epoch (epoch 0: the start)",
-        ["token_norm", *(f"epoch {e}" for e in epochs), "best above start"],
+        f"{args.config}: validation selection score at the kept epoch, per seed",
+        ["token_norm", *(f"seed {s}" for s in seeds), "mean", "chosen minus it [95%]"],
         [
-            [name, *(f"{row['val_selection']:.4f}" for row in r["history"]), str(r["above_start"])]
-            for name, r in results.items()
+            [
+                f"{g['token_norm']:g}",
+                *(f"{p['selection']:.4f}" for p in points if p["token_norm"] == g["token_norm"]),
+                f"{g['mean']:.4f}",
+                "(chosen)"
+                if g["token_norm"] == chosen["chosen"]
+                else "—"
+                if g["chosen_minus"] is None
+                else "{:+.4f} [{:+.4f}, {:+.4f}]".format(*g["chosen_minus"]),
+            ]
+            for g in chosen["grid"]
         ],
     )
-    common.console.print(f"chosen: token_norm {chosen:g}")
+    common.console.print(f"chosen: token_norm {chosen['chosen']:g}")
     common.finish(
         "smart_norm",
         args,
         {
             "config": args.config,
-            "lr": base.lr,
-            "rule": "the highest validation selection score at the epoch the stage would choose",
-            "chosen": chosen,
-            "norms": results,
+            "scale": "cpu",
+            "rule": "the highest mean over the seeds of the validation selection score at the epoch the "
+            "stage keeps (a tie keeps the smaller norm)",
+            "threads_per_run": threads,
+            "ran_at": {k: v for k, v in ran_at[0].items() if k not in differ},
+            **chosen,
+            "points": points,
         },
         [],
     )

@@ -515,7 +515,64 @@ def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradient
     assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
     assert "(params.yaml) |" not in text
     assert "token_norm 0.01, dropout_masks shared) are those of no" in text
-    assert "SMART's settings were chosen at other settings than the committed runs'" in text
+    assert "these variants were measured at other settings than the committed runs'" in text
+
+
+def _norm_search(path: Path, best: MultitaskRunFile, scores: dict[float, list[float]], chosen: float) -> Path:
+    """A ``bench/smart_norm.py`` result: ``scores`` per norm over seeds 101-103, run at
+    ``best``'s settings (the norm apart), its grid as the bench's rule makes it."""
+    import smart_norm
+
+    at = ran_at(best)
+    del at["smart"]["token_norm"]
+    points = [
+        {"token_norm": n, "seed": 101 + k, "best_epoch": 1, "start_selection": 0.3, "selection": v}
+        for n, values in scores.items()
+        for k, v in enumerate(values)
+    ]
+    found = smart_norm.choose(points)
+    assert found["chosen"] == chosen
+    results = {"config": "best", "rule": "the highest mean", "ran_at": at, **found, "points": points}
+    path.write_text(json.dumps({"results": results}))
+    return path
+
+
+def test_smart_norm_section_says_what_chose_the_norm_and_at_which_settings(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from minbert.report.detectable import smart_norm_section
+    from minbert.runs.study_files import read_smart_norm_search
+
+    root = _outputs(tmp_path, ["baseline", "best"])
+    runs = {m.config: m for m in load_runs(root / "metrics" / "multitask")}
+    used = runs["best"].settings.smart.token_norm
+    scores = {0.003: [0.50, 0.51, 0.49], used: [0.52, 0.53, 0.52], 0.1: [0.40, 0.45, 0.41]}
+    file = _norm_search(tmp_path / "norm.json", runs["best"], scores, chosen=used)
+    text = smart_norm_section(read_smart_norm_search(file), "x.json", runs)
+    assert (
+        "| token_norm | seed 101 | seed 102 | seed 103 | mean | chosen minus it (95%, over seeds) |" in text
+    )
+    assert f"| {used:g} | 0.5200 | 0.5300 | 0.5200 | 0.5233 | (chosen) |" in text
+    assert "| 0.003 | 0.5000 | 0.5100 | 0.4900 | 0.5000 | +0.0233 [" in text
+    assert f"Chosen: token_norm {used:g}, ahead of the next, 0.003, by +0.0233 [" in text
+    assert "the seeds separate them" in text
+    assert "The search ran at the settings of the tables' `best` but the norm and seed." in text
+    assert f"The tables' runs with SMART use {used:g}, the choice." in text
+    # A search at another rate chose elsewhere; a norm the runs do not use is named.
+    scores = {0.003: [0.54, 0.56, 0.55], used: [0.52, 0.53, 0.52]}
+    file = _norm_search(tmp_path / "norm.json", runs["best"], scores, chosen=0.003)
+    values = json.loads(file.read_text())
+    values["results"]["ran_at"]["lr"] = 1.0
+    file.write_text(json.dumps(values))
+    text = smart_norm_section(read_smart_norm_search(file), "x.json", runs)
+    assert "ran at other settings than the tables' `best` (lr differ): the norm was chosen elsewhere" in text
+    assert f"Not the choice: `best` {used:g}." in text
+    assert "No search of SMART's norm" in smart_norm_section(None, "x.json", runs)
+    values["results"].pop("ran_at")
+    file.write_text(json.dumps(values))
+    with pytest.raises(ValueError, match="lacks ran_at: written by an older `python bench/smart_norm.py`"):
+        read_smart_norm_search(file)
 
 
 def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():

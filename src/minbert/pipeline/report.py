@@ -15,7 +15,8 @@ from minbert.report import write_report
 def main(argv: list[str]) -> None:
     """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
     scales the runs were not made at, for "What chose what"; ``--smart-measurement``:
-    ``bench/smart_collapse.py``'s result; ``--cross-cpu``: ``bench/cross_cpu.py``'s;
+    ``bench/smart_collapse.py``'s result; ``--smart-norm``: ``bench/smart_norm.py``'s;
+    ``--cross-cpu``: ``bench/cross_cpu.py``'s;
     ``--sources``: the repository root, whose code the GPU results ran with or not)."""
     given = paths(
         argv,
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> None:
         "prepared",
         "paper",
         "out",
-        optional=("params", "smart-measurement", "cross-cpu", "sources"),
+        optional=("params", "smart-measurement", "smart-norm", "cross-cpu", "sources"),
     )
     write_report(
         given["metrics"],
@@ -33,7 +34,8 @@ def main(argv: list[str]) -> None:
         given["paper"],
         given["out"],
         given["params"],
-        given["smart_measurement"],
-        given["cross_cpu"],
-        given["sources"] or Path("."),
+        smart_file=given["smart_measurement"],
+        smart_norm_file=given["smart_norm"],
+        cross_cpu_file=given["cross_cpu"],
+        sources=given["sources"] or Path("."),
     )

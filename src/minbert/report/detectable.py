@@ -12,9 +12,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.report.comparisons import POWER, Compared, fmt_p
+from minbert.report.comparisons import POWER, Compared, fmt_p, ran_at
 from minbert.report.formatting import NO_NUMBER, fmt_bound, fmt_signed, md_header, md_row
-from minbert.runs.study_files import SmartMeasurement
+from minbert.runs.study_files import (
+    SmartMeasurement,
+    SmartNormSearch,
+    read_smart_measurement,
+    read_smart_norm_search,
+)
+from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
@@ -187,8 +193,9 @@ def smart_collapse_section(
             + (
                 f"; the settings of {', '.join(f'`{n}`' for n in unmatched)} ("
                 + "; ".join(sorted({_smart_words(used[n]) for n in unmatched}))
-                + ") are those of no variant measured here: SMART's settings were chosen at other "
-                "settings than the committed runs'."
+                + ") are those of no variant measured here: these variants were measured at other "
+                "settings than the committed runs' (the norm's own search, below, says at which it "
+                "was chosen)."
                 if unmatched
                 else "; each ran with the settings of a variant measured here."
             ),
@@ -198,3 +205,112 @@ def smart_collapse_section(
 
 def _smart_words(smart: dict) -> str:
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in smart.items())
+
+
+def smart_norm_section(search: SmartNormSearch | None, source: str, runs: dict[str, MultitaskRunFile]) -> str:
+    """SMART's per-token norm as ``bench/smart_norm.py`` chose it (``search``: its result
+    file): each norm's validation score per seed, its mean and the chosen norm's paired
+    lead; whether the search ran at the settings of the tables' run of its configuration
+    (the norm and seed apart) and whether the tables' SMART runs use its choice."""
+    if search is None:
+        return f"No search of SMART's norm has been committed (`{source}`; `bench/smart_norm.py`)."
+    seeds = sorted({p.seed for p in search.points})
+    score = {(p.token_norm, p.seed): p for p in search.points}
+
+    def cell(norm: float, seed: int) -> str:
+        p = score.get((norm, seed))
+        return NO_NUMBER if p is None else f"{p.selection:.4f}" + (" (start)" if p.best_epoch == 0 else "")
+
+    rows = [
+        md_row(
+            [
+                f"{g.token_norm:g}",
+                *(cell(g.token_norm, s) for s in seeds),
+                f"{g.mean:.4f}",
+                "(chosen)" if g.token_norm == search.chosen else _lead(g.chosen_minus),
+            ]
+        )
+        for g in search.grid
+    ]
+    lines = [
+        f"`{search.config}` at the cpu scale, trained once per norm and seed on the training rows "
+        f"and scored on the validation split only (dev is never read; `{source}`, "
+        f"`bench/smart_norm.py`): the validation selection score at the epoch the stage keeps "
+        "((start): epoch 0, fine-tuning did not beat it). The rule, the rate search's: "
+        f"{search.rule}.",
+        "",
+        *md_header(
+            ["token_norm", *(f"seed {s}" for s in seeds), "mean", "chosen minus it (95%, over seeds)"]
+        ),
+        *rows,
+        "",
+        _norm_verdict(search, runs),
+    ]
+    return "\n".join(lines)
+
+
+def _lead(minus: list[float] | None) -> str:
+    return NO_NUMBER if minus is None else f"{minus[0]:+.4f} [{minus[1]:+.4f}, {minus[2]:+.4f}]"
+
+
+def _norm_verdict(search: SmartNormSearch, runs: dict[str, MultitaskRunFile]) -> str:
+    others = [g for g in search.grid if g.token_norm != search.chosen]
+    runner = max(others, key=lambda g: g.mean, default=None)
+    words = [f"Chosen: token_norm {search.chosen:g}"]
+    if runner is not None and runner.chosen_minus is not None:
+        low = runner.chosen_minus[1]
+        words.append(
+            f"ahead of the next, {runner.token_norm:g}, by {_lead(runner.chosen_minus)}: "
+            + ("the seeds separate them" if low > 0 else "the seeds do not separate them")
+        )
+    text = ", ".join(words) + "."
+    run = runs.get(search.config)
+    if run is None:
+        return text + f" The tables hold no `{search.config}` run to compare its settings with."
+    theirs = ran_at(run)
+    del theirs["smart"]["token_norm"]
+    differ = sorted(k for k, v in search.ran_at.items() if theirs.get(k) != v)
+    text += (
+        f" The search ran at the settings of the tables' `{search.config}` but the norm and seed."
+        if not differ
+        else f" The search ran at other settings than the tables' `{search.config}` ({', '.join(differ)} "
+        "differ): the norm was chosen elsewhere."
+    )
+    used = {n: m.settings.smart.token_norm for n, m in runs.items() if m.settings.smart}
+    off = sorted(n for n, norm in used.items() if norm != search.chosen)
+    return text + (
+        f" The tables' runs with SMART use {search.chosen:g}, the choice."
+        if used and not off
+        else f" Not the choice: {', '.join(f'`{n}` {used[n]:g}' for n in off)}."
+        if off
+        else ""
+    )
+
+
+def smart_page(
+    collapse_file: Path | None, norm_file: Path | None, runs: dict[str, MultitaskRunFile]
+) -> tuple[list[str], dict[str, set[int]]]:
+    """The SMART page (none without either measurement) from ``bench/smart_collapse.py``'s
+    and ``bench/smart_norm.py``'s result files, and the seeds each chose with, by file."""
+    lines, seeds = [], {}
+    if collapse_file is not None:
+        collapse = read_smart_measurement(Path(collapse_file))
+        source = Path(collapse_file).as_posix()
+        lines += [
+            "## SMART at this budget: what its settings rest on",
+            "",
+            smart_collapse_section(collapse, source, runs),
+            "",
+        ]
+        seeds[source] = {collapse.seed} - {None} if collapse else set()
+    if norm_file is not None:
+        search = read_smart_norm_search(Path(norm_file))
+        source = Path(norm_file).as_posix()
+        lines += [
+            "## The norm, chosen on validation over seeds",
+            "",
+            smart_norm_section(search, source, runs),
+            "",
+        ]
+        seeds[source] = {p.seed for p in search.points} if search else set()
+    return lines, seeds

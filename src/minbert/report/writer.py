@@ -15,7 +15,7 @@ from minbert.gpu_study import changed_code
 from minbert.metrics import Resamples
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
-from minbert.report.detectable import detectable_section, smart_collapse_section
+from minbert.report.detectable import detectable_section, smart_page
 from minbert.report.evidence import Evidence
 from minbert.report.family_rates import family_search_section
 from minbert.report.figures import FIGURE_KINDS, figure_section
@@ -43,7 +43,6 @@ from minbert.runs.study_files import (
     read_family_search,
     read_mlm_study,
     read_seed_study,
-    read_smart_measurement,
 )
 from minbert.runs.training import (
     MlmRunFile,
@@ -147,11 +146,13 @@ def write_report(
     out_dir: Path,
     params_file: Path | None = None,
     smart_file: Path | None = None,
+    smart_norm_file: Path | None = None,
     cross_cpu_file: Path | None = None,
     sources: Path = Path("."),
 ) -> None:
     """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
-    the scales not run, ``smart_file`` ``bench/smart_collapse.py``'s result, ``cross_cpu_file``
+    the scales not run, ``smart_file`` and ``smart_norm_file`` ``bench/smart_collapse.py``'s and
+    ``bench/smart_norm.py``'s results, ``cross_cpu_file``
     ``bench/cross_cpu.py``'s; ``sources``: the repository root, whose code the GPU
     results are compared with."""
     metrics_dir = Path(metrics_dir)
@@ -171,7 +172,7 @@ def write_report(
     zero_shot = read_run(ZeroShotRunFile, zero_shot_file) if zero_shot_file.is_file() else None
     seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask, zero_shot)
     lr_search = read_family_search(metrics_dir / LR_SEARCH_FILE)
-    smart = read_smart_measurement(Path(smart_file)) if smart_file else None
+    smart_lines, smart_seeds = smart_page(smart_file, smart_norm_file, multitask)
     mlm = mlm_runs(metrics_dir)
 
     specs = {
@@ -245,7 +246,7 @@ def write_report(
                     (metrics_dir / LR_SEARCH_FILE).as_posix(): {p.seed for p in lr_search.points}
                     if lr_search
                     else set(),
-                    **({Path(smart_file).as_posix(): {smart.seed} - {None}} if smart else {}),
+                    **smart_seeds,
                 }
             ),
         ),
@@ -339,13 +340,8 @@ def write_report(
             "",
         ],
     }
-    if smart_file is not None:
-        pages["smart.md"] = [
-            "## SMART at this budget: what its settings rest on",
-            "",
-            smart_collapse_section(smart, Path(smart_file).as_posix(), multitask),
-            "",
-        ]
+    if smart_lines:
+        pages["smart.md"] = smart_lines
     if paper.get("choices"):
         pages["choices.md"] += [
             "## Where the paper is silent, and what this pipeline chose",

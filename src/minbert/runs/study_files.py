@@ -135,6 +135,56 @@ def read_smart_measurement(path: Path) -> SmartMeasurement | None:
 
 
 @dataclass(frozen=True)
+class NormPoint:
+    """One run of ``bench/smart_norm.py``: a norm and seed, the epoch it kept and the
+    validation selection score there and at its start (epoch 0)."""
+
+    token_norm: float
+    seed: int
+    best_epoch: int
+    start_selection: float
+    selection: float
+
+
+@dataclass(frozen=True)
+class NormMean:
+    """A norm's mean over its seeds; the chosen norm minus it over the seeds both ran (mean,
+    low, high; None for the chosen norm, or from fewer than three seeds)."""
+
+    token_norm: float
+    seeds: list[int]
+    mean: float
+    chosen_minus: list[float] | None
+
+
+@dataclass(frozen=True)
+class SmartNormSearch:
+    """``bench/results/smart_norm.json``: SMART's per-token norm chosen on validation over
+    seeds, with the settings its runs ran at (``ran_at``: a run record's form, the norm and
+    seed apart, the example counts only where every run realised the same)."""
+
+    config: str
+    rule: str
+    chosen: float
+    interval: list[float] | None
+    grid: list[NormMean]
+    points: list[NormPoint]
+    ran_at: dict
+
+
+def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
+    values = _load(path)
+    if values is None:
+        return None
+    found = values.get("results", {})
+    _require(f"{path}: results", found, SmartNormSearch, "python bench/smart_norm.py")
+    points = [NormPoint(**{k: p[k] for k in NormPoint.__dataclass_fields__}) for p in found["points"]]
+    grid = [NormMean(**g) for g in found["grid"]]
+    kept = {k: found[k] for k in ("config", "rule", "chosen", "interval", "ran_at")}
+    return SmartNormSearch(grid=grid, points=points, **kept)
+
+
+@dataclass(frozen=True)
 class FamilyPoint:
     """One run of a family's search (``minbert lr-search``), scored on validation."""
 
