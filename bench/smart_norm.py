@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -78,32 +77,31 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
 
 
 def choose(points: list[dict]) -> dict:
-    """The rate search's rule over the norms: each norm's mean over the seeds, the highest
-    chosen (a tie keeps the smaller norm), its interval over the seeds and its paired
-    difference from every other norm (chosen minus other, over the seeds both ran)."""
+    """The rate search's rule over the norms, as the report applies it
+    (``minbert.report.detectable.norm_grid``): each norm's mean over the seeds, the chosen
+    norm with its interval over the seeds and its paired lead over every other norm."""
     from minbert.metrics import fixed
     from minbert.report.comparisons import seed_interval
+    from minbert.report.detectable import norm_grid
+    from minbert.runs.study_files import NormPoint
 
-    by_norm: dict[float, dict[int, float]] = {}
-    for p in points:
-        by_norm.setdefault(p["token_norm"], {})[p["seed"]] = p["selection"]
-    means = {n: statistics.mean(s.values()) for n, s in sorted(by_norm.items())}
-    best = max(means, key=lambda n: means[n])
-    mine = by_norm[best]
+    typed = [NormPoint(**{k: p[k] for k in NormPoint.__dataclass_fields__}) for p in points]
+    chosen, grid = norm_grid(typed)
 
     def triple(interval):
         return (
             None if interval is None else [fixed(interval.value), fixed(interval.low), fixed(interval.high)]
         )
 
-    grid = []
-    for norm, scores in sorted(by_norm.items()):
-        shared = sorted(set(scores) & set(mine))
-        minus = None if norm == best else triple(seed_interval([mine[s] - scores[s] for s in shared]))
-        grid.append(
-            {"token_norm": norm, "seeds": sorted(scores), "mean": fixed(means[norm]), "chosen_minus": minus}
-        )
-    return {"chosen": best, "interval": triple(seed_interval(list(mine.values()))), "grid": grid}
+    def seeds(norm):
+        return sorted(p.seed for p in typed if p.token_norm == norm)
+
+    mine = [p.selection for p in typed if p.token_norm == chosen]
+    rows = [
+        {"token_norm": n, "seeds": seeds(n), "mean": fixed(mean), "chosen_minus": triple(lead)}
+        for n, (mean, lead) in grid.items()
+    ]
+    return {"chosen": chosen, "interval": triple(seed_interval(mine)), "grid": rows}
 
 
 def main() -> None:

@@ -569,6 +569,10 @@ def test_smart_norm_section_says_what_chose_the_norm_and_at_which_settings(tmp_p
     assert "ran at other settings than the tables' `best` (lr differ): the norm was chosen elsewhere" in text
     assert f"Not the choice: `best` {used:g}." in text
     assert "No search of SMART's norm" in smart_norm_section(None, "x.json", runs)
+    values["results"]["chosen"] = used  # not what its points choose
+    file.write_text(json.dumps(values))
+    with pytest.raises(ValueError, match=f"x.json: chosen token_norm {used:g}, its points choose 0.003"):
+        smart_norm_section(read_smart_norm_search(file), "x.json", runs)
     values["results"].pop("ran_at")
     file.write_text(json.dumps(values))
     with pytest.raises(ValueError, match="lacks ran_at: written by an older `python bench/smart_norm.py`"):

@@ -6,15 +6,18 @@ how often it projects; SMART: its sign over the seeds)."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from minbert.report.comparisons import POWER, Compared, fmt_p, ran_at
+from minbert.metrics import Interval
+from minbert.report.comparisons import POWER, Compared, fmt_p, ran_at, seed_interval
 from minbert.report.formatting import NO_NUMBER, fmt_bound, fmt_signed, md_header, md_row
 from minbert.runs.study_files import (
+    NormPoint,
     SmartMeasurement,
     SmartNormSearch,
     read_smart_measurement,
@@ -216,6 +219,9 @@ def smart_norm_section(search: SmartNormSearch | None, source: str, runs: dict[s
         return f"No search of SMART's norm has been committed (`{source}`; `bench/smart_norm.py`)."
     seeds = sorted({p.seed for p in search.points})
     score = {(p.token_norm, p.seed): p for p in search.points}
+    chosen, grid = norm_grid(search.points)
+    if chosen != search.chosen:
+        raise ValueError(f"{source}: chosen token_norm {search.chosen:g}, its points choose {chosen:g}")
 
     def cell(norm: float, seed: int) -> str:
         p = score.get((norm, seed))
@@ -224,13 +230,13 @@ def smart_norm_section(search: SmartNormSearch | None, source: str, runs: dict[s
     rows = [
         md_row(
             [
-                f"{g.token_norm:g}",
-                *(cell(g.token_norm, s) for s in seeds),
-                f"{g.mean:.4f}",
-                "(chosen)" if g.token_norm == search.chosen else _lead(g.chosen_minus),
+                f"{norm:g}",
+                *(cell(norm, s) for s in seeds),
+                f"{mean:.4f}",
+                "(chosen)" if norm == chosen else _lead(lead),
             ]
         )
-        for g in search.grid
+        for norm, (mean, lead) in grid.items()
     ]
     lines = [
         f"`{search.config}` at the cpu scale, trained once per norm and seed on the training rows "
@@ -244,24 +250,43 @@ def smart_norm_section(search: SmartNormSearch | None, source: str, runs: dict[s
         ),
         *rows,
         "",
-        _norm_verdict(search, runs),
+        _norm_verdict(search, grid, runs),
     ]
     return "\n".join(lines)
 
 
-def _lead(minus: list[float] | None) -> str:
-    return NO_NUMBER if minus is None else f"{minus[0]:+.4f} [{minus[1]:+.4f}, {minus[2]:+.4f}]"
+def norm_grid(points: list[NormPoint]) -> tuple[float, dict[float, tuple[float, Interval | None]]]:
+    """The rate search's rule over SMART's norms: each norm's mean over its seeds, the
+    highest chosen (a tie keeps the smaller norm), and per norm its mean and the chosen
+    norm minus it over the seeds both ran (None for the chosen, or from fewer than three)."""
+    by_norm: dict[float, dict[int, float]] = {}
+    for p in points:
+        by_norm.setdefault(p.token_norm, {})[p.seed] = p.selection
+    means = {n: statistics.mean(scores.values()) for n, scores in sorted(by_norm.items())}
+    chosen = max(means, key=lambda n: means[n])
+    mine = by_norm[chosen]
+    leads = {
+        n: None
+        if n == chosen
+        else seed_interval([mine[s] - scores[s] for s in sorted(set(scores) & set(mine))])
+        for n, scores in by_norm.items()
+    }
+    return chosen, {n: (means[n], leads[n]) for n in means}
 
 
-def _norm_verdict(search: SmartNormSearch, runs: dict[str, MultitaskRunFile]) -> str:
-    others = [g for g in search.grid if g.token_norm != search.chosen]
-    runner = max(others, key=lambda g: g.mean, default=None)
+def _lead(lead: Interval | None) -> str:
+    return NO_NUMBER if lead is None else f"{lead.value:+.4f} [{lead.low:+.4f}, {lead.high:+.4f}]"
+
+
+def _norm_verdict(search: SmartNormSearch, grid: dict, runs: dict[str, MultitaskRunFile]) -> str:
+    others = [n for n in grid if n != search.chosen]
+    runner = max(others, key=lambda n: grid[n][0], default=None)
     words = [f"Chosen: token_norm {search.chosen:g}"]
-    if runner is not None and runner.chosen_minus is not None:
-        low = runner.chosen_minus[1]
+    if runner is not None and grid[runner][1] is not None:
+        lead = grid[runner][1]
         words.append(
-            f"ahead of the next, {runner.token_norm:g}, by {_lead(runner.chosen_minus)}: "
-            + ("the seeds separate them" if low > 0 else "the seeds do not separate them")
+            f"ahead of the next, {runner:g}, by {_lead(lead)}: "
+            + ("the seeds separate them" if lead.low > 0 else "the seeds do not separate them")
         )
     text = ", ".join(words) + "."
     run = runs.get(search.config)
@@ -293,24 +318,15 @@ def smart_page(
     """The SMART page (none without either measurement) from ``bench/smart_collapse.py``'s
     and ``bench/smart_norm.py``'s result files, and the seeds each chose with, by file."""
     lines, seeds = [], {}
-    if collapse_file is not None:
-        collapse = read_smart_measurement(Path(collapse_file))
-        source = Path(collapse_file).as_posix()
-        lines += [
-            "## SMART at this budget: what its settings rest on",
-            "",
-            smart_collapse_section(collapse, source, runs),
-            "",
-        ]
-        seeds[source] = {collapse.seed} - {None} if collapse else set()
-    if norm_file is not None:
-        search = read_smart_norm_search(Path(norm_file))
-        source = Path(norm_file).as_posix()
-        lines += [
-            "## The norm, chosen on validation over seeds",
-            "",
-            smart_norm_section(search, source, runs),
-            "",
-        ]
-        seeds[source] = {p.seed for p in search.points} if search else set()
+    pages = (
+        ("SMART at this budget: what its settings rest on", collapse_file, read_smart_measurement,
+         smart_collapse_section, lambda found: {found.seed} - {None}),
+        ("The norm, chosen on validation over seeds", norm_file, read_smart_norm_search,
+         smart_norm_section, lambda found: {p.seed for p in found.points}),
+    )  # fmt: skip
+    for title, file, read, section, chosen_with in pages:
+        if file is not None:
+            found, source = read(Path(file)), Path(file).as_posix()
+            lines += [f"## {title}", "", section(found, source, runs), ""]
+            seeds[source] = chosen_with(found) if found else set()
     return lines, seeds

@@ -147,17 +147,6 @@ class NormPoint:
 
 
 @dataclass(frozen=True)
-class NormMean:
-    """A norm's mean over its seeds; the chosen norm minus it over the seeds both ran (mean,
-    low, high; None for the chosen norm, or from fewer than three seeds)."""
-
-    token_norm: float
-    seeds: list[int]
-    mean: float
-    chosen_minus: list[float] | None
-
-
-@dataclass(frozen=True)
 class SmartNormSearch:
     """``bench/results/smart_norm.json``: SMART's per-token norm chosen on validation over
     seeds, with the settings its runs ran at (``ran_at``: a run record's form, the norm and
@@ -166,8 +155,6 @@ class SmartNormSearch:
     config: str
     rule: str
     chosen: float
-    interval: list[float] | None
-    grid: list[NormMean]
     points: list[NormPoint]
     ran_at: dict
 
@@ -179,9 +166,8 @@ def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
     found = values.get("results", {})
     _require(f"{path}: results", found, SmartNormSearch, "python bench/smart_norm.py")
     points = [NormPoint(**{k: p[k] for k in NormPoint.__dataclass_fields__}) for p in found["points"]]
-    grid = [NormMean(**g) for g in found["grid"]]
-    kept = {k: found[k] for k in ("config", "rule", "chosen", "interval", "ran_at")}
-    return SmartNormSearch(grid=grid, points=points, **kept)
+    kept = {k: found[k] for k in ("config", "rule", "chosen", "ran_at")}
+    return SmartNormSearch(points=points, **kept)
 
 
 @dataclass(frozen=True)
