@@ -41,6 +41,7 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
     from minbert.report.comparisons import STATED_BESIDE
     from minbert.results import EpochScores
     from minbert.runs.record_parts import RecordedSettings
+    from minbert.runs.study_files import norm_apart
 
     torch.set_num_threads(threads)
     params, base = common.multitask_settings(config, "cpu")
@@ -63,8 +64,7 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
         "train_examples": result.train_examples,
         "validation_examples": result.validation_examples,
     }
-    ran_at = {**recorded, **{k: stated[k] for k in STATED_BESIDE}}
-    del ran_at["smart"]["token_norm"]
+    ran_at = norm_apart({**recorded, **{k: stated[k] for k in STATED_BESIDE}})
     return {
         "token_norm": norm,
         "seed": seed,

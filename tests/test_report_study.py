@@ -523,8 +523,9 @@ def _norm_search(path: Path, best: MultitaskRunFile, scores: dict[float, list[fl
     ``best``'s settings (the norm apart), its grid as the bench's rule makes it."""
     import smart_norm
 
-    at = ran_at(best)
-    del at["smart"]["token_norm"]
+    from minbert.runs.study_files import norm_apart
+
+    at = norm_apart(ran_at(best))
     points = [
         {"token_norm": n, "seed": 101 + k, "best_epoch": 1, "start_selection": 0.3, "selection": v}
         for n, values in scores.items()

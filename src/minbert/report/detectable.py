@@ -20,6 +20,7 @@ from minbert.runs.study_files import (
     NormPoint,
     SmartMeasurement,
     SmartNormSearch,
+    norm_apart,
     read_smart_measurement,
     read_smart_norm_search,
 )
@@ -292,8 +293,7 @@ def _norm_verdict(search: SmartNormSearch, grid: dict, runs: dict[str, Multitask
     run = runs.get(search.config)
     if run is None:
         return text + f" The tables hold no `{search.config}` run to compare its settings with."
-    theirs = ran_at(run)
-    del theirs["smart"]["token_norm"]
+    theirs = norm_apart(ran_at(run))
     differ = sorted(k for k, v in search.ran_at.items() if theirs.get(k) != v)
     text += (
         f" The search ran at the settings of the tables' `{search.config}` but the norm and seed."
@@ -303,13 +303,9 @@ def _norm_verdict(search: SmartNormSearch, grid: dict, runs: dict[str, Multitask
     )
     used = {n: m.settings.smart.token_norm for n, m in runs.items() if m.settings.smart}
     off = sorted(n for n, norm in used.items() if norm != search.chosen)
-    return text + (
-        f" The tables' runs with SMART use {search.chosen:g}, the choice."
-        if used and not off
-        else f" Not the choice: {', '.join(f'`{n}` {used[n]:g}' for n in off)}."
-        if off
-        else ""
-    )
+    if off:
+        return text + f" Not the choice: {', '.join(f'`{n}` {used[n]:g}' for n in off)}."
+    return text + (f" The tables' runs with SMART use {search.chosen:g}, the choice." if used else "")
 
 
 def smart_page(

@@ -159,6 +159,13 @@ class SmartNormSearch:
     ran_at: dict
 
 
+def norm_apart(at: dict) -> dict:
+    """Settings in a run record's form (``ran_at``) less SMART's per-token norm: what a norm
+    search's runs share with each other and with the run whose norm it chooses."""
+    smart = {k: v for k, v in at["smart"].items() if k != "token_norm"}
+    return {**at, "smart": smart}
+
+
 def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
     values = _load(path)
     if values is None:
