@@ -265,6 +265,60 @@ def validation_run(settings, checkpoint: str, tables: dict, features, observer=N
     )
 
 
+# What a run realises of its settings rather than sets (a run record states them beside).
+REALIZED = ("train_examples", "validation_examples")
+
+
+def validation_settings(base, seed: int, quick: bool):
+    """``base`` as a validation-only run of ``seed`` trains it: no test predictions;
+    ``quick``: 32 training and validation rows per task, a smoke run."""
+    import dataclasses
+
+    base = dataclasses.replace(base, test_predictions=False, seed=seed)
+    if not quick:
+        return base
+    return dataclasses.replace(
+        base,
+        train_examples=dict.fromkeys(base.train_examples, 32),
+        validation_examples=dict.fromkeys(base.validation_examples, 32),
+    )
+
+
+def ran_at(settings, result) -> dict:
+    """The settings a validation run ran at, in a run record's form (as the report reads a
+    stage's run, ``minbert.report.comparisons.ran_at``): no seed, the batches and the
+    example counts it realised."""
+    from minbert.report.comparisons import STATED_BESIDE
+    from minbert.runs.record_parts import RecordedSettings
+
+    stated = {
+        "batch_size": dict(settings.batch_size),
+        "train_examples": result.train_examples,
+        "validation_examples": result.validation_examples,
+    }
+    return {**RecordedSettings.of(settings).as_dict(), **{k: stated[k] for k in STATED_BESIDE}}
+
+
+def shared_ran_at(runs: list[dict]) -> tuple[dict, set[str]]:
+    """What every run ran at, and which realised example counts differ by run (Quora's
+    validation rows are whole question groups: their count may differ by seed); exits when
+    anything else differs."""
+    differ = {k for r in runs for k, v in r.items() if v != runs[0][k]}
+    if differ - set(REALIZED):
+        sys.exit(f"the runs ran at different settings: {sorted(differ - set(REALIZED))}")
+    return {k: v for k, v in runs[0].items() if k not in differ}, differ
+
+
+def side_by_side(point: Callable, work: list[tuple], jobs: int) -> list:
+    """``point(*args)`` for every ``args`` in ``work``, ``jobs`` at a time in fresh (spawned)
+    processes sharing the cores, in the order of ``work``."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(point, *zip(*work)))
+
+
 def probe_features():
     """The features stage's output (data/features), opened for the checkpoint and pooling
     its settings name (data/settings/features.json)."""

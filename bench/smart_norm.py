@@ -22,13 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 import common
-
-# What a run realises of its settings rather than sets (a run record states them beside).
-REALIZED = ("train_examples", "validation_examples")
 
 
 def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> dict:
@@ -38,33 +33,18 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
     pin_cpu_kernels()
     import torch
 
-    from minbert.report.comparisons import STATED_BESIDE
     from minbert.results import EpochScores
-    from minbert.runs.record_parts import RecordedSettings
     from minbert.runs.study_files import norm_apart
 
     torch.set_num_threads(threads)
     params, base = common.multitask_settings(config, "cpu")
     if not base.smart:
         raise SystemExit(f"{config}: SMART is off in this configuration")
-    base = dataclasses.replace(base, test_predictions=False, seed=seed)
-    if quick:
-        base = dataclasses.replace(
-            base, train_examples={t: 32 for t in base.train_examples}, validation_examples=dict.fromkeys(
-                base.validation_examples, 32
-            ),
-        )  # fmt: skip
+    base = common.validation_settings(base, seed, quick)
     settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
     result = common.validation_run(settings, params["checkpoint"], tables, common.probe_features())
     history = [row["val_selection"] for row in map(EpochScores.row, result.history)]
-    recorded = RecordedSettings.of(settings).as_dict()
-    stated = {
-        "batch_size": dict(settings.batch_size),
-        "train_examples": result.train_examples,
-        "validation_examples": result.validation_examples,
-    }
-    ran_at = norm_apart({**recorded, **{k: stated[k] for k in STATED_BESIDE}})
     return {
         "token_norm": norm,
         "seed": seed,
@@ -72,20 +52,20 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
         "start_selection": history[0],
         "selection": history[result.best_epoch],
         "validation_per_epoch": history,
-        "ran_at": ran_at,
+        "ran_at": norm_apart(common.ran_at(settings, result)),
     }
 
 
 def choose(points: list[dict]) -> dict:
     """The rate search's rule over the norms, as the report applies it
-    (``minbert.report.detectable.norm_grid``): each norm's mean over the seeds, the chosen
+    (``minbert.report.smart_page.norm_grid``): each norm's mean over the seeds, the chosen
     norm with its interval over the seeds and its paired lead over every other norm."""
     from minbert.metrics import fixed
     from minbert.report.comparisons import seed_interval
-    from minbert.report.detectable import norm_grid
+    from minbert.report.smart_page import norm_grid
     from minbert.runs.study_files import NormPoint
 
-    typed = [NormPoint(**{k: p[k] for k in NormPoint.__dataclass_fields__}) for p in points]
+    typed = [NormPoint.of(p) for p in points]
     chosen, grid = norm_grid(typed)
 
     def triple(interval):
@@ -119,15 +99,11 @@ def main() -> None:
     seeds = args.seeds or params["lr_search"]["seeds"]
     threads = max(1, (args.threads or os.cpu_count() or 1) // args.jobs)
     work = [(args.config, norm, seed, threads, args.quick) for norm in args.norms for seed in seeds]
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        points = list(pool.map(_point, *zip(*work)))
+    points = common.side_by_side(_point, work, args.jobs)
     ran_at = [p.pop("ran_at") for p in points]
-    # Quora's validation rows are whole question groups: their count may differ by seed.
-    differ = {k for r in ran_at for k, v in r.items() if v != ran_at[0][k]}
-    if differ - set(REALIZED):
-        raise SystemExit(f"the runs ran at different settings (besides the norm and seed): {sorted(differ)}")
+    shared, differ = common.shared_ran_at(ran_at)
     for point, r in zip(points, ran_at):
-        point.update({k: r[k] for k in REALIZED if k in differ})
+        point.update({k: r[k] for k in sorted(differ)})
     chosen = choose(points)
     common.table(
         f"{args.config}: validation selection score at the kept epoch, per seed",
@@ -156,7 +132,7 @@ def main() -> None:
             "rule": "the highest mean over the seeds of the validation selection score at the epoch the "
             "stage keeps (a tie keeps the smaller norm)",
             "threads_per_run": threads,
-            "ran_at": {k: v for k, v in ran_at[0].items() if k not in differ},
+            "ran_at": shared,
             **chosen,
             "points": points,
         },

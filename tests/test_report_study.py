@@ -9,7 +9,7 @@ import hashlib
 import json
 import re
 import statistics
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,7 +50,6 @@ from minbert.report.summary import beside_the_paper
 from minbert.report.writer import gpu_study, load_runs
 from minbert.results import read_result
 from minbert.runs.training import MultitaskRunFile, SentimentRunFile, read_run, read_runs
-from minbert.settings import SmartSettings
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 DIFFERENCE = re.compile(r"^[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]")
@@ -467,55 +466,88 @@ def test_mlm_section_without_runs_or_study_says_how_to_run_it(tmp_path):
     assert "Run it with `minbert mlm-study`" in section
 
 
-def test_smart_section_shows_each_variants_quora_course_and_first_epoch_gradients():
-    from minbert.report.detectable import smart_collapse_section
-    from minbert.runs.study_files import smart_measurement
+def _collapse_file(path: Path, best: MultitaskRunFile, kept: dict[str, list[float]]) -> Path:
+    """A ``bench/smart_collapse.py`` result over seeds 101-103 departing from ``best``'s
+    settings: per variant (the first the control) its selection score at epoch 1 by seed;
+    a Quora MCC of 0 at its end where its score is below 0.45."""
+    smart = asdict(best.settings.smart)
+    changes = [{}, {"token_norm": 1.0}, {"warmup": False}]
 
-    def epoch(e, mcc):
-        return {"epoch": e, "validation": {"quora_mcc": mcc}} | (
-            {"head_gradient_quora": {"loss": 0.42, "adversarial": 0.8, "bregman": 0.35}} if e else {}
-        )
+    def run(seed: int, value: float) -> dict:
+        gradient = {"loss": 0.42, "adversarial": 0.00123, "bregman": 0.35, "bregman_value": 0.1}
+        return {
+            "seed": seed,
+            "best_epoch": 1,
+            "epochs": [
+                {"epoch": 0, "validation": {"quora_mcc": 0.3, "selection": 0.4}},
+                {
+                    "epoch": 1,
+                    "validation": {"quora_mcc": 0.0 if value < 0.45 else 0.31, "selection": value},
+                    "head_gradient_quora": gradient,
+                },
+            ],
+        }
 
-    measurement = {
-        "args": {"seed": 11711},
-        "results": {
-            "config": "best",
-            "steps": 72,
-            "variants": {
-                "token_norm 1": {"epochs": [epoch(0, 0.3), epoch(1, 0.0)]},
-                "token_norm 0.1": {"epochs": [epoch(0, 0.3), epoch(1, 0.31)]},
-            },
-        },
+    variants = {
+        name: {
+            "change": change,
+            "smart": {**smart, **{k: v for k, v in change.items() if k != "warmup"}},
+            "runs": [run(101 + k, v) for k, v in enumerate(values)],
+        }
+        for (name, values), change in zip(kept.items(), changes)
     }
-    text = smart_collapse_section(smart_measurement(measurement), "bench/results/smart_collapse.json")
+    results = {"config": "best", "steps": best.steps, "lr": 3e-4, "seeds": [101, 102, 103]}
+    results |= {"ran_at": ran_at(best), "variants": variants}
+    path.write_text(json.dumps({"args": {"seed": 11711}, "results": results}))
+    return path
+
+
+def test_smart_collapse_section_gives_each_variant_over_seeds_against_the_control(tmp_path):
+    from minbert.report.smart_page import smart_collapse_section
+    from minbert.runs.study_files import read_smart_measurement
+
+    root = _outputs(tmp_path, ["baseline", "best"])
+    runs = {m.config: m for m in load_runs(root / "metrics" / "multitask")}
+    kept = {
+        "the runs' settings": [0.50, 0.52, 0.51],
+        "token_norm 1 (the authors' code)": [0.40, 0.41, 0.46],
+        "the runs' settings, no head warm-up": [0.49, 0.53, 0.50],
+    }
+    file = _collapse_file(tmp_path / "collapse.json", runs["best"], kept)
+    text = smart_collapse_section(read_smart_measurement(file), "x.json", runs)
     assert (
-        "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | loss | smoothness | Bregman "
-        "| The runs' SMART settings |"
+        "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | Quora one constant at the end | "
+        "selection (mean) | control minus it (95%, over seeds) | loss | smoothness | Bregman |"
     ) in text
-    assert "| token_norm 1 | 0.300 | 0.000 | 0.42 | 0.80 | 0.35 | not recorded |" in text
-    assert "seed 11711, 72 optimizer steps" in text
-    assert "No measurement" in smart_collapse_section(None, "x.json")
-    # Each variant against the settings the runs used: a norm the runs do not use is named.
-    smart = SmartSettings(lambda_s=1.0, projection="token", token_norm=0.1)
-    variants = measurement["results"]["variants"]
-    variants["token_norm 1"]["smart"] = asdict(replace(smart, token_norm=1.0))
-    variants["token_norm 0.1"]["smart"] = asdict(smart)
-
-    def run(smart, steps=144):  # what the section reads of a run
-        return SimpleNamespace(settings=SimpleNamespace(smart=smart), steps=steps)
-
-    runs = {"best": run(smart), "baseline": run(None)}
-    text = smart_collapse_section(smart_measurement(measurement), "x.json", runs)
-    assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | `best` |" in text
-    assert "`best` 144 optimizer steps against the measurement's 72; each ran with the settings" in text
-    runs["best"] = run(replace(smart, token_norm=0.01))
-    # Named as params.yaml's when measured: the claim goes once the runs' settings differ.
-    variants["token_norm 0.1 (params.yaml)"] = variants.pop("token_norm 0.1")
-    text = smart_collapse_section(smart_measurement(measurement), "x.json", runs)
-    assert "| token_norm 0.1 | 0.300 | 0.310 | 0.42 | 0.80 | 0.35 | no |" in text
-    assert "(params.yaml) |" not in text
-    assert "token_norm 0.01, dropout_masks shared) are those of no" in text
-    assert "these variants were measured at other settings than the committed runs'" in text
+    assert (
+        "| the runs' settings (the control) | 0.300 / 0.300 / 0.300 | 0.310 / 0.310 / 0.310 | 0 of 3 "
+        "| 0.5100 | — | 0.42 | 0.00123 | 0.35 |"
+    ) in text
+    assert (
+        "| token_norm 1 (the authors' code) | 0.300 / 0.300 / 0.300 | 0.000 / 0.000 / 0.310 | 2 of 3 " in text
+    )
+    assert "The control minus token_norm 1 (the authors' code): +0.0867 [" in text
+    assert "the seeds separate them" in text
+    assert "the control minus the runs' settings, no head warm-up: +0.0033 [" in text
+    assert "the seeds do not separate them" in text
+    assert f"depart from the settings of the tables' `best` ({runs['best'].steps} optimizer steps)" in text
+    assert "The tables' runs with SMART use the control's SMART settings." in text
+    # Measured at another rate: said so; a SMART run at other settings than the control's is named.
+    values = json.loads(file.read_text())
+    values["results"]["ran_at"]["lr"] = 1.0
+    values["results"]["variants"]["the runs' settings"]["smart"]["token_norm"] = 0.5
+    file.write_text(json.dumps(values))
+    text = smart_collapse_section(read_smart_measurement(file), "x.json", runs)
+    assert (
+        "depart from other settings than the tables' `best` (lr differ): they were measured elsewhere" in text
+    )
+    assert "Not the control's SMART settings: `best`." in text
+    assert "No measurement of SMART's variants" in smart_collapse_section(None, "x.json", runs)
+    # A file of the older, one-seed form is refused with the command that rewrites it.
+    values["results"].pop("seeds")
+    file.write_text(json.dumps(values))
+    with pytest.raises(ValueError, match="lacks seeds: written by an older `python bench/smart_collapse.py`"):
+        read_smart_measurement(file)
 
 
 def _norm_search(path: Path, best: MultitaskRunFile, scores: dict[float, list[float]], chosen: float) -> Path:
@@ -542,7 +574,7 @@ def test_smart_norm_section_says_what_chose_the_norm_and_at_which_settings(tmp_p
     import sys
 
     sys.path.insert(0, str(REPO / "bench"))
-    from minbert.report.detectable import smart_norm_section
+    from minbert.report.smart_page import smart_norm_section
     from minbert.runs.study_files import read_smart_norm_search
 
     root = _outputs(tmp_path, ["baseline", "best"])
@@ -1130,3 +1162,49 @@ def test_without_the_checkpoint_in_the_seed_study_the_comparison_is_the_tables_s
     findings = _sections(report(root, tmp_path / "r"))["Findings"]
     assert "the seed study has not fitted the checkpoint's probes with its seeds" in findings
     assert "over seeds" not in findings.split("Each configuration minus the untrained checkpoint")[1]
+
+
+def test_development_seed_names_only_a_choice_made_with_the_tables_seed():
+    from minbert.report.first_page import development_seed
+    from minbert.report.studies import choice_seeds
+
+    runs = {"best": SimpleNamespace(seed=11711, scores={AVERAGE: 0.6})}
+    searched = {"lr-search.json": {101, 102, 103}}
+    text = development_seed(runs, None, choice_seeds({**searched, "collapse.json": {11711}}))
+    assert text == (
+        "The tables' runs use seed 11711, the seed the choices of `collapse.json` were made with: "
+        "theirs are the development seed's numbers."
+    )
+    # Choices over other seeds than the tables' leave its numbers no development seed's.
+    assert development_seed(runs, None, choice_seeds({**searched, "collapse.json": {101, 102}})) == (
+        "The tables' runs use seed 11711."
+    )
+
+
+def test_the_collapse_control_is_checked_against_the_norm_search_at_its_norm(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from minbert.report.smart_page import control_repeats
+    from minbert.runs.study_files import read_smart_measurement, read_smart_norm_search
+
+    root = _outputs(tmp_path, ["baseline", "best"])
+    best = {m.config: m for m in load_runs(root / "metrics" / "multitask")}["best"]
+    used = best.settings.smart.token_norm
+    kept = {"the runs' settings": [0.50, 0.52, 0.51], "token_norm 1 (the authors' code)": [0.4, 0.4, 0.4]}
+    collapse = read_smart_measurement(_collapse_file(tmp_path / "collapse.json", best, kept))
+    scores = {used: [0.50, 0.52, 0.51], 0.1: [0.40, 0.45, 0.41]}
+    search = read_smart_norm_search(_norm_search(tmp_path / "norm.json", best, scores, chosen=used))
+    assert control_repeats(collapse, search) == (
+        f"The control repeats the norm search's runs at token_norm {used:g} with seeds 101, 102, 103: "
+        "the same validation score to four decimals with each."
+    )
+    scores[used][1] = 0.5301
+    search = read_smart_norm_search(_norm_search(tmp_path / "norm.json", best, scores, chosen=used))
+    assert "does not repeat" in control_repeats(collapse, search)
+    assert "seed 102 0.5200 against 0.5301" in control_repeats(collapse, search)
+    # Runs at other settings are not expected to repeat: nothing is said.
+    values = json.loads((tmp_path / "norm.json").read_text())
+    values["results"]["ran_at"]["lr"] = 1.0
+    (tmp_path / "norm.json").write_text(json.dumps(values))
+    assert control_repeats(collapse, read_smart_norm_search(tmp_path / "norm.json")) == ""

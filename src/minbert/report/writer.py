@@ -15,7 +15,7 @@ from minbert.gpu_study import changed_code
 from minbert.metrics import Resamples
 from minbert.report.comparisons import interval_note, seed_runs
 from minbert.report.controls import controls_section, starts_section
-from minbert.report.detectable import detectable_section, smart_page
+from minbert.report.detectable import detectable_section
 from minbert.report.evidence import Evidence
 from minbert.report.family_rates import family_search_section
 from minbert.report.figures import FIGURE_KINDS, figure_section
@@ -33,6 +33,7 @@ from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
+from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1

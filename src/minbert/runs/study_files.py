@@ -91,47 +91,68 @@ def read_mlm_study(path: Path) -> MlmStudyFile | None:
 
 
 @dataclass(frozen=True)
-class SmartVariant:
-    """One variant of SMART's settings trained by ``bench/smart_collapse.py``: the settings
-    (None in an older file), the validation Quora MCC by epoch, and the first epoch's mean
-    gradient norms on the Quora head per term (loss, adversarial, bregman)."""
+class VariantRun:
+    """One seed's run of a variant in ``bench/smart_collapse.py``: the epoch it kept, the
+    validation Quora MCC and selection score by epoch (0: its start), and the first epoch's
+    mean gradient norms on the Quora head per term (loss, adversarial, bregman)."""
 
-    smart: dict | None
+    seed: int
+    best_epoch: int
     quora_mcc: list[float]
+    selection: list[float]
     first_epoch_quora_gradient: dict[str, float]
 
 
 @dataclass(frozen=True)
+class SmartVariant:
+    """A change to the runs' settings (``change``; empty: the control) with the SMART
+    settings it ran, and its runs, one per seed."""
+
+    change: dict
+    smart: dict
+    runs: list[VariantRun]
+
+
+@dataclass(frozen=True)
 class SmartMeasurement:
-    """``bench/results/smart_collapse.json``, the choice of SMART's settings: one
-    configuration trained per variant on the validation split."""
+    """``bench/results/smart_collapse.json``: one configuration trained per variant of its
+    settings and seed on the validation split, departing from the settings in ``ran_at``
+    (a run record's form, the seed apart)."""
 
     config: str
     steps: int
-    lr: float | None
-    seed: int | None
+    lr: float
+    seeds: list[int]
+    ran_at: dict
     variants: dict[str, SmartVariant]
 
 
-def smart_measurement(values: dict) -> SmartMeasurement:
+def smart_measurement(values: dict, where: str = "smart_collapse.json") -> SmartMeasurement:
     """The measurement from its result file's content (``common.finish``'s record)."""
-    found = values["results"]
-    variants = {
-        name: SmartVariant(
-            v.get("smart"),
-            [e["validation"]["quora_mcc"] for e in v["epochs"]],
-            v["epochs"][1]["head_gradient_quora"],
+    found = values.get("results", {})
+    _require(f"{where}: results", found, SmartMeasurement, "python bench/smart_collapse.py")
+
+    def run(r: dict) -> VariantRun:
+        epochs = r["epochs"]
+        return VariantRun(
+            r["seed"],
+            r["best_epoch"],
+            [e["validation"]["quora_mcc"] for e in epochs],
+            [e["validation"]["selection"] for e in epochs],
+            epochs[1]["head_gradient_quora"],
         )
+
+    variants = {
+        name: SmartVariant(v["change"], v["smart"], [run(r) for r in v["runs"]])
         for name, v in found["variants"].items()
     }
-    return SmartMeasurement(
-        found["config"], found["steps"], found.get("lr"), values["args"].get("seed"), variants
-    )
+    kept = {k: found[k] for k in ("config", "steps", "lr", "seeds", "ran_at")}
+    return SmartMeasurement(variants=variants, **kept)
 
 
 def read_smart_measurement(path: Path) -> SmartMeasurement | None:
     values = _load(path)
-    return None if values is None else smart_measurement(values)
+    return None if values is None else smart_measurement(values, str(path))
 
 
 @dataclass(frozen=True)
@@ -144,6 +165,11 @@ class NormPoint:
     best_epoch: int
     start_selection: float
     selection: float
+
+    @classmethod
+    def of(cls, values: dict) -> NormPoint:
+        """A point from the bench's record of it (which holds more than the report reads)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -172,7 +198,7 @@ def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
         return None
     found = values.get("results", {})
     _require(f"{path}: results", found, SmartNormSearch, "python bench/smart_norm.py")
-    points = [NormPoint(**{k: p[k] for k in NormPoint.__dataclass_fields__}) for p in found["points"]]
+    points = [NormPoint.of(p) for p in found["points"]]
     kept = {k: found[k] for k in ("config", "rule", "chosen", "ran_at")}
     return SmartNormSearch(points=points, **kept)
 
