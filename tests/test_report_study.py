@@ -527,6 +527,8 @@ def test_smart_collapse_section_gives_each_variant_over_seeds_against_the_contro
         "| token_norm 1 (the authors' code) | 0.300 / 0.300 / 0.300 | 0.000 / 0.000 / 0.310 | 2 of 3 " in text
     )
     assert "The control minus token_norm 1 (the authors' code): +0.0867 [" in text
+    assert "], the control above in 3 of 3 | 0.42 |" in text
+    assert "], the control above in 2 of 3 | 0.42 |" in text
     assert "the seeds separate them" in text
     assert "the control minus the runs' settings, no head warm-up: +0.0033 [" in text
     assert "the seeds do not separate them" in text

@@ -74,7 +74,7 @@ def smart_collapse_section(
                     *(_mcc_cells(variant, found.seeds, e) for e in range(epochs)),
                     f"{sum(r.quora_mcc[-1] == 0 for r in variant.runs)} of {len(variant.runs)}",
                     f"{statistics.mean(map(_kept, variant.runs)):.4f}",
-                    NO_NUMBER if variant is control else _lead(_control_lead(control, variant)),
+                    _lead_cell(control, variant),
                     *(f"{g:.3g}" for g in gradient),
                 ]
             )
@@ -94,17 +94,19 @@ def _kept(run: VariantRun) -> float:
     return run.selection[run.best_epoch]
 
 
-def _control_lead(control: SmartVariant | None, variant: SmartVariant) -> Interval | None:
-    """The control's validation selection score at its kept epoch minus the variant's,
-    over the seeds both ran (None without a control, or from fewer than three)."""
-    if control is None:
-        return None
-    theirs = {r.seed: _kept(r) for r in control.runs}
-    return seed_interval([theirs[r.seed] - _kept(r) for r in variant.runs if r.seed in theirs])
+def _control_minus(control: SmartVariant | None, variant: SmartVariant) -> list[float]:
+    """The control's validation selection score at its kept epoch minus the variant's, per
+    seed both ran (none without a control)."""
+    theirs = {r.seed: _kept(r) for r in control.runs} if control is not None else {}
+    return [theirs[r.seed] - _kept(r) for r in variant.runs if r.seed in theirs]
 
 
-def _separate(apart: bool) -> str:
-    return "separate" if apart else "do not separate"
+def _lead_cell(control: SmartVariant | None, variant: SmartVariant) -> str:
+    if variant is control:
+        return NO_NUMBER
+    differences = _control_minus(control, variant)
+    above = sum(d > 0 for d in differences)
+    return f"{_lead(seed_interval(differences))}, the control above in {above} of {len(differences)}"
 
 
 def _collapse_verdict(
@@ -112,14 +114,10 @@ def _collapse_verdict(
 ) -> str:
     words = []
     for name, variant in found.variants.items():
-        lead = None if variant is control else _control_lead(control, variant)
+        lead = None if variant is control else seed_interval(_control_minus(control, variant))
         if lead is not None:
-            separate = (
-                "the seeds separate them"
-                if lead.low > 0 or lead.high < 0
-                else "the seeds do not separate them"
-            )
-            words.append(f"the control minus {name}: {_lead(lead)}, {separate}")
+            apart = "separate" if lead.low > 0 or lead.high < 0 else "do not separate"
+            words.append(f"the control minus {name}: {_lead(lead)}, the seeds {apart} them")
     text = (words[0][0].upper() + "; ".join(words)[1:] + ".") if words else ""
     run = runs.get(found.config)
     if run is None:
