@@ -284,6 +284,15 @@ def validation_settings(base, seed: int, quick: bool):
     )
 
 
+def smart_settings(config: str, seed: int, quick: bool):
+    """params.yaml and ``config``'s cpu-scale settings as a validation-only run of ``seed``
+    trains them (``validation_settings``); exits when the configuration has no SMART."""
+    params, base = multitask_settings(config, "cpu")
+    if not base.smart:
+        raise SystemExit(f"{config}: SMART is off in this configuration")
+    return params, validation_settings(base, seed, quick)
+
+
 def ran_at(settings, result) -> dict:
     """The settings a validation run ran at, in a run record's form (as the report reads a
     stage's run, ``minbert.report.comparisons.ran_at``): no seed, the batches and the

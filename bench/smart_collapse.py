@@ -95,20 +95,13 @@ class Watch(MultitaskObserver):
         return out
 
 
-def _base(config: str, seed: int, quick: bool):
-    params, base = common.multitask_settings(config, "cpu")
-    if not base.smart:
-        raise SystemExit(f"{config}: SMART is off in this configuration")
-    return params, common.validation_settings(base, seed, quick)
-
-
 def _point(config: str, change: dict, seed: int, threads: int, quick: bool) -> dict:
     """One run: ``config`` at the committed cpu-scale settings with ``change`` and ``seed``."""
     from minbert.device import pin_cpu_kernels
 
     pin_cpu_kernels()
     torch.set_num_threads(threads)
-    params, base = _base(config, seed, quick)
+    params, base = common.smart_settings(config, seed, quick)
     change = dict(change)
     warm = change.pop("warmup", True)
     settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, **change))
@@ -136,7 +129,7 @@ def main() -> None:
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
 
-    params, base = _base(args.config, args.seed, args.quick)
+    params, base = common.smart_settings(args.config, args.seed, args.quick)
     seeds = args.seeds or params["lr_search"]["seeds"]
     per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
     steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)

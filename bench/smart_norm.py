@@ -37,10 +37,7 @@ def _point(config: str, norm: float, seed: int, threads: int, quick: bool) -> di
     from minbert.runs.study_files import norm_apart
 
     torch.set_num_threads(threads)
-    params, base = common.multitask_settings(config, "cpu")
-    if not base.smart:
-        raise SystemExit(f"{config}: SMART is off in this configuration")
-    base = common.validation_settings(base, seed, quick)
+    params, base = common.smart_settings(config, seed, quick)
     settings = dataclasses.replace(base, smart=dataclasses.replace(base.smart, token_norm=norm))
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
     result = common.validation_run(settings, params["checkpoint"], tables, common.probe_features())

@@ -39,7 +39,7 @@ def smart_collapse_section(
             f"No measurement of SMART's variants has been committed (`{source}`; `bench/smart_collapse.py`)."
         )
     found = measurement
-    control = next((v for v in found.variants.values() if not v.change), None)
+    control = found.control
     epochs = max(len(r.quora_mcc) for v in found.variants.values() for r in v.runs)
     lines = [
         f"`{found.config}` at the cpu scale, trained once per variant and seed on the training rows "
@@ -122,8 +122,7 @@ def _collapse_verdict(
     run = runs.get(found.config)
     if run is None:
         return text + f" The tables hold no `{found.config}` run to compare the settings with."
-    theirs = ran_at(run)
-    differ = sorted(k for k, v in found.ran_at.items() if theirs.get(k) != v)
+    differ = _differing(found.ran_at, ran_at(run))
     if differ:
         text += (
             f" The variants depart from other settings than the tables' `{found.config}` "
@@ -207,6 +206,12 @@ def norm_grid(points: list[NormPoint]) -> tuple[float, dict[float, tuple[float, 
     return chosen, {n: (means[n], leads[n]) for n in means}
 
 
+def _differing(at: dict, theirs: dict, missing_differs: bool = True) -> list[str]:
+    """The settings of ``at`` (a run record's form) that ``theirs`` holds otherwise; one
+    ``theirs`` lacks differs unless ``missing_differs`` is false."""
+    return sorted(k for k, v in at.items() if (k in theirs or missing_differs) and theirs.get(k) != v)
+
+
 def _lead(lead: Interval | None) -> str:
     return NO_NUMBER if lead is None else f"{lead.value:+.4f} [{lead.low:+.4f}, {lead.high:+.4f}]"
 
@@ -225,8 +230,7 @@ def _norm_verdict(search: SmartNormSearch, grid: dict, runs: dict[str, Multitask
     run = runs.get(search.config)
     if run is None:
         return text + f" The tables hold no `{search.config}` run to compare its settings with."
-    theirs = norm_apart(ran_at(run))
-    differ = sorted(k for k, v in search.ran_at.items() if theirs.get(k) != v)
+    differ = _differing(search.ran_at, norm_apart(ran_at(run)))
     text += (
         f" The search ran at the settings of the tables' `{search.config}` but the norm and seed."
         if not differ
@@ -244,8 +248,8 @@ def control_repeats(found: SmartMeasurement, search: SmartNormSearch) -> str:
     """Whether the variants' control repeats the norm search's runs at its norm: where both
     ran at the same settings with a seed, the same validation score (the norm search keeps
     four decimals) is a check that the runs are reproducible; a difference is named."""
-    control = next((v for v in found.variants.values() if not v.change), None)
-    if control is None or any(norm_apart(found.ran_at).get(k, v) != v for k, v in search.ran_at.items()):
+    control = found.control
+    if control is None or _differing(search.ran_at, norm_apart(found.ran_at), missing_differs=False):
         return ""
     norm = control.smart["token_norm"]
     theirs = {p.seed: p.selection for p in search.points if p.token_norm == norm}

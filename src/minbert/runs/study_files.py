@@ -126,11 +126,18 @@ class SmartMeasurement:
     ran_at: dict
     variants: dict[str, SmartVariant]
 
+    @property
+    def control(self) -> SmartVariant | None:
+        """The variant that changes nothing: the runs' own settings."""
+        return next((v for v in self.variants.values() if not v.change), None)
 
-def smart_measurement(values: dict, where: str = "smart_collapse.json") -> SmartMeasurement:
-    """The measurement from its result file's content (``common.finish``'s record)."""
+
+def read_smart_measurement(path: Path) -> SmartMeasurement | None:
+    values = _load(path)
+    if values is None:
+        return None
     found = values.get("results", {})
-    _require(f"{where}: results", found, SmartMeasurement, "python bench/smart_collapse.py")
+    _require(f"{path}: results", found, SmartMeasurement, "python bench/smart_collapse.py")
 
     def run(r: dict) -> VariantRun:
         epochs = r["epochs"]
@@ -148,11 +155,6 @@ def smart_measurement(values: dict, where: str = "smart_collapse.json") -> Smart
     }
     kept = {k: found[k] for k in ("config", "steps", "lr", "seeds", "ran_at")}
     return SmartMeasurement(variants=variants, **kept)
-
-
-def read_smart_measurement(path: Path) -> SmartMeasurement | None:
-    values = _load(path)
-    return None if values is None else smart_measurement(values, str(path))
 
 
 @dataclass(frozen=True)
