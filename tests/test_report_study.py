@@ -455,8 +455,19 @@ def test_mlm_section_reads_the_committed_study_when_the_pipeline_ran_none(tmp_pa
     provenance["compared_with"]["baseline"] = stale
     _mlm_study_provenance.write_text(json.dumps(provenance))
     section = _sections(report(root, tmp_path / "report2"))["MLM pretraining before fine-tuning"]
-    assert "`baseline` has been retrained since the MLM study (then 0.123" in section
+    assert "`baseline` has been retrained since the MLM study at the same settings (then 0.123" in section
     assert "rerun `minbert mlm-study`" in section
+    assert [line for line in section.splitlines() if line.startswith("| `baseline`")][0].endswith("| — |")
+    # A study run at other settings than the current run says which, whatever the scores.
+    provenance["compared_with"]["baseline"] = {k: current[k] for k in (*MULTITASK_TASKS, "average")}
+    _mlm_study_provenance.write_text(json.dumps(provenance))
+    record = next((root / "metrics" / "mlm-study").rglob("continue-baseline-run.json"))
+    values = json.loads(record.read_text())
+    lr = values["settings"]["lr"]
+    values["settings"]["lr"] = lr * 10
+    record.write_text(json.dumps(values))
+    section = _sections(report(root, tmp_path / "report3"))["MLM pretraining before fine-tuning"]
+    assert f"ran at other settings than the current `baseline`: lr {lr * 10:g} (now {lr:g})" in section
     assert [line for line in section.splitlines() if line.startswith("| `baseline`")][0].endswith("| — |")
 
 
@@ -617,34 +628,36 @@ def test_smart_norm_section_says_what_chose_the_norm_and_at_which_settings(tmp_p
 def test_cross_cpu_note_gives_the_largest_difference_as_the_tolerance():
     from minbert.report.provenance import cross_cpu_section
 
-    measurement = {
-        "machine": {"cpu": "AMD EPYC"},
-        "results": {
-            "branch": "COMPATIBLE",
-            "configs": {
-                "best": {"identical": True, "differences": {}},
-                "best-summed": {
-                    "identical": False,
-                    "differences": {"sts": [0.5581, 0.5612], "epoch": [3, 2]},
-                },
-            },
+    best, summed = {"sst": 0.46, "sts": 0.8014, "epoch": 1}, {"sst": 0.45, "sts": 0.5581, "epoch": 3}
+    current = {"best": best, "best-summed": summed, "baseline": {"sst": 0.43}}
+    configs = {
+        "best": {"committed": best, "identical": True, "differences": {}},
+        "best-summed": {
+            "committed": summed,
+            "identical": False,
+            "differences": {"sts": [0.5581, 0.5612], "epoch": [3, 2]},
         },
     }
-    text = cross_cpu_section(measurement, "bench/results/cross_cpu.json")
-    assert "1 of 2 metrics files identical" in text
+
+    def measured(configs: dict, rounds_otherwise: bool = True) -> dict:
+        results = {"branch": "AVX2", "rounds_otherwise": rounds_otherwise, "configs": configs}
+        return {"machine": {"cpu": "Intel Xeon"}, "started": "2026-11-29T10:30:00", "results": results}
+
+    text = cross_cpu_section(measured(configs), "bench/results/cross_cpu.json", current)
+    assert "1 of 2 metrics files identical" in text and "one Intel Xeon machine (2026-11-29)" in text
     assert "largest difference is 0.0031 (`best-summed` sts)" in text
-    same = cross_cpu_section(
-        {
-            **measurement,
-            "results": {
-                "branch": "COMPATIBLE",
-                "configs": {"best": measurement["results"]["configs"]["best"]},
-            },
-        },
-        "x.json",
-    )
+    assert "Not rerun: `baseline`." in text
+    same = cross_cpu_section(measured({"best": configs["best"]}), "x.json", current)
     assert "1 of 1 metrics files identical" in same and "largest" not in same
-    assert "Not measured" in cross_cpu_section(None, "x.json")
+    # A rerun counts only against the numbers it compared: one since retrained is left out.
+    moved = cross_cpu_section(measured(configs), "x.json", {**current, "best-summed": {"sts": 0.6}})
+    assert "1 of 1 metrics files identical" in moved and "not checked: `best-summed`." in moved
+    assert "changed since: none is checked" in cross_cpu_section(measured(configs), "x.json", {})
+    # A branch that rounds as the default checks nothing; an older file says what it lacks.
+    assert "no check" in cross_cpu_section(measured(configs, rounds_otherwise=False), "x.json", current)
+    older = {"machine": {"cpu": "AMD EPYC"}, "results": {"branch": "COMPATIBLE", "configs": {}}}
+    assert "did not record what it compared with" in cross_cpu_section(older, "x.json", current)
+    assert "Not measured" in cross_cpu_section(None, "x.json", current)
 
 
 STUDIED = ["baseline", "best", "best-summed", "best-no-smart"]
@@ -1038,6 +1051,7 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
     from minbert.report.tables import (
         ENDED_WITHIN_NOISE,
         STILL_IMPROVING,
+        STOPPED_AT_BEST,
         STOPPED_BEYOND_NOISE,
         STOPPED_WITHIN_NOISE,
         validation_end,
@@ -1056,6 +1070,9 @@ def test_each_table1_arm_says_how_validation_stood_at_its_end(tmp_path):
     kind, said = ended([0.0, 0.27, 0.2693], epochs=3)  # patience on a wobble
     assert kind == STOPPED_WITHIN_NOISE and "at epoch 1 (0.2700" in said and "ended -0.0007 on it" in said
     assert ended([0.0, 0.6, 0.3], epochs=3)[0] == STOPPED_BEYOND_NOISE
+    # Stopped while its last epoch is its best: a rise the split cannot tell, not a plateau.
+    kind, said = ended([0.0, 0.50, 0.48, 0.52], epochs=5)
+    assert kind == STOPPED_AT_BEST and "at epoch 1 (0.5000" in said and "ended +0.0200 on it" in said
     # The stage's rule: small rises that add up past the noise are a gain (0.70 -> 0.80).
     assert ended([0.0, 0.70, 0.75, 0.80], epochs=3)[0] == STILL_IMPROVING
     assert ended([0.0, 0.70, 0.75, 0.76], epochs=3)[0] == ENDED_WITHIN_NOISE
@@ -1210,3 +1227,32 @@ def test_the_collapse_control_is_checked_against_the_norm_search_at_its_norm(tmp
     values["results"]["ran_at"]["lr"] = 1.0
     (tmp_path / "norm.json").write_text(json.dumps(values))
     assert control_repeats(collapse, read_smart_norm_search(tmp_path / "norm.json")) == ""
+
+
+def test_a_start_that_answers_as_the_untrained_checkpoint_is_its_own_start(tmp_path):
+    # The cosine STS head fits nothing: its start is the untrained cosine on another 0-5
+    # mapping, each written to 3 decimals; the untrained number is then the run's own start.
+    import numpy as np
+
+    from minbert.report.evidence import Evidence, Scored
+    from minbert.tasks import AVERAGE
+
+    rng = np.random.default_rng(0)
+    cosines = rng.uniform(-0.2, 1.0, 500)
+    labels = {"sst": rng.integers(0, 5, 500), "sts": rng.uniform(0, 5, 500)}
+    classes = rng.integers(0, 5, 500)
+
+    def scored(sst, sts) -> Scored:
+        return Scored("run", labels, {"sst": sst, "sts": sts})
+
+    untrained = scored(classes, np.round(2.5 * (cosines + 1), 3))
+    start = scored(classes.copy(), np.round(5 * cosines, 3))
+    evidence = Evidence(tmp_path, tmp_path)
+    assert evidence.same_answers(start, untrained, "sts") and evidence.same_answers(start, untrained, "sst")
+    assert evidence.same_answers(start, untrained, AVERAGE)
+    fitted = scored(classes, np.round(5 * cosines + rng.normal(0, 0.05, 500), 3))  # a head moved it
+    assert not evidence.same_answers(fitted, untrained, "sts")
+    other = classes.copy()
+    other[0] = (other[0] + 1) % 5
+    assert not evidence.same_answers(scored(other, start.predictions["sts"]), untrained, "sst")
+    assert not evidence.same_answers(scored(other, start.predictions["sts"]), untrained, AVERAGE)

@@ -93,7 +93,7 @@ def run(
         method={
             "sst": result.sst_method,
             "quora": f"cosine of the pooled sentence vectors above {result.quora_threshold:.4f}, the "
-            f"threshold of the highest MCC on {result.quora_threshold_pairs} training pairs",
+            f"most accurate threshold on {result.quora_threshold_pairs} training pairs",
             "sts": "cosine of the pooled sentence vectors, mapped onto 0-5",
         },
         sst_majority_class=result.sst_majority_class,

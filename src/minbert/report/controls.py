@@ -166,8 +166,8 @@ ABOVE, BELOW, NOT_SEPARATED = "above", "below", "not separated"
 # A cell whose untrained number is the run's own start (SST: the frozen probe both take):
 # printed, not counted against the untrained checkpoint, whose count it would repeat.
 OWN_START = "its own start"
-# Why a run is below the untrained checkpoint: its start (its head fitted on the frozen
-# encoder, the frozen probe of that head) is below it already, or fine-tuning lost it.
+# Why a run is above or below the untrained checkpoint: its start (its head fitted on the
+# frozen encoder, the frozen probe of that head) is on that side already, or fine-tuning took it there.
 AT_START, IN_FINE_TUNING = "its head on the frozen encoder", "fine-tuning"
 
 
@@ -214,7 +214,8 @@ class Starts:
     text: str
     own: dict[str, list[str]] = field(default_factory=dict)
     untrained: dict[str, list[str]] = field(default_factory=dict)
-    below_because: dict[str, list[str]] = field(default_factory=dict)  # AT_START / IN_FINE_TUNING
+    # ABOVE / BELOW -> AT_START / IN_FINE_TUNING -> the cells: what put a run on its side.
+    through: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     seed: str = ""  # the tables' seed, which the counts are of
     # Per configuration and column: minus the untrained checkpoint fitted with the same seed,
     # over the seeds (untrained_over_seeds); empty without a seed study of both.
@@ -228,17 +229,19 @@ class Starts:
         )
         if not self.untrained:
             return said
-        why = self.below_because
+        sides = [(s, word) for s, word in ((ABOVE, "gained"), (BELOW, "lost")) if self.untrained.get(s)]
+        why = (
+            f" (so already at the start, {AT_START}: "
+            + ", ".join(f"{s} {len(self.through[s][AT_START])}" for s, _ in sides)
+            + f"; in {IN_FINE_TUNING}: "
+            + ", ".join(f"{word} {len(self.through[s][IN_FINE_TUNING])}" for s, word in sides)
+            + ")"
+        )
         return (
             said
             + "; against the untrained checkpoint where it is not the run's own start, "
             + describe_counts(self.untrained)
-            + (
-                f" (below already at the start, {AT_START}, in {len(why.get(AT_START, []))}; "
-                f"lost in {IN_FINE_TUNING} in {len(why.get(IN_FINE_TUNING, []))})"
-                if self.untrained.get(BELOW)
-                else ""
-            )
+            + (why if sides else "")
         )
 
     def over_seeds_said(self) -> str:
@@ -263,7 +266,7 @@ def starts_section(
     counts = {
         "own": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
         "untrained": {ABOVE: [], BELOW: [], NOT_SEPARATED: []},
-        "below_because": {AT_START: [], IN_FINE_TUNING: []},
+        "through": {side: {AT_START: [], IN_FINE_TUNING: []} for side in (ABOVE, BELOW)},
     }
     base = None if zero_shot is None else multitask_scored(evidence, "zero-shot", "", zero_shot)
     rows = []
@@ -286,15 +289,15 @@ def starts_section(
             else:
                 cell = f"`{name}` {COLUMN_TITLES[column]}"
                 untrained = evidence.column_difference(scored, base, column)
-                at_start = evidence.value(base, column) == evidence.value(start, column)
+                at_start = evidence.same_answers(start, base, column)
                 side = OWN_START if at_start else _side(untrained)
                 because = NO_NUMBER
                 if not at_start:
                     counts["untrained"][side].append(cell)
-                if side == BELOW:  # the start against the untrained checkpoint says which
+                if side in (ABOVE, BELOW):  # the start against the untrained checkpoint says which
                     started = _side(evidence.column_difference(start, base, column))
-                    because = AT_START if started == BELOW else IN_FINE_TUNING
-                    counts["below_because"][because].append(cell)
+                    because = AT_START if started == side else IN_FINE_TUNING
+                    counts["through"][side][because].append(cell)
                 cells += [f"{evidence.value(base, column):.3f}", fmt_signed(untrained), side, because]
             rows.append(md_row(cells))
     seeds = ", ".join(sorted({str(m.seed) for m in multitask.values()}))
@@ -310,11 +313,12 @@ def starts_section(
         "epoch 0 was not helped by fine-tuning) and the untrained checkpoint (zero-shot: STS and "
         "Quora by the cosine of its sentence vectors, SST by its frozen probe, the SST head every "
         "configuration starts from). Above / below: the interval lies above / below zero; "
-        f'"{OWN_START}": the untrained number is the run\'s own start (the SST probe), so the cell '
-        "is not counted against the untrained checkpoint. Below it through: where a run is below "
-        f'the untrained checkpoint, "{AT_START}" when its own start (its pair head fitted on the '
-        "frozen checkpoint: that head's frozen probe) is below it too, so the deficit is the head's "
-        f'form before any fine-tuning; "{IN_FINE_TUNING}" when the start was not below it.',
+        f'"{OWN_START}": the untrained checkpoint answers as the run\'s own start (the SST probe; '
+        "the cosine STS head, which fits nothing), so the cell is not counted against the untrained "
+        "checkpoint. Through: where a run is above or below the untrained checkpoint, "
+        f'"{AT_START}" when its own start (its pair head fitted on the frozen checkpoint: that '
+        "head's frozen probe) is on that side too, so the difference is the head's form before any "
+        f'fine-tuning; "{IN_FINE_TUNING}" when the start was not.',
         "",
         *md_header(
             [
@@ -327,7 +331,7 @@ def starts_section(
                 "Untrained",
                 "Δ vs untrained",
                 "",
-                "Below it through",
+                "Through",
             ]
         ),
         *rows,
@@ -336,7 +340,7 @@ def starts_section(
         "\n".join(lines),
         counts["own"],
         counts["untrained"],
-        counts["below_because"],
+        counts["through"],
         seeds,
         over,
     )

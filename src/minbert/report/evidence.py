@@ -23,7 +23,11 @@ from minbert.metrics import (
     paired_average,
     score,
 )
-from minbert.tasks import AVERAGE
+from minbert.tasks import AVERAGE, TASKS
+
+# Two score predictions that are one increasing affine map of each other, each written to
+# STS_DECIMALS, correlate above this (r = 1 but for the rounding): the same answers.
+AFFINE_R = 1 - 1e-6
 
 
 @dataclass
@@ -191,6 +195,19 @@ class Evidence:
         if column == AVERAGE:
             return float(np.mean([score(t, run.labels[t], run.predictions[t]) for t in run.labels]))
         return score(column, run.labels[column], run.predictions[column])
+
+    def same_answers(self, run: Scored, other: Scored, column: str) -> bool:
+        """Whether ``run`` answers as ``other`` in a table column: the same classes, or
+        scores one increasing affine map of the other's (so the same Pearson's r), each task."""
+        tasks = list(run.labels) if column == AVERAGE else [column]
+        for task in tasks:
+            mine, theirs = run.predictions[task], other.predictions[task]
+            if TASKS[task].label_kind == "class" or np.ptp(mine) == 0 or np.ptp(theirs) == 0:
+                if not np.array_equal(mine, theirs):
+                    return False
+            elif np.corrcoef(mine, theirs)[0, 1] < AFFINE_R:
+                return False
+        return True
 
     def column_difference(self, run: Scored, parent: Scored, column: str) -> Interval:
         """``run`` minus ``parent`` in a table column (paired)."""

@@ -142,19 +142,22 @@ def findings_section(
         + (f" ({', '.join(f'`{c.name}` vs `{c.parent}`' for c in shown)})" if shown else "")
         + f" and with other budgets (‡) in {len(unequal)}"
         + (f" ({', '.join(f'`{c.name}` vs `{c.parent}`' for c in unequal)})" if unequal else "")
-        + "; the Summary gives each comparison's verdict and what its seeds rule out."
+        + "; the first page's Summary (README.md) gives each comparison's verdict and what its "
+        "seeds rule out."
     )
     if starts.own:
         said.append(
-            "Every configuration and column against where it started (paired intervals; section "
+            "Every configuration and column against where it started (paired intervals; controls.md, "
             f'"Against where each run started"): {starts.counted()}.'
         )
     if controls_checked:
         verb = "is" if len(missed_controls) == 1 else "are"
         said.append(
-            f"{len(missed_controls)} of {controls_checked} control checks {verb} not met"
-            + (f" ({'; '.join(missed_controls)})" if missed_controls else "")
-            + ": those cells measure a head no better than a constant answer."
+            f"{len(missed_controls)} of {controls_checked} control checks {verb} not met "
+            f"({'; '.join(missed_controls)}): those cells measure a head no better than a constant answer."
+            if missed_controls
+            else f"All {controls_checked} control checks are met: no cell measures a head no better "
+            "than a constant answer."
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best

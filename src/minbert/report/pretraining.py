@@ -43,6 +43,22 @@ class MlmRuns:
 TASK_KEYS = (*MULTITASK_TASKS, AVERAGE)
 
 
+def ran_otherwise(run: dict, base: dict) -> list[str]:
+    """What ``run`` (fine-tuned from an MLM checkpoint) ran at that ``base`` (the same
+    configuration from the original checkpoint) holds otherwise, ``name then (now now)``:
+    its settings and its rows, the checkpoint apart."""
+    mine, theirs = run.settings.as_dict(), base.settings.as_dict()
+    pairs = [(k, mine[k], theirs.get(k)) for k in mine]
+    pairs += [(k, getattr(run, k), getattr(base, k)) for k in ("train_examples", "validation_examples")]
+
+    def said(value) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{k} {said(v)}" for k, v in value.items())
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return [f"{k} {said(a)} (now {said(b)})" for k, a, b in pairs if a != b]
+
+
 def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
     """Pretraining metrics, then each configuration fine-tuned from an MLM checkpoint
     beside the same configuration fine-tuned from the original checkpoint."""
@@ -118,13 +134,16 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
         base = runs.get(m.config)
         if base and study is not None:
             then = study.compared_with.get(m.config, {})
-            if any(then.get(k) != base.scores[k] for k in TASK_KEYS):
+            otherwise = ran_otherwise(m, base)
+            if otherwise or any(then.get(k) != base.scores[k] for k in TASK_KEYS):
                 # The study's comparison is with a run that is no longer the current one.
-                notes.append(
-                    f"- `{name}`: `{m.config}` has been retrained since the MLM study "
-                    f"(then {then.get(AVERAGE)}, now {base.scores[AVERAGE]} average): no difference is "
-                    f"shown; rerun `{study.command}`."
+                said = (
+                    f"ran at other settings than the current `{m.config}`: {'; '.join(otherwise)}"
+                    if otherwise
+                    else f"`{m.config}` has been retrained since the MLM study at the same settings "
+                    f"(then {then.get(AVERAGE)}, now {base.scores[AVERAGE]} average)"
                 )
+                notes.append(f"- `{name}`: {said}; no difference is shown; rerun `{study.command}`.")
                 base = None
         base_scored = multitask_scored(evidence, "multitask", m.config, base) if base else None
         # Not in the seed study: the sign across seeds is not checked.

@@ -43,9 +43,12 @@ def setup_section(
     Quora and checkpoint notes, once for every table."""
     dev = dict(next(iter(runs.values())).dev_examples) if runs else {}
     dev.update({m.task: m.dev_examples for m in sentiment})
-    seeds = _each(runs, lambda m: str(m.seed)) + " (every table)"
+    seeds = _each(runs, lambda m: str(m.seed)) + " (every run of tables.md and Table 1)"
     if seed_study:
-        seeds += f"; {', '.join(map(str, seed_study.seeds))} besides it (the seed study)"
+        seeds += (
+            f"; {', '.join(map(str, seed_study.seeds))} besides it (the seed study: the first "
+            "page's Tables 2-4 give the mean over all of them)"
+        )
     rows = [
         ("Checkpoint", _each(runs, lambda m: f"`{m.checkpoint.name}`"), paper["checkpoint"]),
         (
@@ -212,17 +215,27 @@ def provenance_section(runs: dict[str, dict], sentiment: list[dict]) -> list[str
     return lines
 
 
-def cross_cpu_section(measurement: dict | None, source: str) -> str:
+def cross_cpu_section(measurement: dict | None, source: str, current: dict[str, dict]) -> str:
     """How far another CPU's rounding moves the committed numbers: ``bench/cross_cpu.py``'s
     reruns of the multitask stages under another MKL branch (``measurement``: its result
-    file), the largest difference being the tolerance below which no difference is read."""
+    file), the largest difference being the tolerance below which no difference is read;
+    ``current``: each configuration's metrics file now, which a rerun counts against only
+    where it compared these same numbers."""
+    rerun = "rerun `python bench/cross_cpu.py`"
     if measurement is None:
         return (
             f"Not measured: no rerun under another CPU's rounding has been committed (`{source}`; "
             "`bench/cross_cpu.py`), so read no difference at the last written digit as a finding."
         )
     found = measurement["results"]
-    configs = found["configs"]
+    if "rounds_otherwise" not in found:
+        return f"`{source}` is from an older bench that did not record what it compared with: {rerun}."
+    configs = {c: r for c, r in found["configs"].items() if current.get(c) == r["committed"]}
+    if not found["rounds_otherwise"]:
+        branch = found["branch"]
+        return f"`{source}`: `MKL_CBWR={branch}` rounds as its machine's default: no check; {rerun}."
+    if not configs:
+        return f"`{source}` compared metrics files that have changed since: none is checked; {rerun}."
     identical = sum(r["identical"] for r in configs.values())
     moved = {
         (config, key): abs(rerun - committed)
@@ -232,11 +245,13 @@ def cross_cpu_section(measurement: dict | None, source: str) -> str:
     }
     head = (
         f"Another CPU rounds the same matrix products otherwise in their last bits (MKL takes one "
-        f"code path per vendor). Checked on this {measurement['machine']['cpu']} machine by "
-        f"retraining {len(configs)} configurations ({', '.join(f'`{c}`' for c in configs)}) with "
-        f"their stages' commands under `MKL_CBWR={found['branch']}`, the branch that rounds "
-        f"otherwise here (`{source}`, `bench/cross_cpu.py`): {identical} of {len(configs)} "
-        f"metrics files identical to the committed ones at their written precision ({DECIMALS} decimals)"
+        f"code path per vendor). Checked on one {measurement['machine']['cpu']} machine "
+        f"({measurement['started'][:10]}) by retraining {len(configs)} configurations "
+        f"({', '.join(f'`{c}`' for c in configs)}) with their stages' commands under "
+        f"`MKL_CBWR={found['branch']}`, a branch that rounds a matrix product otherwise than that "
+        f"machine's default (the bench checks a product's bits) (`{source}`, `bench/cross_cpu.py`): "
+        f"{identical} of {len(configs)} metrics files identical to the committed ones at their "
+        f"written precision ({DECIMALS} decimals)"
     )
     if moved:
         (config, key), largest = max(moved.items(), key=lambda kv: kv[1])
@@ -246,4 +261,12 @@ def cross_cpu_section(measurement: dict | None, source: str) -> str:
         )
     else:
         head += "."
-    return head + " Not checked on an Intel CPU."
+    for words, names in (
+        (
+            "Rerun against numbers that have changed since, so not checked",
+            [c for c in found["configs"] if c not in configs],
+        ),
+        ("Not rerun", [c for c in current if c not in found["configs"]]),
+    ):
+        head += f" {words}: {', '.join(f'`{c}`' for c in names)}." if names else ""
+    return head

@@ -93,6 +93,9 @@ def beside_the_paper(
         labels.append(f'`{row["config"]}` "{row["label"]}"' + (f" (ours ran as {title})" if differs else ""))
     labels = ", ".join(labels)
     quora = _carved_quora(used)
+    if seed_study:  # Tables 2-4 and the README's rows give the mean over these too
+        others = ", ".join(map(str, seed_study.seeds))
+        seeds += f" (a mean over {len(seed_study.seeds) + 1} seeds adds the seed study's {others})"
     prose = (
         f"Rows of the paper's Table 2 ({labels}). Ours: {checkpoint} fine-tuned at the {scale} "
         f"scale ({sizes} training examples per task, {epochs}, seed {seeds}"

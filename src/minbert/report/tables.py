@@ -303,7 +303,7 @@ def smart_table(runs: list[MultitaskRunFile]) -> list[str]:
     lines += [
         "",
         "The control is the same divergence with no perturbation, under the same dropout-mask "
-        "policy (SMART's settings in the choices below): what of the term is not the "
+        "policy (SMART's settings: choices.md): what of the term is not the "
         "perturbation's doing, so only the adversarial term's excess over its control measures "
         "the perturbation.",
     ]
@@ -335,7 +335,9 @@ def sentiment_delta(by_cell: dict, evidence: Evidence, task: str) -> str:
 
 # How validation stood at an arm's end (``validation_end``).
 STILL_IMPROVING = "still improving"
-STOPPED_WITHIN_NOISE = "stopped by its patience on a plateau within its noise"
+STOPPED_WITHIN_NOISE = "stopped by its patience, no rise beyond its noise"
+# Stopped with its last epoch its best: the split cannot tell that rise from noise, not a plateau.
+STOPPED_AT_BEST = "stopped by its patience at its best epoch, a rise within its noise (may still be rising)"
 STOPPED_BEYOND_NOISE = "stopped by its patience on a fall beyond its noise"
 ENDED_WITHIN_NOISE = "its last epoch within its noise"
 
@@ -353,7 +355,7 @@ def arm_ends(metrics: list[dict], sentiment_dir: Path) -> dict[tuple[str, str], 
 
 
 def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
-    """How validation stood when an arm stopped (one of the four above) and why, in words,
+    """How validation stood when an arm stopped (one of the five above) and why, in words,
     by the stage's own rule (``minbert.train.loop.BestEpoch``): the last epoch that rose
     beyond validation MCC's noise above the gain before it, and where the last epoch ended
     against that epoch's score."""
@@ -376,7 +378,9 @@ def validation_end(run: dict, history_file: Path) -> tuple[str, str]:
     if gained < len(scores) - 1:
         said += f", and the last epoch ended {change:+.4f} on it"
     if run.epochs_run < run.epochs:
-        kind = STOPPED_BEYOND_NOISE if change < -noise else STOPPED_WITHIN_NOISE
+        at_best = gained < len(scores) - 1 and scores[-1] >= max(scores)
+        kind = STOPPED_AT_BEST if at_best else STOPPED_WITHIN_NOISE
+        kind = STOPPED_BEYOND_NOISE if change < -noise else kind
     else:
         kind = STILL_IMPROVING if gained == len(scores) - 1 else ENDED_WITHIN_NOISE
     return kind, f"{kind}: {said}."

@@ -37,6 +37,7 @@ from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
+from minbert.results import metrics_from_text
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 from minbert.runs.study_files import (
     LR_SEARCH_FILE,
@@ -58,7 +59,7 @@ MULTITASK_TABLES = ["table2", "table3", "table4"]
 ZERO_SHOT_FILE = "zero-shot.json"
 BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
-    "consumed over all epochs, all tasks together (per task in the last section)."
+    "consumed over all epochs, all tasks together (per task: provenance.md)."
 )
 
 
@@ -224,7 +225,8 @@ def write_report(
         multitask,
         sentiment,
         paper,
-        *((on_gpu.multitask, on_gpu.sentiment, on_gpu.provenance, on_gpu.stale) if on_gpu else ()),
+        *((on_gpu.multitask, on_gpu.sentiment, on_gpu.provenance, on_gpu.stale) if on_gpu else (None,) * 4),
+        seed_study=seed_study,
     )
     first = [
         "# minbert results",
@@ -374,19 +376,13 @@ def write_report(
                 figures += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
             pages["figures.md"] = ["## Figures", "", *figures]
         named = {**multitask, **{f"{m.pretraining.start}-{m.config}": m for m in mlm.tuned}}
-        pages["provenance.md"] = [
-            "## How each number was produced",
-            "",
-            *provenance_section(named, sentiment),
-            "",
-        ]
+        how = provenance_section(named, sentiment)
+        pages["provenance.md"] = ["## How each number was produced", "", *how, ""]
         if cross_cpu_file is not None:
-            pages["provenance.md"] += [
-                "### Across CPUs",
-                "",
-                cross_cpu_section(_optional_json(Path(cross_cpu_file)), Path(cross_cpu_file).as_posix()),
-                "",
-            ]
+            numbers = {c: metrics_from_text((multitask_dir / f"{c}.json").read_text(), c) for c in multitask}
+            source = Path(cross_cpu_file)
+            across = cross_cpu_section(_optional_json(source), source.as_posix(), numbers)
+            pages["provenance.md"] += ["### Across CPUs", "", across, ""]
         first += ["## The rest of the report", ""]
         first += [f"- [{PAGES[name]}]({name})" for name in PAGES if name in pages]
         first += [""]
