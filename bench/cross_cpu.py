@@ -9,13 +9,14 @@ is that test on one machine: each ``--config`` (default: every multitask configu
 params.yaml) is trained again by its stage script, with the command dvc.yaml gives it,
 into a scratch folder, and its metrics file is compared with the committed one
 (``metrics/multitask/<config>.json``, written at 4 decimals) number by number. Other
-branches round otherwise on some CPUs only (``AVX2`` on an Intel CPU whose default is
-AVX-512), so the bench first checks that ``--branch`` changes a product's bits here, and
-records the committed numbers it compared with (the report checks they are still current).
+branches round otherwise than the stages' pinned AVX2 on some CPUs only (``AVX512`` on an
+Intel CPU that has it, at full speed), so the bench first checks that ``--branch`` changes
+a product's bits against the stages' own pins here, and records the committed numbers it
+compared with (the report checks they are still current).
 
 Needs ``dvc repro`` first (the tokenised tables, the features, the resolved settings).
-Writes ``bench/results/cross_cpu.json``. About twice the stages' own time (COMPATIBLE is
-slower).
+Writes ``bench/results/cross_cpu.json``. About twice the stages' own time under COMPATIBLE
+(its products are slower); about the stages' own under AVX512.
 """
 
 from __future__ import annotations
@@ -32,14 +33,17 @@ import yaml
 
 from minbert.results import metrics_from_text
 
-# A fixed matrix product's bytes, in a process of its own (MKL reads MKL_CBWR at start-up).
+# A fixed matrix product's bytes, in a process of its own with the stages' own pins
+# (minbert.device.pin_cpu_kernels: MKL reads MKL_CBWR at its first product).
 PRODUCT = (
-    "import hashlib, torch; torch.manual_seed(0); a, b = torch.randn(512, 384), torch.randn(384, 1536); "
+    "from minbert.device import pin_cpu_kernels; pin_cpu_kernels(); import hashlib, torch; "
+    "torch.manual_seed(0); a, b = torch.randn(512, 384), torch.randn(384, 1536); "
     "print(hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())"
 )
 
 
 def product_digest(branch: str | None) -> str:
+    """The product's digest under ``branch``, or as a stage rounds it (None)."""
     env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     env.update({"MKL_CBWR": branch} if branch else {})
     done = subprocess.run([sys.executable, "-c", PRODUCT], env=env, check=True, capture_output=True)
@@ -49,7 +53,12 @@ def product_digest(branch: str | None) -> str:
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--config", action="append", help="a configuration (repeat); default: all")
-    p.add_argument("--branch", default="COMPATIBLE", help="MKL_CBWR for the rerun")
+    p.add_argument(
+        "--branch",
+        default="COMPATIBLE",
+        help="MKL_CBWR for the rerun: one that rounds otherwise than the stages' pinned AVX2 "
+        "(COMPATIBLE anywhere; AVX512 on an Intel CPU that has it, at full speed)",
+    )
     args = p.parse_args()
     common.setup(args, repeats=1, warmup=0)
     params = yaml.safe_load((common.REPO / "params.yaml").read_text(encoding="utf-8"))

@@ -233,7 +233,7 @@ def cross_cpu_section(measurement: dict | None, source: str, current: dict[str, 
     configs = {c: r for c, r in found["configs"].items() if current.get(c) == r["committed"]}
     if not found["rounds_otherwise"]:
         branch = found["branch"]
-        return f"`{source}`: `MKL_CBWR={branch}` rounds as its machine's default: no check; {rerun}."
+        return f"`{source}`: `MKL_CBWR={branch}` rounds as the stages' own branch there: no check; {rerun}."
     if not configs:
         return f"`{source}` compared metrics files that have changed since: none is checked; {rerun}."
     identical = sum(r["identical"] for r in configs.values())
@@ -248,8 +248,8 @@ def cross_cpu_section(measurement: dict | None, source: str, current: dict[str, 
         f"code path per vendor). Checked on one {measurement['machine']['cpu']} machine "
         f"({measurement['started'][:10]}) by retraining {len(configs)} configurations "
         f"({', '.join(f'`{c}`' for c in configs)}) with their stages' commands under "
-        f"`MKL_CBWR={found['branch']}`, a branch that rounds a matrix product otherwise than that "
-        f"machine's default (the bench checks a product's bits) (`{source}`, `bench/cross_cpu.py`): "
+        f"`MKL_CBWR={found['branch']}`, a branch that rounds a matrix product otherwise than the "
+        f"stages' own (pinned) one there, as the bench checked (`{source}`, `bench/cross_cpu.py`): "
         f"{identical} of {len(configs)} metrics files identical to the committed ones at their "
         f"written precision ({DECIMALS} decimals)"
     )
