@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import common
@@ -75,7 +76,9 @@ def main() -> None:
                 command[command.index(flag) + 1] = str(Path(scratch) / flag.strip("-"))
             env = {**os.environ, "MKL_CBWR": args.branch}
             common.console.print(f"[bold]{config}[/] under MKL_CBWR={args.branch}")
+            started = time.perf_counter()
             subprocess.run(command, cwd=common.REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+            seconds = round(time.perf_counter() - started, 1)
             committed, rerun = (
                 metrics_from_text(path.read_text(), str(path))
                 for path in (
@@ -85,6 +88,7 @@ def main() -> None:
             )
             results[config] = {
                 "committed": committed,
+                "seconds": seconds,  # the whole stage under the branch (set against stage_memory's)
                 "identical": committed == rerun,
                 "differences": {
                     k: [committed[k], rerun.get(k)] for k in committed if committed[k] != rerun.get(k)
