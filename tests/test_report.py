@@ -636,7 +636,10 @@ def test_seed_study_section_reads_the_own_seed_from_the_metrics_files(outputs, t
     )
     assert "`minbert seed-study`" in section
     seeds = _row(_sections(text)["Setup at a glance"], "| Seeds |")[1]
-    assert seeds == "11711 (every table); 1, 2, 3 besides it (the seed study)"
+    assert seeds == (
+        "11711 (every run of tables.md and Table 1); 1, 2, 3 besides it (the seed study: the "
+        "first page's Tables 2-4 give the mean over all of them)"
+    )
     assert "No seed study has been committed" in _sections(report(outputs, tmp_path / "r2"))["Seed study"]
 
 
