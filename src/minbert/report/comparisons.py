@@ -99,6 +99,12 @@ def ran_at(run: MultitaskRunFile) -> dict:
     return {**run.settings.as_dict(), **{k: getattr(run, k) for k in STATED_BESIDE}}
 
 
+def differing(at: dict, theirs: dict, missing_differs: bool = True) -> list[str]:
+    """The settings of ``at`` (a run record's form, ``ran_at``) that ``theirs`` holds
+    otherwise; one ``theirs`` lacks differs unless ``missing_differs`` is false."""
+    return sorted(k for k, v in at.items() if (k in theirs or missing_differs) and theirs.get(k) != v)
+
+
 def settings_digest(run: MultitaskRunFile | ZeroShotRunFile) -> str:
     """``ran_at`` in a few characters: what the seed study records of each entry (of the
     untrained checkpoint: its checkpoint, pooling, scale, data and recorded settings, which

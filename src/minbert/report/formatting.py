@@ -48,6 +48,13 @@ def fmt_bound(x: float) -> str:
     return f"{x:+.{decimals}f}"
 
 
+def fmt_setting(value) -> str:
+    """A setting's value as a sentence gives it: ``lr 3e-05``, ``sst 1000, quora 200``."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {fmt_setting(v)}" for k, v in value.items())
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def per_task(counts: dict) -> str:
     """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
     order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]

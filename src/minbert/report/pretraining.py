@@ -11,13 +11,24 @@ from minbert.report.comparisons import (
     Compared,
     Comparison,
     budget_gap,
+    differing,
     fmt_budget,
     fmt_difference,
     multitask_scored,
+    ran_at,
 )
 from minbert.report.evidence import Evidence
-from minbert.report.formatting import COLUMN_TITLES, COLUMNS, NO_NUMBER, fmt_interval, md_header, md_row
+from minbert.report.formatting import (
+    COLUMN_TITLES,
+    COLUMNS,
+    NO_NUMBER,
+    fmt_interval,
+    fmt_setting,
+    md_header,
+    md_row,
+)
 from minbert.runs.study_files import MlmStudyFile
+from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
 
 # What `minbert mlm-study` (minbert.tools.mlm_study) writes under the metrics folder: the
@@ -43,20 +54,11 @@ class MlmRuns:
 TASK_KEYS = (*MULTITASK_TASKS, AVERAGE)
 
 
-def ran_otherwise(run: dict, base: dict) -> list[str]:
+def ran_otherwise(run: MultitaskRunFile, base: MultitaskRunFile) -> list[str]:
     """What ``run`` (fine-tuned from an MLM checkpoint) ran at that ``base`` (the same
-    configuration from the original checkpoint) holds otherwise, ``name then (now now)``:
-    its settings and its rows, the checkpoint apart."""
-    mine, theirs = run.settings.as_dict(), base.settings.as_dict()
-    pairs = [(k, mine[k], theirs.get(k)) for k in mine]
-    pairs += [(k, getattr(run, k), getattr(base, k)) for k in ("train_examples", "validation_examples")]
-
-    def said(value) -> str:
-        if isinstance(value, dict):
-            return ", ".join(f"{k} {said(v)}" for k, v in value.items())
-        return f"{value:g}" if isinstance(value, float) else str(value)
-
-    return [f"{k} {said(a)} (now {said(b)})" for k, a, b in pairs if a != b]
+    configuration from the original checkpoint) holds otherwise, ``name then (now now)``."""
+    mine, theirs = ran_at(run), ran_at(base)
+    return [f"{k} {fmt_setting(mine[k])} (now {fmt_setting(theirs.get(k))})" for k in differing(mine, theirs)]
 
 
 def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from minbert.metrics import Interval
-from minbert.report.comparisons import ran_at, seed_interval
+from minbert.report.comparisons import differing, ran_at, seed_interval
 from minbert.report.formatting import NO_NUMBER, md_header, md_row
 from minbert.runs.study_files import (
     NormPoint,
@@ -122,7 +122,7 @@ def _collapse_verdict(
     run = runs.get(found.config)
     if run is None:
         return text + f" The tables hold no `{found.config}` run to compare the settings with."
-    differ = _differing(found.ran_at, ran_at(run))
+    differ = differing(found.ran_at, ran_at(run))
     if differ:
         text += (
             f" The variants depart from other settings than the tables' `{found.config}` "
@@ -206,12 +206,6 @@ def norm_grid(points: list[NormPoint]) -> tuple[float, dict[float, tuple[float, 
     return chosen, {n: (means[n], leads[n]) for n in means}
 
 
-def _differing(at: dict, theirs: dict, missing_differs: bool = True) -> list[str]:
-    """The settings of ``at`` (a run record's form) that ``theirs`` holds otherwise; one
-    ``theirs`` lacks differs unless ``missing_differs`` is false."""
-    return sorted(k for k, v in at.items() if (k in theirs or missing_differs) and theirs.get(k) != v)
-
-
 def _lead(lead: Interval | None) -> str:
     return NO_NUMBER if lead is None else f"{lead.value:+.4f} [{lead.low:+.4f}, {lead.high:+.4f}]"
 
@@ -230,7 +224,7 @@ def _norm_verdict(search: SmartNormSearch, grid: dict, runs: dict[str, Multitask
     run = runs.get(search.config)
     if run is None:
         return text + f" The tables hold no `{search.config}` run to compare its settings with."
-    differ = _differing(search.ran_at, norm_apart(ran_at(run)))
+    differ = differing(search.ran_at, norm_apart(ran_at(run)))
     text += (
         f" The search ran at the settings of the tables' `{search.config}` but the norm and seed."
         if not differ
@@ -249,7 +243,7 @@ def control_repeats(found: SmartMeasurement, search: SmartNormSearch) -> str:
     ran at the same settings with a seed, the same validation score (the norm search keeps
     four decimals) is a check that the runs are reproducible; a difference is named."""
     control = found.control
-    if control is None or _differing(search.ran_at, norm_apart(found.ran_at), missing_differs=False):
+    if control is None or differing(search.ran_at, norm_apart(found.ran_at), missing_differs=False):
         return ""
     norm = control.smart["token_norm"]
     theirs = {p.seed: p.selection for p in search.points if p.token_norm == norm}

@@ -24,6 +24,7 @@ from minbert.report.formatting import (
     SELECTION_COLUMNS,
     fmt,
     fmt_bound,
+    fmt_setting,
     fmt_signed,
     md_header,
     md_row,
@@ -154,7 +155,7 @@ def searched_at(
         }
     if not differ:
         return "the settings of the tables' run"
-    said = "; ".join(f"{k} {_short(v)} (the run: {_short(ours.get(k))})" for k, v in differ.items())
+    said = "; ".join(f"{k} {fmt_setting(v)} (the run: {fmt_setting(ours.get(k))})" for k, v in differ.items())
     return f"other settings: {said}"
 
 
@@ -164,12 +165,6 @@ def _within(counts: dict | None, ours: dict, slack: int) -> bool:
         and counts.keys() == ours.keys()
         and all(abs(counts[t] - ours[t]) <= slack for t in ours)
     )
-
-
-def _short(value) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {_short(v)}" for k, v in value.items())
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def seed_section(

@@ -37,7 +37,6 @@ from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
-from minbert.results import metrics_from_text
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 from minbert.runs.study_files import (
     LR_SEARCH_FILE,
@@ -51,6 +50,7 @@ from minbert.runs.training import (
     MultitaskRunFile,
     SentimentRunFile,
     ZeroShotRunFile,
+    file_parts,
     read_run,
     read_runs,
 )
@@ -379,7 +379,7 @@ def write_report(
         how = provenance_section(named, sentiment)
         pages["provenance.md"] = ["## How each number was produced", "", *how, ""]
         if cross_cpu_file is not None:
-            numbers = {c: metrics_from_text((multitask_dir / f"{c}.json").read_text(), c) for c in multitask}
+            numbers = {c: file_parts(m)[0] for c, m in multitask.items()}  # the metrics files
             source = Path(cross_cpu_file)
             across = cross_cpu_section(_optional_json(source), source.as_posix(), numbers)
             pages["provenance.md"] += ["### Across CPUs", "", across, ""]
