@@ -7,6 +7,9 @@ polls are not missed) is recorded against its command line. Writes
 ``bench/results/stage_memory.json`` with each stage's peak and wall time, and
 checks the targets: default `dvc repro` peak resident memory <= 4 GB, and the whole
 command <= 45 minutes (on the 2-core machine it is written for, nothing else running).
+The machine's own speed moves from hour to hour (its fp32 matmul rate by a quarter and
+more, docs/performance.md), so the file also records that rate, measured with the
+stages' CPU code paths just before and just after the command.
 
     python bench/stage_memory.py                  # dvc repro
     python bench/stage_memory.py -- dvc repro -f  # any command after --
@@ -23,7 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-import common
+from minbert.device import pin_cpu_kernels
+
+pin_cpu_kernels()  # the stages' code paths (they inherit them) for the speed probe below
+
+import common  # noqa: E402  (after the pin: the probe's products must take the stages' paths)
 
 LIMIT_GB = 4.0
 LIMIT_MINUTES = 45.0
@@ -98,6 +105,7 @@ def main() -> None:
     # (a fork, a worker) is part of the stage: ``root`` maps every process to that one.
     stages: dict[int, dict] = {}
     root: dict[int, int] = {}
+    speed_before = common.matmul_peak()
     busy, own = _busy_cpu_s(), _own_cpu_s()
     start = time.perf_counter()
     proc = subprocess.Popen(args.command, cwd=common.REPO)
@@ -125,12 +133,18 @@ def main() -> None:
     other_cpu_s = max(0.0, (_busy_cpu_s() - busy) - (_own_cpu_s() - own))
     if proc.returncode:
         sys.exit(f"{' '.join(args.command)} failed with exit status {proc.returncode}")
+    speed_after = common.matmul_peak()
 
     rows = sorted(stages.values(), key=lambda e: e["first"])
     results = {
         "command": args.command,
         "wall_s": wall,
         "other_work_cores": other_cpu_s / wall,
+        "matmul_gflop_s": {
+            "size": speed_before["size"],
+            "before": speed_before["flop_per_s"] / 1e9,
+            "after": speed_after["flop_per_s"] / 1e9,
+        },
         "stages": [
             {"stage": e["stage"], "peak_rss_gb": e["peak_kb"] / 2**20, "seconds": e["last"] - e["first"]}
             for e in rows

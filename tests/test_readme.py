@@ -166,6 +166,11 @@ def test_the_stage_times_follow_the_last_measured_repro(tmp_path):
 
     measured["results"]["other_work_cores"] = 0.02
     assert "0.02 cores on average, so the minutes are its own" in regenerated(measured)
+    # The machine's own speed, probed before and after the command, is said when recorded.
+    measured["results"]["matmul_gflop_s"] = {"size": 2048, "before": 251.4, "after": 262.6}
+    assert "ran at 251 GFLOP/s just before and 263 just after" in regenerated(measured)
+    del measured["results"]["matmul_gflop_s"]
+    assert "GFLOP/s" not in regenerated(measured)
     del measured["results"]["other_work_cores"]
     measured["load_average_at_start"][0] = 2.5
     block = regenerated(measured)

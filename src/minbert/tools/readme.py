@@ -174,6 +174,11 @@ def stage_times_block(result_file: Path) -> str:
         f"{machine['logical_cores']}-core {machine['cpu']} with torch {machine['torch']} "
         f"({machine['torch_threads']} threads; " + quiet
     )
+    if speed := run.get("matmul_gflop_s"):  # recorded since 2026-11-29
+        prose += (
+            f" The machine's fp32 matrix product ({speed['size']:,} squared, the stages' code paths) ran at "
+            f"{speed['before']:.0f} GFLOP/s just before and {speed['after']:.0f} just after."
+        )
     return "\n".join([*table, "", _wrap(prose)])
 
 
