@@ -26,11 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+import common
+
 from minbert.device import pin_cpu_kernels
-
-pin_cpu_kernels()  # the stages' code paths (they inherit them) for the speed probe below
-
-import common  # noqa: E402  (after the pin: the probe's products must take the stages' paths)
 
 LIMIT_GB = 4.0
 LIMIT_MINUTES = 45.0
@@ -100,6 +98,7 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=0.2, help="seconds between polls")
     p.add_argument("command", nargs="*", default=["dvc", "repro"])
     args = p.parse_args()
+    pin_cpu_kernels()  # before any product: the speed probe takes the stages' code paths
     common.setup(args, repeats=1, warmup=0)
     # A stage's first process -> {"stage", "peak_kb", "first", "last"}; a process it starts
     # (a fork, a worker) is part of the stage: ``root`` maps every process to that one.
