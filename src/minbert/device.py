@@ -16,13 +16,14 @@ import torch
 
 from minbert.settings import DEVICES
 
-# The CPU code paths every stage runs with, so that machines of one kind but of
-# different CPU generations or vendors add floating-point numbers in the same order:
-# torch's own vectorised kernels at AVX2 (not AVX-512 where a CPU has it) and MKL's
-# matrix products in its AVX2 "conditional numerical reproducibility" branch.
+# The CPU code paths every stage runs with, so that CPUs of different generations add
+# floating-point numbers in the same order: torch's own vectorised kernels at AVX2 (not
+# AVX-512 where a CPU has it) and MKL's matrix products in its AVX2 "conditional
+# numerical reproducibility" branch, which MKL honours on Intel CPUs only: an AMD EPYC
+# takes its own paths, and its bits differ from an Intel's (docs/performance.md).
 # Measured on the project's 2-core AMD EPYC machine: the same bits as without the
-# pins (its default paths are these); torch's generic kernels instead change the
-# 7th decimal. Set either variable yourself to override.
+# pins; torch's generic kernels instead change the 7th decimal. Set either variable
+# yourself to override.
 CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 
 
