@@ -457,6 +457,9 @@ def test_zero_shot_row_test_row_and_checkpoint_note(text):
     ]
     # The zero-shot row is a reference, not a configuration: no difference from the parent.
     assert zero[-1] == "—" and "`zero-shot`" not in table2.split("Paired differences")[1]
+    assert zero[-2] == "no fine-tuning"
+    # What the test row's note says of test predictions is the run's own setting (off here).
+    assert "this scale writes no test predictions (`multitask.test_predictions: false`)" in table2
     # Each note once, in the setup section, not under every table.
     setup = _sections(text)["Setup at a glance"]
     assert text.count("**Checkpoint:** `all-minilm-l6-v2` was trained further") == 1
@@ -735,6 +738,8 @@ def test_every_run_is_compared_with_its_start_and_the_untrained_checkpoint(tmp_p
     assert (
         "against its own start (epoch 0), above in " in findings and "of 8; against the untrained" in findings
     )
+    # The ranking's highest is set against the untrained checkpoint it leaves out.
+    assert re.search(r"`best(-adamw)?` minus the untrained checkpoint, on the same score: Δ [+-]", findings)
     controls = _sections(text)["Controls"]
     assert [_row(controls, f"| `cfimdb-{mode}` |")[0] for mode in ("full", "last-layer")] == [
         "CFIMDB acc above chance"
@@ -756,16 +761,17 @@ def test_findings_rank_by_the_chance_corrected_score_and_mark_unequal_budgets(tm
     findings = _sections(text)["Findings"]
     assert (
         "Ranked on dev by the chance-corrected score that chose the epochs on validation (the mean "
-        "of SST MCC, Quora MCC, STS Pearson; a constant answer scores 0), the highest is "
-        "`baseline`'s 0.500,"
+        "of SST MCC, Quora MCC, STS Pearson; a constant answer scores 0), the highest fine-tuned "
+        "configuration is `baseline`'s 0.500,"
     ) in findings
     # The gap to the next comes with its paired interval (the bootstrap of the same score)
     # and says that the budgets differ.
     assert "the next, `best`'s 0.450 (Δ " in findings
     assert (
-        "the tables' seed 11711 alone: the seed study records the tables' metrics, not these; budgets "
-        "differ: 180 optimizer steps against 60, the same 4,320 training examples seen)."
+        "; the two ran at other budgets: 180 optimizer steps against 60, the same 4,320 training "
+        "examples seen)"
     ) in findings
+    assert "These dev scores are the tables' seed 11711's alone: the seed study records" in findings
     # The same scores, per task, in one table where the selection is explained.
     chose = _sections(text)["What chose what"]
     assert "| Configuration | SST MCC | Quora MCC | STS Pearson | Mean |" in chose

@@ -299,16 +299,16 @@ def test_what_chose_what(tmp_path):
     )
     assert "best's adamaxw on `best` (lr 0.0001); siamese's adamw on `baseline` (lr 5e-05)" in cpu[3]
     assert "not searched" not in cpu[3]
-    assert "Dev is scored once per configuration" in section
+    assert "Dev is scored twice per configuration, at its start (epoch 0, for the controls)" in section
     assert "the history's `dev_*` columns: SST 100, Quora 100, STS 100" in section
     assert "The epoch of each multitask run: the epoch with the best mean of SST MCC, Quora MCC" in section
     # The grids: each rate's mean, the chosen one bold with its interval, and where the
     # tables' runs stand against it.
     baseline = _row(section, "| `cpu` | siamese | adamw | `baseline` |")
     assert baseline[4:7] == [
-        "0.210 (+0.110 [+0.110, +0.110] ‡)",
+        "0.210 (+0.110 [+0.110, +0.110] §)",
         "**0.320** [0.295, 0.345]",
-        "0.120 (+0.200 [+0.175, +0.225] ‡)",
+        "0.120 (+0.200 [+0.175, +0.225] §)",
     ]
     assert baseline[-1] == "`baseline`: lr 5e-05, the chosen rate"
     best = _row(section, "| `cpu` | best | adamaxw | `best` |")
@@ -526,6 +526,7 @@ def test_smart_collapse_section_gives_each_variant_over_seeds_against_the_contro
     }
     file = _collapse_file(tmp_path / "collapse.json", runs["best"], kept)
     text = smart_collapse_section(read_smart_measurement(file), "x.json", runs)
+    assert "Each variant changes one thing of the runs' settings (its name says which)" in text
     assert (
         "| Variant | Quora MCC, epoch 0 | Quora MCC, epoch 1 | Quora one constant at the end | "
         "selection (mean) | control minus it (95%, over seeds) | loss | smoothness | Bregman |"
@@ -692,9 +693,8 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
     assert summed[5] == f"{seed_detectable(diffs):.3f}"  # a planning figure, beside the verdict
     assert summed[4] in VERDICTS
     assert "measurable" not in section
-    assert (
-        "- PCGrad (`best-summed` vs `best`" in section
-        and "task-gradient cosines over 60 steps: mean" in section
+    assert "- PCGrad (`best-summed` vs `best`" in section and re.search(
+        r"task-gradient cosines \(`[^`]*best-conflicts\.csv`\) over 60 steps: mean", section
     )
     assert "it projected " in section
     assert "- SMART (`best-no-smart` vs `best`" in section
@@ -724,10 +724,18 @@ def test_the_report_opens_with_the_papers_headline_rows_and_what_the_budget_can_
         assert f": {verdict} (" in line, (comparison, verdict, line)
 
 
-def _gpu_study(root: Path, configs: list[str]) -> None:
+def _gpu_study(root: Path, configs: list[str], zero_shot: bool = False) -> None:
     """``metrics/gpu`` as `minbert gpu-unpack` leaves it after one call: the runs' metrics
-    and predictions under their own metrics/ and predictions/, and provenance.json."""
+    and predictions under their own metrics/ and predictions/ (``zero_shot``: the untrained
+    checkpoint's too, as `root` has it), and provenance.json."""
     gpu = root / "metrics" / "gpu"
+    if zero_shot:
+        for path in (root / "metrics").glob("zero-shot*.json"):
+            (gpu / "metrics").mkdir(parents=True, exist_ok=True)
+            (gpu / "metrics" / path.name).write_bytes(path.read_bytes())
+        for path in (root / "predictions" / "zero-shot").glob("*"):
+            (gpu / "predictions" / "zero-shot").mkdir(parents=True, exist_ok=True)
+            (gpu / "predictions" / "zero-shot" / path.name).write_bytes(path.read_bytes())
     for config in configs:
         for kind in ("metrics", "predictions"):
             source = root / kind / "multitask"
@@ -753,7 +761,7 @@ def _gpu_study(root: Path, configs: list[str]) -> None:
     code.write_text("# the step as it ran on the GPU\n")
     fingerprint = {GPU_CODE: hashlib.sha256(code.read_bytes()).hexdigest(), "cmd of prepare": "0" * 64}
     ran = {"call": CALL, "seconds": 63.0, "files": [], "fingerprint": fingerprint, "log": None}
-    stages = {f"multitask@{c}": ran for c in configs}
+    stages = {f"multitask@{c}": ran for c in configs} | ({"zero-shot": ran} if zero_shot else {})
     provenance = {
         "format": "minbert-gpu-results/1", "overrides": ["scale=gpu"],
         "calls": {CALL: call}, "stages": stages, "failures": {},
@@ -773,7 +781,7 @@ def test_the_gpu_section_shows_the_unpacked_study_beside_the_paper_with_its_call
     section = _sections(report(root, tmp_path / "report"))["On a GPU"]
     assert "`dvc exp run -S 'scale=gpu'`" in section
     assert (
-        "| 2026-11-26T23:01:34 | NVIDIA H100 80GB HBM3 | 2.11.0+cu130 / 13.0 | aebbd8d | 368 "
+        "| 2026-11-26T23:01:34 | NVIDIA H100 80GB HBM3 | 2.11.0+cu130 / 13.0 | aebbd8d | 368 | 1 "
         "| `multitask@baseline` 63 s | `multitask@best`: stopped at the --deadline |"
     ) in section
     # The node's predictions, recomputed here: the same as the CPU study's, whose they are.
@@ -811,7 +819,8 @@ def _headline(root: Path) -> str:
 
 def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     root = _outputs(tmp_path, ["baseline", "best"])
-    _gpu_study(root, ["baseline"])
+    write_zero_shot(root)
+    _gpu_study(root, ["baseline"], zero_shot=True)
     sections = _sections(report(root, tmp_path / "current"))
     assert "| `multitask@baseline` | 2026-11-26T23:01:34 | aebbd8d | none |" in sections["On a GPU"]
     assert "Stale" not in sections["On a GPU"] and "stale" not in _headline(root)
@@ -828,12 +837,16 @@ def test_a_gpu_row_whose_code_changed_since_it_ran_says_so_beside_it(tmp_path):
     note = re.search(r"\[(\d+)\]$", label).group(1)
     assert f"- [{note}] " in table and "Stale: `multitask@baseline` ran at aebbd8d; since then " in table
     assert "`multitask_step.py` changed" in table
+    # The untrained checkpoint's row too: its stage's code changed as well.
+    untrained = re.search(r"\[(\d+)\]$", _row(table, "(`zero-shot`)")[0]).group(1)
+    assert re.search(rf"- \[{untrained}\] No fine-tuning: .*Stale: `zero-shot` ran at aebbd8d", table)
     first = _sections((tmp_path / "stale" / "README.md").read_text(encoding="utf-8"))
     assert _row(first["Table 2"], "(`baseline`)")[10].endswith(" (stale)")
+    assert _row(first["Table 2"], "(`zero-shot`)")[10].endswith(" (stale)")
     summary = _headline(root)
     assert _row(summary, "`baseline`, ours on a GPU")[0] == "`baseline`, ours on a GPU (aebbd8d, stale)"
-    assert "A GPU row marked stale ran at the commit it names" in summary
-    assert "A GPU row marked stale ran at the commit it names" in first["Summary"]
+    assert "A GPU row marked stale ran at an earlier commit" in summary
+    assert "A GPU row marked stale ran at an earlier commit" in first["Summary"]
 
 
 def test_a_row_titled_for_settings_its_run_did_not_have_is_titled_by_what_ran(tmp_path):

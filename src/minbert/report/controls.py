@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from minbert.metrics import Interval, paired
-from minbert.report.comparisons import SeedRuns, multitask_scored, seed_differences, seed_interval
+from minbert.report.comparisons import SeedRuns, level, multitask_scored, seed_differences, seed_interval
 from minbert.report.evidence import Evidence
 from minbert.report.formatting import (
     COLUMN_TITLES,
@@ -121,9 +121,8 @@ def controls_section(
                 f"`{name}` Quora ({_most_predicted(predicted, 'label')}"
                 f"{_validation_course(multitask_dir, run, 'quora')})"
             )
-    for run in sentiment:
-        if run.task != "cfimdb":
-            continue
+    cfimdb = [run for run in sentiment if run.task == "cfimdb"]
+    for run in cfimdb:
         scored = evidence.scored(
             f"sentiment/{run.run}",
             {"cfimdb": f"sentiment/{run.run}/dev-out.csv"},
@@ -136,8 +135,10 @@ def controls_section(
             missed.append(f"`{run.run}` CFIMDB")
     lines = [
         "Each run against a constant answer, on the same dev examples: Δ = ours − control with "
-        "its 95% paired-bootstrap interval (Quora: question groups resampled whole); met when the "
-        "interval lies above zero. Every run against where it started: the next section.",
+        f"its {level()} paired-bootstrap interval (Quora: question groups resampled whole"
+        + ("; CFIMDB: against chance, 0.5, its accuracy's own interval shifted" if cfimdb else "")
+        + "); met when the interval lies above zero. Every run against where it started: the next "
+        "section.",
         "",
         *md_header(["Check", "Run", "Ours", "Control", "Δ ours − control", "Met"]),
         *rows,
@@ -307,7 +308,7 @@ def starts_section(
         return Starts(message, seed=seeds, over_seeds=over)
     lines = [
         f"Every configuration and column against where it started, with the tables' seed {seeds} (over "
-        "the seeds: findings.md), on the same dev examples, with 95% paired-bootstrap intervals "
+        f"the seeds: findings.md), on the same dev examples, with {level()} paired-bootstrap intervals "
         "(Quora: question groups resampled whole): its own start "
         "(epoch 0: the heads fitted on the frozen encoder, nothing fine-tuned; a run that keeps "
         "epoch 0 was not helped by fine-tuning) and the untrained checkpoint (zero-shot: STS and "

@@ -11,11 +11,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from minbert.report.comparisons import POWER, Compared, fmt_p
+from minbert.report.comparisons import POWER, Compared, fmt_p, level
 from minbert.report.formatting import NO_NUMBER, fmt_bound, fmt_signed, md_header, md_row
 from minbert.tasks import AVERAGE
 
 _COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
+
+
+# A median |cosine| below this: the task gradients are close to orthogonal.
+NEAR_ORTHOGONAL = 0.1
 
 
 def pcgrad_reason(conflicts_file: Path) -> str | None:
@@ -28,11 +32,17 @@ def pcgrad_reason(conflicts_file: Path) -> str | None:
         return None
     cosines = log[list(_COSINES)].to_numpy(float).ravel()
     low, high = np.quantile(cosines, [0.05, 0.95])
+    size, share = np.median(np.abs(cosines)), log.conflicts.sum() / log.pairs.sum()
+    # Read as "barely turned" only where the log shows it: small cosines of either sign alike.
+    reading = (
+        ": near-orthogonal gradients, below zero about as often as above, so the surgery barely turns them"
+        if size < NEAR_ORTHOGONAL and abs(share - 0.5) < 0.1
+        else ""
+    )
     return (
-        f"its task-gradient cosines over {len(log)} steps: mean {cosines.mean():+.3f}, 90% between "
-        f"{low:+.3f} and {high:+.3f} (|cos| median {np.median(np.abs(cosines)):.3f}); it projected "
-        f"{log.conflicts.sum() / log.pairs.sum():.3f} of the pairs, those below zero: near-orthogonal "
-        "gradients whose sign is the noise's, so the surgery barely turns them"
+        f"its task-gradient cosines (`{Path(conflicts_file).as_posix()}`) over {len(log)} steps: "
+        f"mean {cosines.mean():+.3f}, 90% between {low:+.3f} and {high:+.3f} (|cos| median "
+        f"{size:.3f}); it projected {share:.3f} of the pairs, those below zero{reading}"
     )
 
 
@@ -97,7 +107,7 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
             sign = seeds if runs[c.name].settings.smart is None else [-d for d in seeds]
             reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {c.verdict()}): {smart_reason(sign)}.")
     lines = [
-        "Each comparison of Tables 2-4 on the average: the difference on dev (paired, 95% "
+        f"Each comparison of Tables 2-4 on the average: the difference on dev (paired, {level()} "
         "interval, with its mark), the paired interval over the seeds both rows were trained "
         "with, the seeds' t-test p raw and after Holm's adjustment over the comparisons with "
         "the same parent, and the one verdict the tables, the Summary and the seed study give "

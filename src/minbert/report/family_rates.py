@@ -19,7 +19,7 @@ def _signed(triple: list[float] | None) -> str:
     if triple is None:
         return NO_NUMBER
     mean, low, high = triple
-    mark = " ‡" if low > 0 or high < 0 else ""
+    mark = " §" if low > 0 or high < 0 else ""  # not the tables' ‡ (budgets differ)
     return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{mark}"
 
 
@@ -56,7 +56,7 @@ def family_search_section(study: FamilySearchFile | None, runs: dict[str, Multit
         "experiment each, scored by its kept epoch's validation selection score (dev chooses "
         "nothing). A cell: the rate's mean over the seeds; the chosen rate (the highest mean) "
         "**bold** with its interval over the seeds, and beside every other rate the chosen "
-        "rate's paired difference from it (‡: the interval excludes 0). The runs take a "
+        "rate's paired difference from it (§: the interval excludes 0). The runs take a "
         "family's rates once they are written to `scales.<scale>.multitask.rates` (params.yaml) "
         "and the study is rerun; until then, the last column says where they stand. Searched at: "
         "the settings each run records against the tables' run's, the example counts each seed "

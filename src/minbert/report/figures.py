@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from minbert.report.formatting import per_task
+from minbert.report.notes import epoch_count, usual
 from minbert.results import history_column
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
@@ -223,6 +225,21 @@ def draw_figure(spec: dict, multitask_dir: Path, path: Path) -> str:
         # written, so equal data gives byte-identical files.
         fig.savefig(path, format="png", metadata={"Software": None})
     return drawn
+
+
+def figures_source(runs: dict, display_dir: str) -> str:
+    """Which runs the figures draw: their files, scale, seed, epochs and history slices."""
+    scale = usual({n: f"`{m.scale}`" for n, m in runs.items()})
+    seed = usual({n: str(m.seed) for n, m in runs.items()})
+    epochs = usual({n: epoch_count(m.epochs) for n, m in runs.items()})
+    dev, train = (
+        usual({n: per_task(m.history_examples[part]) for n, m in runs.items()}) for part in ("dev", "train")
+    )
+    return (
+        f"Drawn from the runs' histories and per-step files in `{display_dir}` (scale {scale}, seed "
+        f"{seed}, {epochs}; the history's fixed slices: dev {dev}, training {train} examples per "
+        "task): the tables' runs, not the seed study's or the GPU's."
+    )
 
 
 def figure_section(spec: dict, multitask_dir: Path, display_dir: str, out_dir: Path) -> str:

@@ -10,6 +10,7 @@ from minbert.report.comparisons import (
     Compared,
     SeedRuns,
     budget_gap,
+    level,
     multitask_scored,
 )
 from minbert.report.controls import Starts, lower_higher
@@ -111,11 +112,11 @@ def findings_section(
         table = [
             "",
             "Each configuration minus the untrained checkpoint on the same dev examples, with the "
-            f"tables' seed {seed} (95% paired-bootstrap "
+            f"tables' seed {seed} ({level()} paired-bootstrap "
             "intervals; below zero: fine-tuning scored less than the checkpoint it started from)"
             + (
                 ", and its average minus the checkpoint's with the same seed, over the seeds both "
-                "ran with (95% interval over seeds)"
+                f"ran with ({level()} interval over seeds)"
                 if over
                 else ""
             )
@@ -133,7 +134,7 @@ def findings_section(
                 for n, d in deltas.items()
             ),
         ]
-    said.append(highest(runs, evidence))
+    said.append(highest(runs, evidence, zero_shot))
     shown = [c for c in compared if c.verdict() == SHOWN]
     unequal = [c for c in compared if c.verdict() == BUDGETS_DIFFER]
     said.append(
@@ -156,8 +157,8 @@ def findings_section(
             f"{len(missed_controls)} of {controls_checked} control checks {verb} not met "
             f"({'; '.join(missed_controls)}): those cells measure a head no better than a constant answer."
             if missed_controls
-            else f"All {controls_checked} control checks are met: no cell measures a head no better "
-            "than a constant answer."
+            else f"All {controls_checked} control checks are met (controls.md lists the cells, with the "
+            "tables' seed): none of those cells measures a head no better than a constant answer."
         )
     if paper_best is not None and paper_best[0] in runs:
         config, value = paper_best
@@ -179,28 +180,37 @@ def ranked(runs: dict[str, dict]) -> list[tuple[str, float]]:
     return sorted(((n, m.dev_selection[SELECTION]) for n, m in runs.items()), key=lambda r: -r[1])
 
 
-def highest(runs: dict[str, dict], evidence: Evidence) -> str:
-    """The configuration highest on the chance-corrected dev score (``ranked``), and how
-    far the next is."""
+def highest(runs: dict[str, dict], evidence: Evidence, zero_shot: dict | None = None) -> str:
+    """The configuration highest on the chance-corrected dev score (``ranked``), how far
+    the next is, and how far the untrained checkpoint (``zero_shot``'s run), which the
+    ranking leaves out."""
     score = dict(ranked(runs))  # highest first
     top, *others = score
+    top_scored = multitask_scored(evidence, "multitask", top, runs[top])
     sentence = (
         f"Ranked on dev by the chance-corrected score that chose the epochs on validation "
-        f"({SELECTION_MEAN}; a constant answer scores 0), the highest is `{top}`'s {score[top]:.3f}"
+        f"({SELECTION_MEAN}; a constant answer scores 0), the highest fine-tuned configuration is "
+        f"`{top}`'s {score[top]:.3f}"
     )
-    if not others:
-        return sentence + "."
-    second = others[0]
-    gap = budget_gap(runs[top], runs[second])
-    iv = evidence.selection_difference(
-        multitask_scored(evidence, "multitask", top, runs[top]),
-        multitask_scored(evidence, "multitask", second, runs[second]),
-    )
-    separated = "separated from" if iv.excludes_zero else "not separated from"
+    if others:
+        second = others[0]
+        gap = budget_gap(runs[top], runs[second])
+        iv = evidence.selection_difference(
+            top_scored, multitask_scored(evidence, "multitask", second, runs[second])
+        )
+        separated = "separated from" if iv.excludes_zero else "not separated from"
+        sentence += (
+            f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}"
+            + (f"; the two ran at other budgets: {gap}" if gap else "")
+            + ")"
+        )
+    if zero_shot is not None:
+        untrained = multitask_scored(evidence, "zero-shot", "", zero_shot)
+        sentence += (
+            f"; `{top}` minus the untrained checkpoint, on the same score: Δ "
+            f"{fmt_signed(evidence.selection_difference(top_scored, untrained))}"
+        )
     return (
-        sentence
-        + f", {separated} the next, `{second}`'s {score[second]:.3f} (Δ {fmt_signed(iv)}, the tables' seed "
-        + f"{runs[top].seed} alone: the seed study records the tables' metrics, not these"
-        + (f"; budgets differ: {gap}" if gap else "")
-        + ")."
+        f"{sentence}. These dev scores are the tables' seed {runs[top].seed}'s alone: the seed study "
+        "records the tables' metrics, not these."
     )

@@ -46,10 +46,11 @@ PAGES = {
     "figures.md": "Figures",
     "provenance.md": "How each number was produced",
 }
+# {level}: the intervals' confidence level (comparisons.level).
 READING_NOTE = (
     "Reading Tables 2-4 below: each number is the mean over every seed the configuration was "
     "trained with (Seeds: how many; seeds.md), on the full dev sets; Δ: the mean over those seeds "
-    "of the row's average minus its parent's, seed by seed, with its 95% interval over seeds and "
+    "of the row's average minus its parent's, seed by seed, with its {level} interval over seeds and "
     "the comparison's one verdict: shown, not confirmed by the seeds, budgets differ, or within "
     "dev noise (how each is reached, and the tables' own seed with its dev intervals and marks: "
     "tables.md). GPU: the `gpu` scale's one run where one has been made (stale: its code has "
@@ -163,7 +164,10 @@ def compact_table(
         ]
         cells += [seeds(zero_shot.config), NO_NUMBER]
         if gpu:
-            cells += [*numbers(gpu.evidence, "zero-shot", "", gpu.zero_shot), NO_NUMBER]
+            gpu_cells = numbers(gpu.evidence, "zero-shot", "", gpu.zero_shot)
+            if gpu.zero_shot is not None:
+                gpu_cells[-1] += _stale(gpu.stale, "zero-shot")
+            cells += [*gpu_cells, NO_NUMBER]
         lines.append(md_row(cells + [NO_NUMBER] * len(COLUMNS) * with_paper))
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])

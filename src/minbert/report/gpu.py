@@ -48,9 +48,19 @@ class GpuStudy:
 
 
 def calls_table(provenance: GpuProvenance) -> list[str]:
-    """One row per call: when, where, from which commit, what it finished and failed."""
+    """One row per call: when, where, from which commit, in how many lanes, what it finished
+    and failed."""
     lines = md_header(
-        ["call (node clock, UTC)", "device", "torch / CUDA", "commit", "seconds", "finished", "failed"]
+        [
+            "call (node clock, UTC)",
+            "device",
+            "torch / CUDA",
+            "commit",
+            "seconds",
+            "lanes",
+            "finished",
+            "failed",
+        ]
     )
     for started, call in sorted(provenance.calls.items()):
         commit = call.commit[:7] + (" + changes" if call.uncommitted_changes else "")
@@ -64,6 +74,7 @@ def calls_table(provenance: GpuProvenance) -> list[str]:
                     f"{call.torch} / {call.cuda}",
                     commit,
                     f"{call.seconds:.0f}",
+                    str(call.lanes),
                     finished or "—",
                     failed or "—",
                 ]
@@ -112,6 +123,7 @@ def gpu_section(
     overrides = " ".join(f"-S '{o}'" for o in study.provenance.overrides)
     stages = study.provenance.stages
     config_notes = {s.split("@", 1)[1]: study.stale_note(s) for s in stages if s.startswith("multitask@")}
+    config_notes["zero-shot"] = study.stale_note("zero-shot") if "zero-shot" in stages else None
     task_notes = {
         task: " ".join(n for s in stages if s.startswith(f"sentiment@{task}-") if (n := study.stale_note(s)))
         for task in {m.task for m in study.sentiment}
@@ -134,6 +146,10 @@ def gpu_section(
         "difference is one run's (its interval covers the dev examples, not the seeds).",
         "",
         *calls_table(study.provenance),
+        "",
+        "A call's stage seconds are each stage's own wall time; with several lanes, stages ran side "
+        "by side on the one GPU (the call's seconds are the whole), so a stage's seconds include "
+        "waiting for the GPU its neighbours held and are not comparable with one lane's.",
         "",
         "Each stage's results, the commit they ran at, and the code files (its own and its "
         "upstream stages') that differ in this commit: a row of a table below whose code changed "

@@ -116,7 +116,8 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
         "training text (masks drawn once, the same positions before and after); "
         "no dev or test text is in the pretraining corpus. A checkpoint without an MLM "
         "head (a sentence-embedding model drops it) starts from a fresh one: its "
-        "'before' is a random head's, and the pretraining mostly trains that head.",
+        "'before' is a random head's, so the 'after' measures that head's training with the "
+        "encoder's.",
         "",
     ]
     lines += md_header(

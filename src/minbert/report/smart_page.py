@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from minbert.metrics import Interval
-from minbert.report.comparisons import differing, ran_at, seed_interval
+from minbert.report.comparisons import differing, level, ran_at, seed_interval
 from minbert.report.formatting import NO_NUMBER, md_header, md_row
 from minbert.runs.study_files import (
     NormPoint,
@@ -41,16 +41,20 @@ def smart_collapse_section(
     found = measurement
     control = found.control
     epochs = max(len(r.quora_mcc) for v in found.variants.values() for r in v.runs)
+    changes = sorted({len(v.change) for v in found.variants.values() if v.change})
+    counted = {1: "one thing", 2: "two things", 3: "three things"}
+    changed = " or ".join(counted.get(n, f"{n} things") for n in changes) or "nothing"
     lines = [
         f"`{found.config}` at the cpu scale, trained once per variant and seed on the training rows "
         f"and scored on the validation split only (dev is never read; seeds "
         f"{', '.join(map(str, found.seeds))}; {found.steps} optimizer steps, encoder lr {found.lr:g}; "
-        f"`{source}`, `bench/smart_collapse.py`). Each variant changes one thing of the runs' "
-        "settings; the control changes nothing. Quora MCC: per seed, in the seeds' order; a Quora "
-        "MCC of 0 is a head answering one constant. The selection score is the validation one at "
-        "the epoch the stage keeps. The gradient norms are the first epoch's means on the Quora "
-        "head, over the seeds, of the task loss, of lambda_s times the smoothness term and of mu "
-        "times the Bregman term (docs/smart.md says what they show).",
+        f"`{source}`, `bench/smart_collapse.py`). Each variant changes {changed} of the runs' "
+        "settings (its name says which); the control changes nothing. Quora MCC: per seed, in "
+        "the seeds' order; a Quora MCC of 0 is a head answering one constant. The selection "
+        "score is the validation one at the epoch the stage keeps. The gradient norms are the "
+        "first epoch's means on the Quora head, over the seeds, of the task loss, of lambda_s "
+        "times the smoothness term and of mu times the Bregman term (docs/smart.md says what "
+        "they show).",
         "",
         *md_header(
             [
@@ -58,7 +62,7 @@ def smart_collapse_section(
                 *(f"Quora MCC, epoch {e}" for e in range(epochs)),
                 "Quora one constant at the end",
                 "selection (mean)",
-                "control minus it (95%, over seeds)",
+                f"control minus it ({level()}, over seeds)",
                 "loss",
                 "smoothness",
                 "Bregman",
@@ -178,7 +182,7 @@ def smart_norm_section(search: SmartNormSearch | None, source: str, runs: dict[s
         f"{search.rule}.",
         "",
         *md_header(
-            ["token_norm", *(f"seed {s}" for s in seeds), "mean", "chosen minus it (95%, over seeds)"]
+            ["token_norm", *(f"seed {s}" for s in seeds), "mean", f"chosen minus it ({level()}, over seeds)"]
         ),
         *rows,
         "",

@@ -98,8 +98,8 @@ def selection_section(
     dev_slice = usual({c: per_task(m.history_examples["dev"]) for c, m in runs.items()})
     lines += [
         "",
-        "Dev is scored once per configuration, with the chosen epoch, for the tables, and "
-        "chooses nothing; the dev "
+        "Dev is scored twice per configuration, at its start (epoch 0, for the controls) and "
+        "at the chosen epoch (for the tables), and chooses nothing; the dev "
         f"slice scored after every epoch (the history's `dev_*` columns: {dev_slice}) is drawn "
         "in the figures only.",
     ]
@@ -262,8 +262,9 @@ def seed_section(
         f"(Student's t, n − 1 degrees of freedom), from at least {MIN_SEEDS} seeds. It measures "
         "what another training run would change, on the same dev examples, where the tables' "
         "bootstrap measures what other dev examples would change, for one training run: the "
-        "tables show a difference (bold) only when both exclude zero, column by column, and the "
-        "seeds' test holds after Holm's adjustment within its family. Detectable: the smallest "
+        "tables show a difference (bold) only when both exclude zero on the same side, column by "
+        "column, the seeds' test holds after Holm's adjustment within its family, and both rows "
+        "had the same training budget (the tables' note gives every mark). Detectable: the smallest "
         f"mean difference these seeds would tell from zero {POWER:.0%} of the time, (t + t_power) "
         "· sd / √n: a planning figure for the next study, not a verdict. Each comparison's "
         "verdict below is the tables' own.",

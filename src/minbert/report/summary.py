@@ -113,9 +113,9 @@ def beside_the_paper(
     stale = ""
     if any(gpu_stale.get(s) for s in shown_on_gpu):
         stale = (
-            " A GPU row marked stale ran at the commit it names, and code its stages depend on has "
-            "changed since (report/gpu.md names the files): it stands until a call runs "
-            "it again (`minbert gpu-status`)."
+            " A GPU row marked stale ran at an earlier commit, and code its stages depend on has "
+            "changed since (report/gpu.md names the commit and the files): it stands until a call "
+            "runs it again (`minbert gpu-status`)."
         )
     return [*multitask, "", *single], prose + _on_gpu(gpu_runs, gpu_sentiment) + stale
 
@@ -131,7 +131,8 @@ def _on_gpu(runs: dict[str, dict], sentiment: list[dict]) -> str:
         checkpoint = usual({n: f"`{m.checkpoint.name}`" for n, m in runs.items()})
         sizes = usual({n: per_task(m.train_examples) for n, m in runs.items()})
         epochs = usual({n: epoch_count(m.epochs) for n, m in runs.items()})
-        what = f"{checkpoint} fine-tuned ({sizes} training examples per task, {epochs})"
+        seed = usual({n: str(m.seed) for n, m in runs.items()})
+        what = f"{checkpoint} fine-tuned ({sizes} training examples per task, {epochs}, seed {seed})"
     return (
         f" Ours on a GPU: {what} at the `gpu` scale on {device}; a row without it has not run "
         "there yet (report/gpu.md)."

@@ -194,19 +194,19 @@ def multitask_table(
 
     if spec.get("zero_shot") and zero_shot is not None:
         scored = multitask_scored(evidence, "zero-shot", "", zero_shot)
+        method = "; ".join(f"{TASKS[t].title}: {how}" for t, how in zero_shot.method.items())
+        stale = (row_notes or {}).get("zero-shot")
         cells = [
             label_of(
                 "Untrained checkpoint, zero-shot (`zero-shot`)",
-                "No fine-tuning: "
-                + "; ".join(f"{TASKS[t].title}: {how}" for t, how in zero_shot.method.items())
-                + ".",
+                f"No fine-tuning: {method}." + (f" {stale}" if stale else ""),
             )
         ]
         for c in COLUMNS:
             cells += [fmt_interval(evidence.column(scored, c)), NO_NUMBER][: 1 + with_paper]
         # A reference row, not a configuration: no difference from the parent (the
         # findings set every configuration against it instead).
-        lines.append(md_row(cells + ["0 / 0", NO_NUMBER]))
+        lines.append(md_row(cells + ["no fine-tuning", NO_NUMBER]))
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
         title, differs = row_title(row, m) if m is not None else (row["label"], None)
@@ -230,13 +230,14 @@ def multitask_table(
         lines.append(md_row(cells + [delta]))
     if spec.get("test"):
         test = spec["test"]
-        cells = [
-            label_of(
-                f"{test['label']} (`{test['config']}`)",
-                "The course's test labels are not public: this pipeline writes test "
-                "predictions (`predictions/`) but cannot score them.",
-            )
-        ]
+        tested = runs.get(test["config"])
+        written = (
+            "this scale writes the test predictions (`predictions/`), which no one here can score."
+            if tested is not None and tested.settings.test_predictions
+            else "this scale writes no test predictions (`multitask.test_predictions: false`)."
+        )
+        label = f"{test['label']} (`{test['config']}`)"
+        cells = [label_of(label, f"The course's test labels are not public: {written}")]
         cells += [c for p in paper_cells(test["paper"]) for c in ("not scored", p)]
         lines.append(md_row(cells + [NO_NUMBER, NO_NUMBER]))
 

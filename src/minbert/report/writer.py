@@ -13,12 +13,12 @@ import yaml
 from minbert.atomic import atomic_directory
 from minbert.gpu_study import changed_code
 from minbert.metrics import Resamples
-from minbert.report.comparisons import interval_note, seed_runs
+from minbert.report.comparisons import interval_note, level, seed_runs
 from minbert.report.controls import controls_section, starts_section
 from minbert.report.detectable import detectable_section
 from minbert.report.evidence import Evidence
 from minbert.report.family_rates import family_search_section
-from minbert.report.figures import FIGURE_KINDS, figure_section
+from minbert.report.figures import FIGURE_KINDS, figure_section, figures_source
 from minbert.report.findings import findings_section
 from minbert.report.first_page import (
     PAGES,
@@ -254,7 +254,7 @@ def write_report(
             ),
         ),
         "",
-        READING_NOTE,
+        READING_NOTE.format(level=level()),
         "",
         f"## Table 1: {paper['table1']['title']}",
         "",
@@ -374,7 +374,7 @@ def write_report(
             display_dir = multitask_dir.as_posix()
             for spec in paper["figures"]:
                 figures += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
-            pages["figures.md"] = ["## Figures", "", *figures]
+            pages["figures.md"] = ["## Figures", "", figures_source(multitask, display_dir), "", *figures]
         named = {**multitask, **{f"{m.pretraining.start}-{m.config}": m for m in mlm.tuned}}
         how = provenance_section(named, sentiment)
         pages["provenance.md"] = ["## How each number was produced", "", *how, ""]
