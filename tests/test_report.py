@@ -859,3 +859,24 @@ def test_a_task_answered_alike_for_every_dev_example_is_marked_on_the_first_page
     ]
     assert "A number marked one answer" in first
     assert "(one answer)" not in _row(_sections(first)["Table 2"], "(`baseline`)")[1]
+
+
+def test_the_warm_up_fact_counts_the_fits_that_kept_their_last_allowed_pass():
+    """A head warm-up whose lowest validation loss is its last pass was still improving:
+    the choices page says how many fits did so, and nothing where none did."""
+    from types import SimpleNamespace as Run
+
+    from minbert.report.notes import FACTS
+
+    allowed = Run(epochs=30, lr=1e-3)
+
+    def run(**kept):
+        fits = {task: Run(epochs_kept=k) for task, k in kept.items()}
+        return Run(settings=Run(head_warmup=allowed), head_warmup=fits)
+
+    runs = {"a": run(sst=30, quora=11), "b": run(sst=30, quora=30)}
+    said = FACTS["warmup"](runs, Path("."), None)
+    assert "passes kept (lowest validation loss), over the runs: SST 30, Quora 11-30" in said
+    assert "in 3 of the 4 fits the kept pass is the last allowed" in said
+    said = FACTS["warmup"]({"a": run(sst=29, quora=11)}, Path("."), None)
+    assert said.endswith("over the runs: SST 29, Quora 11") and "last allowed" not in said
