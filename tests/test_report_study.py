@@ -1269,3 +1269,26 @@ def test_a_start_that_answers_as_the_untrained_checkpoint_is_its_own_start(tmp_p
     other[0] = (other[0] + 1) % 5
     assert not evidence.same_answers(scored(other, start.predictions["sts"]), untrained, "sst")
     assert not evidence.same_answers(scored(other, start.predictions["sts"]), untrained, AVERAGE)
+
+
+def test_the_benchmarks_that_chose_sizes_are_named_where_they_ran_with_the_tables_seed(tmp_path, capsys):
+    """The report stage's --size-choices: each result's seed is read, and a result made
+    with the tables' seed is named on the first page; a missing one is an error naming it."""
+    from minbert.pipeline.report import main
+
+    root = _outputs(tmp_path, ["baseline", "best"])
+    chose = tmp_path / "sst_rows_baseline.json"
+    chose.write_text(json.dumps({"args": {"seed": 11711}, "results": {}}))
+    other = tmp_path / "learning_curve_best.json"
+    other.write_text(json.dumps({"args": {"seed": 7}, "results": {}}))
+    given = [
+        *("--metrics", root / "metrics", "--predictions", root / "predictions"),
+        *("--prepared", root / "prepared", "--paper", PAPER, "--out", tmp_path / "out"),
+    ]
+    main([*map(str, given), "--sources", str(root), "--size-choices", str(chose), str(other)])
+    first = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert f"the seed the choices of `{chose.as_posix()}` were made with" in first
+    assert "learning_curve_best.json" not in first
+    with pytest.raises(SystemExit):
+        main([*map(str, given), "--size-choices", str(tmp_path / "absent.json")])
+    assert "absent.json: no such benchmark result" in capsys.readouterr().err

@@ -274,6 +274,14 @@ def seed_section(
     return "\n".join(lines)
 
 
+def result_seeds(results: dict[str, dict | None]) -> dict[str, set[int]]:
+    """Each benchmark result's seed (``results``: its path and content, None when absent)."""
+    missing = [path for path, result in results.items() if result is None]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)}: no such benchmark result (dvc.yaml's report cmd)")
+    return {path: {result["args"]["seed"]} for path, result in results.items()}
+
+
 def choice_seeds(choices: dict[str, set[int]]) -> dict[str, int]:
     """Each committed choice's file (``choices``: its path and the seeds it ran with) and
     its seed, where it ran with one."""

@@ -34,7 +34,7 @@ from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
 from minbert.report.smart_page import smart_page
-from minbert.report.studies import choice_seeds, seed_section, selection_section
+from minbert.report.studies import choice_seeds, result_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
@@ -151,12 +151,13 @@ def write_report(
     smart_norm_file: Path | None = None,
     cross_cpu_file: Path | None = None,
     sources: Path = Path("."),
+    size_choice_files: list[Path] = (),
 ) -> None:
     """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
     the scales not run, ``smart_file`` and ``smart_norm_file`` ``bench/smart_collapse.py``'s and
     ``bench/smart_norm.py``'s results, ``cross_cpu_file``
     ``bench/cross_cpu.py``'s; ``sources``: the repository root, whose code the GPU
-    results are compared with."""
+    results are compared with; ``size_choice_files``: benchmarks' results that chose sizes."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)
@@ -250,6 +251,7 @@ def write_report(
                     if lr_search
                     else set(),
                     **smart_seeds,
+                    **result_seeds({Path(f).as_posix(): _optional_json(Path(f)) for f in size_choice_files}),
                 }
             ),
         ),
