@@ -122,8 +122,9 @@ def gpu_section(
         ]
     overrides = " ".join(f"-S '{o}'" for o in study.provenance.overrides)
     stages = study.provenance.stages
-    config_notes = {s.split("@", 1)[1]: study.stale_note(s) for s in stages if s.startswith("multitask@")}
-    config_notes["zero-shot"] = study.stale_note("zero-shot") if "zero-shot" in stages else None
+    # A table row's note, by its name: a configuration's, or the untrained checkpoint's.
+    rows = [s for s in stages if s.startswith("multitask@") or s == "zero-shot"]
+    config_notes = {s.split("@", 1)[-1]: study.stale_note(s) for s in rows}
     task_notes = {
         task: " ".join(n for s in stages if s.startswith(f"sentiment@{task}-") if (n := study.stale_note(s)))
         for task in {m.task for m in study.sentiment}

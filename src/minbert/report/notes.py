@@ -176,20 +176,20 @@ def _warmup(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
         }
     )
     kept: dict[str, list[int]] = {}
-    capped = total = 0  # fits whose lowest validation loss was the last pass allowed
+    capped = 0  # fits whose lowest validation loss was the last pass allowed
     for m in runs.values():
         for task, w in m.head_warmup.items():
             kept.setdefault(task, []).append(w.epochs_kept)
             capped += w.epochs_kept == m.settings.head_warmup.epochs
-            total += 1
     if not kept:
         return settings
     ranges = {t: f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}" for t, k in kept.items()}
     said = f"{settings}; passes kept (lowest validation loss), over the runs: {per_task(ranges)}"
     if capped:
         said += (
-            f"; in {capped} of the {total} fits the kept pass is the last allowed, its validation "
-            "loss still falling: those heads, and the starts they give, may be short of a converged probe"
+            f"; in {capped} of the {sum(map(len, kept.values()))} fits the kept pass is the last "
+            "allowed, its validation loss still falling: those heads, and the starts they give, may "
+            "be short of a converged probe"
         )
     return said
 
