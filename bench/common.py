@@ -328,15 +328,16 @@ def side_by_side(point: Callable, work: list[tuple], jobs: int) -> list:
         return list(pool.map(point, *zip(*work)))
 
 
-def probe_features():
-    """The features stage's output (data/features), opened for the checkpoint and pooling
-    its settings name (data/settings/features.json)."""
+def probe_features(directory: Path | None = None):
+    """The features stage's output (data/features, or ``directory`` where the stage's code
+    wrote it for another seed), opened for the checkpoint and pooling its settings name
+    (data/settings/features.json)."""
     from minbert.model.checkpoint import describe_checkpoint, resolve_checkpoint
     from minbert.train.head_warmup import ProbeFeatures
 
     made = json.loads((REPO / "data" / "settings" / "features.json").read_text(encoding="utf-8"))
     described = describe_checkpoint(made["checkpoint"], resolve_checkpoint(made["checkpoint"]))
-    return ProbeFeatures(REPO / "data" / "features", described["sha256"], made["pooling"])
+    return ProbeFeatures(directory or REPO / "data" / "features", described["sha256"], made["pooling"])
 
 
 def training_tables() -> dict:

@@ -14,8 +14,11 @@ from typing import Any
 from minbert.errors import reported
 
 
-def paths(argv: list[str], *required: str, optional: tuple[str, ...] = ()) -> dict[str, Path]:
-    """``--name PATH`` for each of ``required`` (and of ``optional``, None when absent)."""
+def paths(
+    argv: list[str], *required: str, optional: tuple[str, ...] = (), several: tuple[str, ...] = ()
+) -> dict[str, Path | list[Path] | None]:
+    """``--name PATH`` for each of ``required`` (and of ``optional``, None when absent);
+    ``--name PATH [PATH ...]`` for each of ``several`` (an empty list when absent)."""
     parser = argparse.ArgumentParser(
         prog=Path(sys.argv[0]).name, description="A pipeline stage: its paths come from dvc.yaml's cmd."
     )
@@ -23,6 +26,8 @@ def paths(argv: list[str], *required: str, optional: tuple[str, ...] = ()) -> di
         parser.add_argument(f"--{name}", type=Path, required=True)
     for name in optional:
         parser.add_argument(f"--{name}", type=Path)
+    for name in several:
+        parser.add_argument(f"--{name}", type=Path, nargs="+", default=[])
     return vars(parser.parse_args(argv))
 
 

@@ -4,7 +4,6 @@ says what chose the learning rates and epochs of the scales the runs were not ma
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from minbert.errors import reported
@@ -17,13 +16,10 @@ def main(argv: list[str]) -> None:
     """The stage script's work; its paths come from dvc.yaml's cmd (``--params``: the
     scales the runs were not made at, for "What chose what"; ``--smart-measurement``:
     ``bench/smart_collapse.py``'s result; ``--smart-norm``: ``bench/smart_norm.py``'s;
-    ``--cross-cpu``: ``bench/cross_cpu.py``'s; ``--size-choices``: the benchmarks' results
-    that chose the cpu scale's sizes, whose seeds the first page names;
+    ``--warmup-cap``: ``bench/warmup_cap.py``'s; ``--cross-cpu``: ``bench/cross_cpu.py``'s;
+    ``--size-choices``: the benchmarks' results that chose the cpu scale's sizes, whose
+    seeds the first page names;
     ``--sources``: the repository root, whose code the GPU results ran with or not)."""
-    # --size-choices takes several paths (the stages' `paths` one per option).
-    several = argparse.ArgumentParser(add_help=False)
-    several.add_argument("--size-choices", type=Path, nargs="+", default=[])
-    size_choices, argv = several.parse_known_args(argv)
     given = paths(
         argv,
         "metrics",
@@ -31,7 +27,8 @@ def main(argv: list[str]) -> None:
         "prepared",
         "paper",
         "out",
-        optional=("params", "smart-measurement", "smart-norm", "cross-cpu", "sources"),
+        optional=("params", "smart-measurement", "smart-norm", "warmup-cap", "cross-cpu", "sources"),
+        several=("size-choices",),
     )
     write_report(
         given["metrics"],
@@ -43,6 +40,7 @@ def main(argv: list[str]) -> None:
         smart_file=given["smart_measurement"],
         smart_norm_file=given["smart_norm"],
         cross_cpu_file=given["cross_cpu"],
-        size_choice_files=size_choices.size_choices,
+        warmup_cap_file=given["warmup_cap"],
+        size_choice_files=given["size_choices"],
         sources=given["sources"] or Path("."),
     )

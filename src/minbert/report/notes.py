@@ -189,7 +189,7 @@ def _warmup(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
         said += (
             f"; in {capped} of the {sum(map(len, kept.values()))} fits the kept pass is the last "
             "allowed, its validation loss still falling: those heads, and the starts they give, may "
-            "be short of a converged probe"
+            'be short of a converged probe (measured below, "The head warm-up\'s pass cap")'
         )
     return said
 

@@ -37,6 +37,7 @@ from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, result_seeds, seed_section, selection_section
 from minbert.report.summary import beside_the_paper, what_it_can_show
 from minbert.report.tables import arm_ends, judged_comparisons, multitask_table, other_spec, table1
+from minbert.report.warmup_cap import warmup_cap_section
 from minbert.runs.gpu_calls import PROVENANCE_FILE, read_gpu_provenance
 from minbert.runs.study_files import (
     LR_SEARCH_FILE,
@@ -150,13 +151,14 @@ def write_report(
     smart_file: Path | None = None,
     smart_norm_file: Path | None = None,
     cross_cpu_file: Path | None = None,
+    warmup_cap_file: Path | None = None,
     sources: Path = Path("."),
     size_choice_files: list[Path] = (),
 ) -> None:
     """README.md, its figures and the plots' tables under ``out_dir``; ``params_file`` gives
-    the scales not run, ``smart_file`` and ``smart_norm_file`` ``bench/smart_collapse.py``'s and
-    ``bench/smart_norm.py``'s results, ``cross_cpu_file``
-    ``bench/cross_cpu.py``'s; ``sources``: the repository root, whose code the GPU
+    the scales not run, ``smart_file``, ``smart_norm_file``, ``cross_cpu_file`` and
+    ``warmup_cap_file`` the results of ``bench/``'s ``smart_collapse.py``, ``smart_norm.py``,
+    ``cross_cpu.py`` and ``warmup_cap.py``; ``sources``: the repository root, whose code the GPU
     results are compared with; ``size_choice_files``: benchmarks' results that chose sizes."""
     metrics_dir = Path(metrics_dir)
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
@@ -353,6 +355,7 @@ def write_report(
             "",
             *(f"- {fill_facts(choice.strip(), multitask, multitask_dir)}" for choice in paper["choices"]),
             "",
+            *warmup_cap_section(warmup_cap_file, multitask, multitask_dir),
         ]
     pages["choices.md"] += [
         "## What chose what",

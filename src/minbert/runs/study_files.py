@@ -206,6 +206,65 @@ def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
 
 
 @dataclass(frozen=True)
+class CappedStart:
+    """One start of ``bench/warmup_cap.py`` at one seed, per pass cap: each fit's pass kept
+    and validation loss there, the start's validation selection score and the warm-up's
+    seconds."""
+
+    configs: list[str]
+    seed: int
+    kept: dict[int, dict[str, int]]
+    loss: dict[int, dict[str, float]]
+    selection: dict[int, float]
+    seconds: dict[int, float]
+
+
+@dataclass(frozen=True)
+class WarmupCapStudy:
+    """``bench/results/warmup_cap.json``: the starts' heads fitted at the committed pass cap
+    and at a longer one, over seeds (validation only)."""
+
+    committed_cap: int
+    cap: int
+    seeds: list[int]
+    starts: list[CappedStart]
+    problems: list[str]  # where the committed cap at the tables' seed departed from the stages
+    started: str = ""  # when the bench ran (its record's own field, beside the results)
+
+
+def read_warmup_cap(path: Path) -> WarmupCapStudy | None:
+    values = _load(path)
+    if values is None:
+        return None
+    found = values.get("results", {})
+    _require(f"{path}: results", found, WarmupCapStudy, "python bench/warmup_cap.py")
+
+    def start(s: dict) -> CappedStart:
+        fits = {int(cap): fit for cap, fit in s["fits"].items()}
+
+        def each(key: str) -> dict[int, dict]:
+            return {cap: {t: w[key] for t, w in fit["warmup"].items()} for cap, fit in fits.items()}
+
+        return CappedStart(
+            configs=s["configs"],
+            seed=s["seed"],
+            kept=each("epochs_kept"),
+            loss=each("validation_loss_after"),
+            selection={cap: fit["validation"]["selection"] for cap, fit in fits.items()},
+            seconds={cap: fit["warmup_seconds"] for cap, fit in fits.items()},
+        )
+
+    return WarmupCapStudy(
+        committed_cap=found["committed_cap"],
+        cap=found["cap"],
+        seeds=found["seeds"],
+        starts=[start(s) for s in found["starts"]],
+        problems=found["problems"],
+        started=values.get("started", ""),
+    )
+
+
+@dataclass(frozen=True)
 class FamilyPoint:
     """One run of a family's search (``minbert lr-search``), scored on validation."""
 
