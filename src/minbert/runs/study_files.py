@@ -36,6 +36,16 @@ def _require(where: str, values: dict, kind: type, rerun: str) -> None:
         raise ValueError(f"{where} lacks {', '.join(missing)}: written by an older `{rerun}`; rerun it")
 
 
+def _checked(path: Path, kind: type, rerun: str, part: str | None = None) -> dict | None:
+    """``path``'s content (None when there is no such file), its ``part`` (a bench record's
+    ``results``) or the whole holding every field ``kind`` requires."""
+    values = _load(path)
+    if values is not None:
+        where, checked = (f"{path}: {part}", values.get(part, {})) if part else (str(path), values)
+        _require(where, checked, kind, rerun)
+    return values
+
+
 @dataclass(frozen=True)
 class SeedRun:
     """One seed's run of a configuration: its experiment's name and its dev scores."""
@@ -59,10 +69,9 @@ class SeedStudyFile:
 
 
 def read_seed_study(path: Path) -> SeedStudyFile | None:
-    values = _load(path)
+    values = _checked(path, SeedStudyFile, "minbert seed-study")
     if values is None:
         return None
-    _require(str(path), values, SeedStudyFile, "minbert seed-study")
     configs = {
         config: [SeedRun(r["seed"], r["run"], {k: r[k] for k in SCORE_KEYS}) for r in rows]
         for config, rows in values["configs"].items()
@@ -83,10 +92,9 @@ class MlmStudyFile:
 
 
 def read_mlm_study(path: Path) -> MlmStudyFile | None:
-    values = _load(path)
+    values = _checked(path, MlmStudyFile, "minbert mlm-study")
     if values is None:
         return None
-    _require(str(path), values, MlmStudyFile, "minbert mlm-study")
     return MlmStudyFile(**values)
 
 
@@ -133,11 +141,10 @@ class SmartMeasurement:
 
 
 def read_smart_measurement(path: Path) -> SmartMeasurement | None:
-    values = _load(path)
+    values = _checked(path, SmartMeasurement, "python bench/smart_collapse.py", "results")
     if values is None:
         return None
-    found = values.get("results", {})
-    _require(f"{path}: results", found, SmartMeasurement, "python bench/smart_collapse.py")
+    found = values["results"]
 
     def run(r: dict) -> VariantRun:
         epochs = r["epochs"]
@@ -195,11 +202,10 @@ def norm_apart(at: dict) -> dict:
 
 
 def read_smart_norm_search(path: Path) -> SmartNormSearch | None:
-    values = _load(path)
+    values = _checked(path, SmartNormSearch, "python bench/smart_norm.py", "results")
     if values is None:
         return None
-    found = values.get("results", {})
-    _require(f"{path}: results", found, SmartNormSearch, "python bench/smart_norm.py")
+    found = values["results"]
     points = [NormPoint.of(p) for p in found["points"]]
     kept = {k: found[k] for k in ("config", "rule", "chosen", "ran_at")}
     return SmartNormSearch(points=points, **kept)
@@ -218,6 +224,23 @@ class CappedStart:
     selection: dict[int, float]
     seconds: dict[int, float]
 
+    @classmethod
+    def of(cls, values: dict) -> CappedStart:
+        """A start from the bench's record of it (its fits by cap, as JSON keys)."""
+        fits = {int(cap): fit for cap, fit in values["fits"].items()}
+
+        def each(key: str) -> dict[int, dict]:
+            return {cap: {t: w[key] for t, w in fit["warmup"].items()} for cap, fit in fits.items()}
+
+        return cls(
+            configs=values["configs"],
+            seed=values["seed"],
+            kept=each("epochs_kept"),
+            loss=each("validation_loss_after"),
+            selection={cap: fit["validation"]["selection"] for cap, fit in fits.items()},
+            seconds={cap: fit["warmup_seconds"] for cap, fit in fits.items()},
+        )
+
 
 @dataclass(frozen=True)
 class WarmupCapStudy:
@@ -233,32 +256,15 @@ class WarmupCapStudy:
 
 
 def read_warmup_cap(path: Path) -> WarmupCapStudy | None:
-    values = _load(path)
+    values = _checked(path, WarmupCapStudy, "python bench/warmup_cap.py", "results")
     if values is None:
         return None
-    found = values.get("results", {})
-    _require(f"{path}: results", found, WarmupCapStudy, "python bench/warmup_cap.py")
-
-    def start(s: dict) -> CappedStart:
-        fits = {int(cap): fit for cap, fit in s["fits"].items()}
-
-        def each(key: str) -> dict[int, dict]:
-            return {cap: {t: w[key] for t, w in fit["warmup"].items()} for cap, fit in fits.items()}
-
-        return CappedStart(
-            configs=s["configs"],
-            seed=s["seed"],
-            kept=each("epochs_kept"),
-            loss=each("validation_loss_after"),
-            selection={cap: fit["validation"]["selection"] for cap, fit in fits.items()},
-            seconds={cap: fit["warmup_seconds"] for cap, fit in fits.items()},
-        )
-
+    found = values["results"]
     return WarmupCapStudy(
         committed_cap=found["committed_cap"],
         cap=found["cap"],
         seeds=found["seeds"],
-        starts=[start(s) for s in found["starts"]],
+        starts=[CappedStart.of(s) for s in found["starts"]],
         problems=found["problems"],
         started=values.get("started", ""),
     )
@@ -325,11 +331,10 @@ def write_family_search(study: FamilySearchFile, path: Path) -> None:
 
 
 def read_family_search(path: Path) -> FamilySearchFile | None:
-    values = _load(path)
+    values = _checked(path, FamilySearchFile, "minbert lr-search FAMILY")
     if values is None:
         return None
     where = str(path)
-    _require(where, values, FamilySearchFile, "minbert lr-search FAMILY")
     for p in values["points"]:
         _require(f"{where}: a point", p, FamilyPoint, "minbert lr-search FAMILY")
     chosen = [FamilyChoice(**{**c, "grid": [RateMean(**g) for g in c["grid"]]}) for c in values["chosen"]]
