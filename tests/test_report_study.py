@@ -1292,3 +1292,20 @@ def test_the_benchmarks_that_chose_sizes_are_named_where_they_ran_with_the_table
     with pytest.raises(SystemExit):
         main([*map(str, given), "--size-choices", str(tmp_path / "absent.json")])
     assert "absent.json: no such benchmark result" in capsys.readouterr().err
+
+
+def test_the_seed_page_says_where_each_seeds_runs_were_made_or_that_it_was_not_recorded():
+    from minbert.report.studies import _made_where
+    from minbert.runs.study_files import SeedRun, SeedStudyFile
+
+    def run(seed, code="", device=""):
+        return SeedRun(seed, f"exp-{seed}", {"average": 0.5}, code, device)
+
+    study = SeedStudyFile(
+        "minbert seed-study", "queues", [1, 2], {"a": [run(1, "b64006e", "cpu (2 threads)"), run(2)]}
+    )
+    assert _made_where(study) == (
+        "Where the seeds' runs were made (the code's commit, the device): seed 1 at commit b64006e on "
+        "cpu (2 threads); not recorded for seed 2 (the study was written before it recorded them; the git "
+        "log of `metrics/seed-study.json` dates each seed's rows)."
+    )

@@ -105,6 +105,11 @@ def test_queued_seed_study_runs_and_is_aggregated(small_pipeline):
     assert study["command"] == "minbert seed-study" and study["seeds"] == [1, 2]
     runs = study["configs"]["baseline"]
     assert [r["seed"] for r in runs] == [1, 2] and runs[0]["average"] != runs[1]["average"]
+    # Each row names the commit whose code it ran (the experiments' baseline) and its device.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout
+    assert {r["code"] for r in runs} == {head[:7]} and {r["device"] for r in runs} == {
+        f"cpu ({threads_each(2)} threads)"
+    }
     # Two experiments at once: each stage ran with the cores ÷ 2 threads (its record says).
     experiments = [r for r in collect_runs(root, ["HEAD"]) if r.name != "workspace"]
     assert len(experiments) == 2
@@ -137,7 +142,7 @@ def test_seed_study_takes_only_other_seeds_of_the_same_parameters_from_their_own
 
     def run(name, seed, config_seeds, optimizer="adamw"):
         metrics = {f"multitask/{c}": multitask(s, average=0.5 + s / 1e5) for c, s in config_seeds.items()}
-        return Run(name, {"seed": seed, "optimizer": optimizer}, metrics)
+        return Run(name, {"seed": seed, "optimizer": optimizer}, metrics, code=f"{seed:07d}abc")
 
     runs = [
         run("workspace", 11711, {"a": 11711, "b": 11711}),
@@ -149,6 +154,11 @@ def test_seed_study_takes_only_other_seeds_of_the_same_parameters_from_their_own
     # The pipeline's own seed (11711) is never copied: the report reads its metrics files.
     assert [r["seed"] for r in study["a"]] == [1, 2]
     assert [r["seed"] for r in study["b"]] == [2]
+    # Each row says whose code made it and where (the experiment's baseline commit, its device).
+    assert [(r["code"], r["device"]) for r in study["a"]] == [
+        ("0000001", _MULTITASK.device),
+        ("0000002", _MULTITASK.device),
+    ]
     with pytest.raises(ValueError, match="no finished run of configuration 'c'"):
         seed_study(runs, params, ["c"])
 
@@ -226,7 +236,8 @@ def test_collect_runs_counts_workspace_experiments_and_says_why_one_is_left_out(
     ]
     monkeypatch.setattr(dvc.api, "exp_show", lambda repo, revs=None: rows)
 
-    def read_run(repo, rev, name):
+    def read_run(repo, rev, name, experiment=False):
+        assert experiment == (rev != "base")
         metrics = {} if rev == "e5" else {"multitask/best": multitask()}
         return Run(name, {"seed": rev}, metrics)
 

@@ -31,7 +31,7 @@ from minbert.report.formatting import (
     per_task,
 )
 from minbert.report.notes import planned_rates, rates, selection_note, usual
-from minbert.runs.study_files import FamilyPoint, FamilySearchFile
+from minbert.runs.study_files import FamilyPoint, FamilySearchFile, SeedStudyFile
 from minbert.tasks import AVERAGE, SELECTION
 
 
@@ -167,6 +167,35 @@ def _within(counts: dict | None, ours: dict, slack: int) -> bool:
     )
 
 
+def _made_where(study: SeedStudyFile) -> str:
+    """Where each seed's runs were made: the commits whose code they ran and the devices,
+    as the study records them (older studies did not)."""
+    made: dict[int, set[tuple[str, str]]] = {}
+    for rows in study.configs.values():
+        for r in rows:
+            made.setdefault(r.seed, set()).add((r.code, r.device))
+    said = [
+        f"seed {seed} at commit {' / '.join(sorted(c for c, _ in where))} on "
+        f"{' / '.join(sorted(d for _, d in where))}"
+        for seed, where in sorted(made.items())
+        if all(c and d for c, d in where)
+    ]
+    missing = [str(seed) for seed, where in sorted(made.items()) if not all(c and d for c, d in where)]
+    return (
+        "Where the seeds' runs were made (the code's commit, the device): "
+        + ("; ".join(said) if said else "")
+        + (
+            ("; " if said else "")
+            + f"not recorded for seed{'s' * (len(missing) > 1)} {', '.join(missing)} (the study "
+            "was written before it recorded them; the git log of `metrics/seed-study.json` dates "
+            "each seed's rows)"
+            if missing
+            else ""
+        )
+        + "."
+    )
+
+
 def seed_section(
     study: SeedRuns | None,
     parents: dict[str, str],
@@ -191,6 +220,8 @@ def seed_section(
         "and the batch order, and every cell is the mean ± sample standard deviation over the "
         f"seeds on the full dev sets. Regenerate the study with `{study.study.command}` "
         f"({study.study.how}).",
+        "",
+        _made_where(study.study),
         "",
     ]
     if study.other_settings:

@@ -48,11 +48,15 @@ def _checked(path: Path, kind: type, rerun: str, part: str | None = None) -> dic
 
 @dataclass(frozen=True)
 class SeedRun:
-    """One seed's run of a configuration: its experiment's name and its dev scores."""
+    """One seed's run of a configuration: its experiment's name, its dev scores, and the
+    commit whose code it ran and the device it ran on ("": a study written before they
+    were recorded)."""
 
     seed: int
     run: str
     scores: dict[str, float]
+    code: str = ""
+    device: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,12 @@ def read_seed_study(path: Path) -> SeedStudyFile | None:
     if values is None:
         return None
     configs = {
-        config: [SeedRun(r["seed"], r["run"], {k: r[k] for k in SCORE_KEYS}) for r in rows]
+        config: [
+            SeedRun(
+                r["seed"], r["run"], {k: r[k] for k in SCORE_KEYS}, r.get("code", ""), r.get("device", "")
+            )
+            for r in rows
+        ]
         for config, rows in values["configs"].items()
     }
     return SeedStudyFile(**{**values, "configs": configs})

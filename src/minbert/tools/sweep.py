@@ -57,6 +57,7 @@ class Run:
     metrics: dict[str, RunFile]  # "multitask/baseline" -> its metrics file and record, typed
     lock: dict = field(default_factory=dict)  # its dvc.lock's stages ({} when it has none)
     rev: str = ""  # the commit its files are read from
+    code: str = ""  # the commit whose code it ran: an experiment's baseline, a baseline's own
 
 
 def flatten_params(d: dict, prefix: str = "") -> dict:
@@ -135,8 +136,10 @@ def _git(repo: Path, *args: str) -> str:
     return done.stdout
 
 
-def read_run(repo: Path, rev: str, name: str) -> Run:
-    """The parameters and the runs' results (metrics file and record) committed at ``rev``."""
+def read_run(repo: Path, rev: str, name: str, experiment: bool = False) -> Run:
+    """The parameters and the runs' results (metrics file and record) committed at ``rev``;
+    ``experiment``: ``rev`` is an experiment's commit, which sits on the baseline whose code
+    it ran."""
     params = yaml.safe_load(_git(repo, "show", f"{rev}:params.yaml"))
     paths = set(_git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines())
     metrics = {}
@@ -150,7 +153,8 @@ def read_run(repo: Path, rev: str, name: str) -> Run:
                 kind, _git(repo, "show", f"{rev}:{path}"), _git(repo, "show", f"{rev}:{record}"), source
             )
     lock = yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) if "dvc.lock" in _tracked(repo, rev) else {}
-    return Run(name, params, metrics, (lock or {}).get("stages", {}), rev)
+    code = _git(repo, "rev-parse", f"{rev}^").strip() if experiment else rev
+    return Run(name, params, metrics, (lock or {}).get("stages", {}), rev, code)
 
 
 def _tracked(repo: Path, rev: str) -> set[str]:
@@ -178,7 +182,7 @@ def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[
         if row.get("typ") != "baseline" and state in UNFINISHED:
             console.log(f"experiment {name} is {state.lower()}: left out")
             continue
-        run = read_run(repo, row["rev"], name)
+        run = read_run(repo, row["rev"], name, experiment=row.get("typ") != "baseline")
         if not run.metrics:
             console.log(f"{name} has no metrics files: left out")
             continue
@@ -274,7 +278,8 @@ def seed_study(runs: list[Run], params: dict, configs: list[str], lock: dict | N
         for run in same:
             m = run.metrics.get(key)
             if m is not None and m.seed == run.params["seed"] and same_code(run, lock or {}, stage):
-                by_seed[m.seed] = {"seed": m.seed, "run": run.name, **m.scores}
+                made = {"code": run.code[:7], "device": m.device}
+                by_seed[m.seed] = {"seed": m.seed, "run": run.name, **made, **m.scores}
         if not by_seed:
             raise ValueError(f"no finished run of configuration {config!r} with these parameters")
         out[config] = [by_seed[s] for s in sorted(by_seed)]
