@@ -54,16 +54,13 @@ def _features(seed: int, tables_seed: int, workdir: Path):
     return common.probe_features(out)
 
 
-def _fit(settings, checkpoint: str, tables: dict, features) -> dict:
-    """The start of ``settings`` (heads fitted), its warm-up's report and seconds, and its
-    validation scores."""
+def _fit(settings, encoder, tables: dict, features) -> dict:
+    """The start of ``settings`` around ``encoder`` (heads fitted; the encoder is only read),
+    its warm-up's report and seconds, and its validation scores."""
     from minbert.evaluate.multitask import evaluate_multitask
-    from minbert.model.bert import BertModel
-    from minbert.model.checkpoint import resolve_checkpoint
     from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
     from minbert.train.start import start
 
-    encoder = BertModel.from_pretrained(resolve_checkpoint(checkpoint))
     began = time.perf_counter()
     model, data, warmup = start(settings, encoder, tables, common.CPU, features=features)
     seconds = time.perf_counter() - began
@@ -113,9 +110,12 @@ def main() -> None:
     from minbert.device import pin_cpu_kernels
 
     pin_cpu_kernels()  # the stages' kernels, before the first tensor operation
+    from minbert.model.bert import BertModel
+    from minbert.model.checkpoint import resolve_checkpoint
     from minbert.pipeline import params as params_module
 
     params = params_module.load(common.REPO / "params.yaml")
+    encoder = BertModel.from_pretrained(resolve_checkpoint(params["checkpoint"]))
     seeds = args.seeds or [params["seed"], *params["seed_study"]["seeds"]]
     tables = {k: t for k, t in common.training_tables().items() if k[1] == "train"}
     workdir = Path(tempfile.mkdtemp(prefix="warmup-cap-"))
@@ -129,7 +129,7 @@ def main() -> None:
             for cap in (committed, args.cap):
                 warmup = dataclasses.replace(base.head_warmup, epochs=cap)
                 settings = dataclasses.replace(base, seed=seed, head_warmup=warmup)
-                fits[str(cap)] = _fit(settings, params["checkpoint"], tables, features[seed])
+                fits[str(cap)] = _fit(settings, encoder, tables, features[seed])
             if seed == params["seed"]:
                 problems += [m for config in configs for m in _controls(config, fits[str(committed)])]
             short, long = fits[str(committed)], fits[str(args.cap)]

@@ -55,6 +55,12 @@ def fmt_setting(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def span(values: list) -> str:
+    """``5`` or ``5-30``: the smallest and largest of ``values``, once where they agree."""
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def per_task(counts: dict) -> str:
     """``SST 8, Quora 8, STS 8``: in the tasks' usual order, whatever the file's."""
     order = [*MULTITASK_TASKS, *(t for t in TASKS if t not in MULTITASK_TASKS)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.report.formatting import per_task
+from minbert.report.formatting import per_task, span
 from minbert.results import history_column
 from minbert.runs.record_parts import RecordedSettings, schedule_words
 from minbert.tasks import TASKS
@@ -183,7 +183,7 @@ def _warmup(runs: dict[str, dict], multitask_dir: Path, config: None) -> str:
             capped += w.epochs_kept == m.settings.head_warmup.epochs
     if not kept:
         return settings
-    ranges = {t: f"{min(k)}" if min(k) == max(k) else f"{min(k)}-{max(k)}" for t, k in kept.items()}
+    ranges = {t: span(k) for t, k in kept.items()}
     said = f"{settings}; passes kept (lowest validation loss), over the runs: {per_task(ranges)}"
     if capped:
         said += (
@@ -210,15 +210,21 @@ def _run_rates(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
     return f"`{config}` {rates(runs[config].settings)}"
 
 
-def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
+def history_series(multitask_dir: Path, config: str, split: str, key: str) -> pd.Series:
+    """A run's history column (``history_column(split, key)``) by epoch, from its
+    ``<config>-history.csv``; a missing column is an error naming the file."""
     path = Path(multitask_dir) / f"{config}-history.csv"
-    if config not in runs or not path.is_file():
-        return f"`{config}` has not been run"
     history = pd.read_csv(path).set_index("epoch")
-    column = history_column("dev", TASKS["sts"].metric_key)
+    column = history_column(split, key)
     if column not in history.columns:
         raise ValueError(f"{path}: missing column {column}")
-    best, pearson = runs[config].epoch, history[column]
+    return history[column]
+
+
+def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
+    if config not in runs or not (Path(multitask_dir) / f"{config}-history.csv").is_file():
+        return f"`{config}` has not been run"
+    best, pearson = runs[config].epoch, history_series(multitask_dir, config, "dev", TASKS["sts"].metric_key)
     return (
         f"`{config}`'s dev-slice STS Pearson (its history) is {pearson[0]:.3f} at epoch 0, the "
         f"checkpoint before any encoder update, and {pearson[best]:.3f} at its chosen epoch {best}"

@@ -174,26 +174,20 @@ def _made_where(study: SeedStudyFile) -> str:
     for rows in study.configs.values():
         for r in rows:
             made.setdefault(r.seed, set()).add((r.code, r.device))
+    recorded = {seed: where for seed, where in sorted(made.items()) if all(c and d for c, d in where)}
+    missing = [str(seed) for seed in sorted(made) if seed not in recorded]
     said = [
         f"seed {seed} at commit {' / '.join(sorted(c for c, _ in where))} on "
         f"{' / '.join(sorted(d for _, d in where))}"
-        for seed, where in sorted(made.items())
-        if all(c and d for c, d in where)
+        for seed, where in recorded.items()
     ]
-    missing = [str(seed) for seed, where in sorted(made.items()) if not all(c and d for c, d in where)]
-    return (
-        "Where the seeds' runs were made (the code's commit, the device): "
-        + ("; ".join(said) if said else "")
-        + (
-            ("; " if said else "")
-            + f"not recorded for seed{'s' * (len(missing) > 1)} {', '.join(missing)} (the study "
-            "was written before it recorded them; the git log of `metrics/seed-study.json` dates "
-            "each seed's rows)"
-            if missing
-            else ""
+    if missing:
+        said.append(
+            f"not recorded for seed{'s' * (len(missing) > 1)} {', '.join(missing)} (the study was "
+            "written before it recorded them; the git log of `metrics/seed-study.json` dates each "
+            "seed's rows)"
         )
-        + "."
-    )
+    return "Where the seeds' runs were made (the code's commit, the device): " + "; ".join(said) + "."
 
 
 def seed_section(

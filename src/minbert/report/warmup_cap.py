@@ -7,21 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from minbert.report.formatting import md_header, md_row
-from minbert.report.notes import usual
-from minbert.results import history_column
+from minbert.report.formatting import md_header, md_row, span
+from minbert.report.notes import history_series, usual
 from minbert.runs.study_files import CappedStart, WarmupCapStudy, read_warmup_cap
 from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 
 TITLE = "The head warm-up's pass cap"
-
-
-def _span(values: list) -> str:
-    low, high = min(values), max(values)
-    return f"{low}" if low == high else f"{low}-{high}"
 
 
 def _median(study: WarmupCapStudy, cap: int) -> str:
@@ -35,11 +28,11 @@ def _departures(study: WarmupCapStudy, runs: dict[str, MultitaskRunFile]) -> lis
         if m.settings.head_warmup.epochs != study.committed_cap:
             found.append(f"`{c}` allows {m.settings.head_warmup.epochs} passes")
             continue
-        mine = [s for s in study.starts if c in s.configs and s.seed == m.seed]
-        if not mine:
+        start = study.start_of(c, m.seed)
+        if start is None:
             found.append(f"`{c}` at seed {m.seed} was not measured")
             continue
-        kept, loss = mine[0].kept[study.committed_cap], mine[0].loss[study.committed_cap]
+        kept, loss = start.kept[study.committed_cap], start.loss[study.committed_cap]
         for task, w in m.head_warmup.items():
             if (kept.get(task), loss.get(task)) != (w.epochs_kept, w.validation_loss_after):
                 found.append(
@@ -51,12 +44,8 @@ def _departures(study: WarmupCapStudy, runs: dict[str, MultitaskRunFile]) -> lis
 
 def _validation_lead(m: MultitaskRunFile, multitask_dir: Path) -> float:
     """The kept epoch's validation selection score minus the start's (its history)."""
-    path = Path(multitask_dir) / f"{m.config}-history.csv"
-    column = history_column("val", SELECTION)
-    history = pd.read_csv(path).set_index("epoch")
-    if column not in history.columns:
-        raise ValueError(f"{path}: missing column {column}")
-    return float(history[column][m.epoch] - history[column][0])
+    selection = history_series(multitask_dir, m.config, "val", SELECTION)
+    return float(selection[m.epoch] - selection[0])
 
 
 def warmup_cap_section(
@@ -112,7 +101,7 @@ def warmup_cap_section(
     lines = [*head, said, "", *md_header(header)]
     for starts in by_start.values():
         kept = [
-            f"{_span([s.kept[short][t] for s in starts])} / {_span([s.kept[long][t] for s in starts])}"
+            f"{span([s.kept[short][t] for s in starts])} / {span([s.kept[long][t] for s in starts])}"
             if t in starts[0].kept[short]
             else "—"
             for t in MULTITASK_TASKS
@@ -138,7 +127,7 @@ def _against_leads(study: WarmupCapStudy, runs: dict[str, MultitaskRunFile], mul
     short, long = study.committed_cap, study.cap
     below = {}
     for c, m in runs.items():
-        start = next(s for s in study.starts if c in s.configs and s.seed == m.seed)
+        start = study.start_of(c, m.seed)
         lead, change = _validation_lead(m, multitask_dir), start.selection[long] - start.selection[short]
         if lead <= change:
             below[c] = f"`{c}` {lead:+.4f} against {change:+.4f}"

@@ -263,6 +263,10 @@ class WarmupCapStudy:
     problems: list[str]  # where the committed cap at the tables' seed departed from the stages
     started: str = ""  # when the bench ran (its record's own field, beside the results)
 
+    def start_of(self, config: str, seed: int) -> CappedStart | None:
+        """The start ``config`` shares at ``seed``; None where it was not measured."""
+        return next((s for s in self.starts if config in s.configs and s.seed == seed), None)
+
 
 def read_warmup_cap(path: Path) -> WarmupCapStudy | None:
     values = _checked(path, WarmupCapStudy, "python bench/warmup_cap.py", "results")
