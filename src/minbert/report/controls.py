@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from minbert.metrics import Interval, paired
 from minbert.report.comparisons import SeedRuns, level, multitask_scored, seed_differences, seed_interval
@@ -23,8 +22,7 @@ from minbert.report.formatting import (
     md_header,
     md_row,
 )
-from minbert.report.notes import training_budget
-from minbert.results import history_column
+from minbert.report.notes import history_series, training_budget
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 
@@ -56,14 +54,11 @@ def _most_predicted(predictions: np.ndarray, what: str) -> str:
 def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
     its chosen epoch, from its history: where a head lost what it had."""
-    path = None if multitask_dir is None else Path(multitask_dir) / f"{run.config}-history.csv"
-    column = history_column("val", TASKS[task].metric_key)
-    if path is None or not path.is_file():
+    if multitask_dir is None or not (Path(multitask_dir) / f"{run.config}-history.csv").is_file():
         return ""
-    history = pd.read_csv(path).set_index("epoch")
-    if column not in history.columns:
-        return ""
-    course = " → ".join(f"{v:.2f}" for v in history[column])
+    course = " → ".join(
+        f"{v:.2f}" for v in history_series(multitask_dir, run.config, "val", TASKS[task].metric_key)
+    )
     return f"; validation {TASKS[task].metric_title} by epoch {course}, epoch {run.epoch} chosen"
 
 
