@@ -698,7 +698,11 @@ def test_every_comparison_says_what_the_budget_can_detect_and_why(tmp_path):
     )
     assert "it projected " in section
     assert "- SMART (`best-no-smart` vs `best`" in section
-    assert "without SMART the average is higher with " in section and " of 4 seeds (" in section
+    # Its differences seed by seed beside what those seeds could detect: no second verdict.
+    smart = _row(section, "`best-no-smart` vs `best`")
+    assert "without SMART minus with it, seed by seed: " in section
+    assert f"(the smallest difference these seeds would detect: {smart[5]})" in section
+    assert "higher with" not in section
     assert _row(section, "`best` vs `baseline`")[1].startswith("+")  # Table 3's comparison too
 
 
@@ -1171,7 +1175,7 @@ def test_fine_tuning_against_the_untrained_checkpoint_is_said_over_the_seeds_it_
     text = report(root, tmp_path / "r")
     findings = _sections(text)["Findings"]
     assert (
-        "fine-tuning left the average lower in 1 (`baseline`) and higher in 2 (`best-no-smart`, "
+        "the fine-tuned average is lower in 1 (`baseline`) and higher in 2 (`best-no-smart`, "
         "`best`) (not separated: `best-summed` +0.053 [" in findings
     )
     assert "the mean over its 4 seeds" in findings and "with the tables' seed" in findings
@@ -1211,6 +1215,26 @@ def test_development_seed_names_only_a_choice_made_with_the_tables_seed():
     assert development_seed(runs, None, choice_seeds({**searched, "collapse.json": {101, 102}})) == (
         "The tables' runs use seed 11711."
     )
+
+
+def test_the_development_seeds_lead_is_set_beside_every_other_seeds():
+    """The tables' seed against the others' mean, and each other seed against the rest the
+    same way: the control that says whether its lead is its own."""
+    from minbert.report.first_page import development_seed
+    from minbert.report.studies import choice_seeds
+
+    runs = {
+        "best": SimpleNamespace(seed=11711, scores={AVERAGE: 0.60}),
+        "baseline": SimpleNamespace(seed=11711, scores={AVERAGE: 0.40}),
+    }
+    rows = {
+        "best": [SimpleNamespace(seed=s, scores={AVERAGE: v}) for s, v in ((1, 0.58), (2, 0.56))],
+        "baseline": [SimpleNamespace(seed=s, scores={AVERAGE: v}) for s, v in ((1, 0.41), (2, 0.36))],
+    }
+    text = development_seed(runs, SimpleNamespace(configs=rows), choice_seeds({}))
+    # 11711: best +0.03, baseline +0.015; seed 1: best 0.0, baseline +0.03; seed 2: -0.03, -0.045.
+    assert "above the other seeds' mean in 2 of 2 configurations (+0.022 on average)" in text
+    assert "each other seed against the rest, the same way: 1 +0.015, 2 -0.037" in text
 
 
 def test_the_collapse_control_is_checked_against_the_norm_search_at_its_norm(tmp_path):

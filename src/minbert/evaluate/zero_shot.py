@@ -27,7 +27,7 @@ class ZeroShotResult:
     predictions: dict[str, np.ndarray]
     quora_threshold: float
     quora_threshold_pairs: int
-    sst_majority_class: int  # of the training labels: the constant the controls compare SST with
+    sst_majority_class: int  # of the training labels: SST's answer where no probe is fitted
     sst_method: str
 
     def use_sst_probe(self, predictions: np.ndarray, labels: np.ndarray, fitted: dict) -> None:

@@ -46,13 +46,14 @@ def pcgrad_reason(conflicts_file: Path) -> str | None:
     )
 
 
-def smart_reason(differences: list[float]) -> str:
-    """SMART's sign over the seeds (``differences``: without it minus with it, per seed)."""
-    higher = sum(d > 0 for d in differences)
-    return (
-        f"without SMART the average is higher with {higher} of {len(differences)} seeds "
-        f"({', '.join(fmt_bound(d) for d in differences)})"
-    )
+def smart_reason(differences: list[float], detectable: float | None) -> str:
+    """SMART's differences over the seeds (``differences``: without it minus with it, per
+    seed), beside the smallest difference those seeds would detect: their signs alone are
+    no verdict."""
+    said = f"without SMART minus with it, seed by seed: {', '.join(fmt_bound(d) for d in differences)}"
+    if detectable is not None:
+        said += f" (the smallest difference these seeds would detect: {detectable:.3f})"
+    return said
 
 
 def _component(run: dict, parent: dict) -> str | None:
@@ -105,7 +106,8 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
                 )
         elif component == "SMART" and seeds:
             sign = seeds if runs[c.name].settings.smart is None else [-d for d in seeds]
-            reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {c.verdict()}): {smart_reason(sign)}.")
+            said = smart_reason(sign, detectable)
+            reasons.append(f"- SMART (`{c.name}` vs `{c.parent}`, {c.verdict()}): {said}.")
     lines = [
         f"Each comparison of Tables 2-4 on the average: the difference on dev (paired, {level()} "
         "interval, with its mark), the paired interval over the seeds both rows were trained "

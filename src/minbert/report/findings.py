@@ -60,9 +60,9 @@ def untrained_sentence(
         return (
             f"Against the untrained checkpoint (average {zero_shot.scores[AVERAGE]:.3f}), with the tables' "
             f"seed {seed} (the seed study has not fitted the checkpoint's probes with its seeds), "
-            f"fine-tuning left the average {lower_higher(deltas, len(runs))} of the {len(runs)} "
+            f"the fine-tuned average is {lower_higher(deltas, len(runs))} of the {len(runs)} "
             "configurations (paired intervals excluding zero)"
-            + (f"; per task, fine-tuning scored below the checkpoint on {worse}" if worse else "")
+            + (f"; per task, the runs scored below the checkpoint on {worse}" if worse else "")
             + f" (untrained: {untrained}; the checkpoint note above says what it was trained on)."
         )
     untrained = ", ".join(f"{COLUMN_TITLES[t]} {means[t]:.3f}" for t in MULTITASK_TASKS)
@@ -72,9 +72,9 @@ def untrained_sentence(
         f"Against the untrained checkpoint (average {means[AVERAGE]:.3f}, the mean over its {fitted} "
         "seeds: its SST probe and Quora threshold are fitted on each seed's training rows), each "
         "configuration minus the checkpoint with the same seed, over the seeds both ran with "
-        "(intervals over seeds excluding zero): fine-tuning left the average "
+        "(intervals over seeds excluding zero): the fine-tuned average is "
         f"{lower_higher(over, len(over))} of the {len(over)} configurations"
-        + (f"; per task, it scored below the checkpoint on {worse}" if worse else "")
+        + (f"; per task, the runs scored below the checkpoint on {worse}" if worse else "")
         + f" (untrained: {untrained}; the checkpoint note above says what it was trained on). The "
         "seeds measure other training runs on the same dev examples; with the tables' seed "
         f"{seed} alone, on its dev intervals, the average is {lower_higher(deltas, len(runs))}."
@@ -113,7 +113,9 @@ def findings_section(
             "",
             "Each configuration minus the untrained checkpoint on the same dev examples, with the "
             f"tables' seed {seed} ({level()} paired-bootstrap "
-            "intervals; below zero: fine-tuning scored less than the checkpoint it started from)"
+            "intervals; below zero: the fine-tuned run scored less than the untrained checkpoint, "
+            "which is not where it started: controls.md separates what its heads on the frozen "
+            "encoder start with from what fine-tuning changed)"
             + (
                 ", and its average minus the checkpoint's with the same seed, over the seeds both "
                 f"ran with ({level()} interval over seeds)"

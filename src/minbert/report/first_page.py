@@ -202,18 +202,35 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
         said += f", the seed the choices of {', '.join(same)} were made with"
         said += ": theirs are the development seed's numbers"
     configs = seed_study.configs if seed_study else {}
-    gaps = [
-        runs[c].scores[AVERAGE] - statistics.mean(r.scores[AVERAGE] for r in rows if r.seed not in own)
+    # Each configuration's average by seed, the tables' own from their runs.
+    by_seed = {
+        c: {**{r.seed: r.scores[AVERAGE] for r in rows}, runs[c].seed: runs[c].scores[AVERAGE]}
         for c, rows in configs.items()
         if c in runs and any(r.seed not in own for r in rows)
-    ]
-    if gaps:
+    }
+    if by_seed and len(own) == 1:
+        seeds = sorted(set.intersection(*(set(scores) for scores in by_seed.values())))
+        leads = {s: _lead(by_seed, s) for s in seeds}
+        gaps = [_gap(scores, own[0]) for scores in by_seed.values()]
         said += (
-            f". Its average is above the mean of the seed study's other seeds in {sum(g > 0 for g in gaps)} "
-            f"of {len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average): Tables 2-4 "
-            "below give the mean over seeds"
+            f". Its average is above the other seeds' mean in {sum(g > 0 for g in gaps)} of "
+            f"{len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average)"
         )
+        if own[0] in leads:
+            others = ", ".join(f"{s} {leads[s]:+.3f}" for s in seeds if s != own[0])
+            said += f"; each other seed against the rest, the same way: {others}"
+        said += ": Tables 2-4 below give the mean over seeds"
     return said + "."
+
+
+def _gap(scores: dict[int, float], seed: int) -> float:
+    """A configuration's average with ``seed`` minus the mean of its other seeds'."""
+    return scores[seed] - statistics.mean(v for s, v in scores.items() if s != seed)
+
+
+def _lead(by_seed: dict[str, dict[int, float]], seed: int) -> float:
+    """``seed``'s gap (:func:`_gap`) averaged over the configurations."""
+    return statistics.mean(_gap(scores, seed) for scores in by_seed.values())
 
 
 @dataclass(frozen=True)

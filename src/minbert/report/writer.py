@@ -213,7 +213,7 @@ def write_report(
         if row["config"] != spec["parent"]
     }
     table_compared = [c for c in compared if (c.name, c.parent) in in_tables]
-    controls = controls_section(multitask, sentiment, zero_shot, evidence, multitask_dir)
+    controls = controls_section(multitask, sentiment, evidence, multitask_dir)
     starts = starts_section(multitask, zero_shot, evidence, seed_study)
 
     on_gpu = gpu_study(metrics_dir, Path(prepared_dir), Path(sources), evidence.resamples)
