@@ -54,20 +54,21 @@ VERDICTS = (SHOWN, UNCONFIRMED, BUDGETS_DIFFER, WITHIN_NOISE)
 
 
 MARKS_NOTE = (
-    "Each difference gets one verdict, the same wherever it appears. **Bold**, "
-    f"{SHOWN}: its interval excludes zero, so does the paired {{level}} interval over seeds "
-    "(the row's number minus its parent's, seed by seed, for every seed of the seed study both "
-    "were trained with, the tables' own seed included: mean ± t · sd / √n, from at least "
-    f"{MIN_SEEDS} seeds), on the same side, and the seeds' paired t-test stays below "
-    "{alpha} after Holm's adjustment over the comparisons with the same parent (Tables 2 and 3 "
-    "share `baseline`), column by column; and both rows had the same training budget (optimizer "
-    f"steps and training examples seen). {UNSETTLED}, {UNCONFIRMED}: the interval excludes zero, "
-    "but the seeds do not confirm it, or were not run for the pair: one seed's training run "
-    f"may be all that separates them. {UNEQUAL}, {BUDGETS_DIFFER}: the interval excludes zero, "
-    "but the row made a different number of optimizer steps, or saw different training "
-    "examples, than its parent: the difference may be the budget's, whatever the seeds say. "
-    f"Unmarked, {WITHIN_NOISE}: the interval contains zero. Where the seeds ran, what their "
-    "interval rules out is stated beside the verdict."
+    "Each difference gets one verdict, the same wherever it appears:\n\n"
+    f"- **Bold**, {SHOWN}: its interval excludes zero; so does the paired {{level}} interval over "
+    "seeds, on the same side (the row's number minus its parent's, seed by seed, for every seed "
+    "of the seed study both were trained with, the tables' own seed included: mean ± t · sd / √n, "
+    f"from at least {MIN_SEEDS} seeds); the seeds' paired t-test stays below {{alpha}} after "
+    "Holm's adjustment over the comparisons with the same parent (Tables 2 and 3 share "
+    "`baseline`), column by column; and both rows had the same training budget (optimizer steps "
+    "and training examples seen).\n"
+    f"- {UNSETTLED}, {UNCONFIRMED}: the interval excludes zero, but the seeds do not confirm it, "
+    "or were not run for the pair: one seed's training run may be all that separates them.\n"
+    f"- {UNEQUAL}, {BUDGETS_DIFFER}: the interval excludes zero, but the row made a different "
+    "number of optimizer steps, or saw different training examples, than its parent: the "
+    "difference may be the budget's, whatever the seeds say.\n"
+    f"- Unmarked, {WITHIN_NOISE}: the interval contains zero.\n\n"
+    "Where the seeds ran, what their interval rules out is stated beside the verdict."
 )
 
 

@@ -83,8 +83,8 @@ def table1(
         "Δ: full fine-tuning minus last layer only, on the same dev examples. Steps / examples: "
         "each arm's optimizer steps and the training examples it consumed (training rows × epochs). "
         "Training accuracy: the kept epoch's on the rows it trained on (as trained, dropout on): "
-        "how far the arm fitted its data; epochs run: fewer than its budget where validation "
-        "stopped improving (the run's patience).",
+        "how far the arm fitted its data; epochs run, of its budget (an arm with a patience stops "
+        "when validation stops improving; without one, every epoch runs).",
     ]
     if gaps:
         notes.append(
