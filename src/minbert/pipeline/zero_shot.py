@@ -93,7 +93,9 @@ def run(
         method={
             "sst": result.sst_method,
             "quora": f"cosine of the pooled sentence vectors above {result.quora_threshold:.4f}, the "
-            f"most accurate threshold on {result.quora_threshold_pairs} training pairs",
+            f"most accurate threshold on {result.quora_threshold_pairs} training pairs (accuracy, the "
+            "column the row is compared in, so the strongest untrained row there; no constant answer "
+            "is a candidate)",
             "sts": "cosine of the pooled sentence vectors, mapped onto 0-5",
         },
         sst_majority_class=result.sst_majority_class,
