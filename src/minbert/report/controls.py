@@ -12,7 +12,7 @@ import numpy as np
 
 from minbert.metrics import Interval, paired
 from minbert.report.comparisons import SeedRuns, level, multitask_scored, seed_differences, seed_interval
-from minbert.report.evidence import Evidence
+from minbert.report.evidence import Evidence, Scored
 from minbert.report.formatting import (
     COLUMN_TITLES,
     COLUMNS,
@@ -89,7 +89,9 @@ def controls_section(
     run's answers on dev and, from its history, its validation score by epoch)."""
     rows, missed, short = [], [], []
 
-    def against_constant(name: str, task: str, title: str, ours: float, scored, groups=None) -> bool:
+    def against_constant(
+        name: str, task: str, title: str, ours: float, scored: Scored, groups: np.ndarray | None = None
+    ) -> bool:
         """One check, its row added: the run's accuracy against the strongest constant answer
         on dev; whether it is met (a missed one is then explained)."""
         labels, predicted = scored.labels[task], scored.predictions[task]
