@@ -31,7 +31,7 @@ import torch
 import yaml
 from smart_decomposition import load_batches
 
-TASKS = ("sst", "quora", "sts")
+from minbert.tasks import MULTITASK_TASKS
 
 
 def gradient(net, dtype, linearised: bool, task, batch, kind, embedded, noise, masks) -> torch.Tensor:
@@ -83,7 +83,7 @@ def main() -> None:
         return grad / grad.abs().amax(-1, keepdim=True).clamp_min(1e-300)
 
     results: dict = {}
-    for task in TASKS:
+    for task in MULTITASK_TASKS:
         _, (batch,) = load_batches(
             task, directory / "vocab.txt", 1, args.batch_size, cpu["max_length"][task], skip
         )

@@ -343,10 +343,11 @@ def probe_features(directory: Path | None = None):
 def training_tables() -> dict:
     """The pipeline's tokenised tables (``data/tokenized``), as the stages load them."""
     from minbert.pipeline.multitask import load_tables
+    from minbert.tasks import MULTITASK_TASKS
 
     missing = [
         f"data/tokenized/{t}-train.parquet"
-        for t in ("sst", "quora", "sts")
+        for t in MULTITASK_TASKS
         if not (TOKENIZED / f"{t}-train.parquet").is_file()
     ]
     if missing:

@@ -33,11 +33,10 @@ import common
 import numpy as np
 import torch
 
-from minbert.tasks import SELECTION
+from minbert.tasks import MULTITASK_TASKS, SELECTION
 from minbert.tasks import TASKS as SPECS
 from minbert.train.multitask_step import MultitaskObserver
 
-TASKS = ("sst", "quora", "sts")
 PARTS = ("loss", "adversarial", "bregman")
 
 
@@ -48,7 +47,7 @@ class Watch(MultitaskObserver):
 
     def __init__(self, smart) -> None:
         self.smart = smart
-        self.grads: dict[str, list[list[float]]] = {t: [] for t in TASKS}
+        self.grads: dict[str, list[list[float]]] = {t: [] for t in MULTITASK_TASKS}
         self.start: dict = {}
         self.log: list[dict] = []
 
@@ -67,7 +66,9 @@ class Watch(MultitaskObserver):
 
     def epoch(self, scores, model, teacher) -> None:
         validation = {
-            k: scores.validation[k] for t in TASKS for k in (SPECS[t].metric_key, SPECS[t].selection_key)
+            k: scores.validation[k]
+            for t in MULTITASK_TASKS
+            for k in (SPECS[t].metric_key, SPECS[t].selection_key)
         }
         validation["selection"] = scores.validation[SELECTION]
         if scores.epoch == 0:
@@ -75,7 +76,7 @@ class Watch(MultitaskObserver):
             self.log.append({"epoch": 0, "validation": validation})
             return
         entry = {"epoch": scores.epoch, "validation": validation, **self.distances(model, teacher)}
-        for t in TASKS:
+        for t in MULTITASK_TASKS:
             mean = np.mean(self.grads[t], axis=0) if self.grads[t] else np.zeros(len(PARTS) + 1)
             # Five significant digits: a small perturbation's term is far below the loss's.
             rounded = [float(f"{m:.5g}") for m in mean.tolist()]
@@ -86,7 +87,7 @@ class Watch(MultitaskObserver):
     def distances(self, model, teacher) -> dict:
         theirs, own = dict(teacher.module.named_parameters()), dict(model.named_parameters())
         out = {}
-        for part in (*(f"heads.{t}" for t in TASKS), "encoder"):
+        for part in (*(f"heads.{t}" for t in MULTITASK_TASKS), "encoder"):
             names = [n for n in own if n.startswith(part)]
             out[part] = {
                 "teacher_distance": float(sum(((own[n] - theirs[n]) ** 2).sum() for n in names) ** 0.5),
@@ -131,8 +132,8 @@ def main() -> None:
 
     params, base = common.smart_settings(args.config, args.seed, args.quick)
     seeds = args.seeds or params["lr_search"]["seeds"]
-    per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in TASKS)
-    steps = base.epochs * per_task * (len(TASKS) if base.gradient == "round-robin" else 1)
+    per_task = max(-(-base.train_examples[t] // base.batch_size[t]) for t in MULTITASK_TASKS)
+    steps = base.epochs * per_task * (len(MULTITASK_TASKS) if base.gradient == "round-robin" else 1)
     horizon_beta = 1.0 - 1.0 / (0.1 * steps)
     variants = {
         "the runs' settings": {},

@@ -47,7 +47,7 @@ def _levels() -> dict[str, float]:
 
     from minbert.results import history_column
     from minbert.runs.training import MultitaskRunFile, read_runs
-    from minbert.tasks import TASKS
+    from minbert.tasks import MULTITASK_TASKS, TASKS
 
     directory = common.REPO / "metrics" / "multitask"
     runs = read_runs(MultitaskRunFile, directory)
@@ -56,7 +56,7 @@ def _levels() -> dict[str, float]:
         task: round(
             float(np.mean([row[history_column("val", TASKS[task].selection_key)] for row in kept])), 3
         )
-        for task in ("sst", "quora", "sts")
+        for task in MULTITASK_TASKS
     }
 
 

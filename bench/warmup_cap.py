@@ -80,12 +80,14 @@ def _fit(settings, encoder, tables: dict, features) -> dict:
 
 def _controls(config: str, fit: dict) -> list[str]:
     """Where the committed cap's fit at the tables' seed departs from ``config``'s stage."""
+    from minbert.results import HISTORY, history_column, run_log
     from minbert.runs.record_parts import WarmupKept
     from minbert.runs.training import MultitaskRunFile, read_run
+    from minbert.tasks import SELECTION
 
     directory = common.REPO / "metrics" / "multitask"
     run = read_run(MultitaskRunFile, directory / f"{config}.json")
-    with open(directory / f"{config}-history.csv", newline="", encoding="utf-8") as f:
+    with open(run_log(directory, config, HISTORY), newline="", encoding="utf-8") as f:
         start = next(row for row in csv.DictReader(f) if row["epoch"] == "0")
     here = {task: WarmupKept(**w) for task, w in fit["warmup"].items()}
     problems = [
@@ -93,10 +95,11 @@ def _controls(config: str, fit: dict) -> list[str]:
         for task, kept in run.head_warmup.items()
         if here.get(task) != kept
     ]
-    if abs(float(start["val_selection"]) - fit["validation"]["selection"]) > 1e-4:
+    start_selection = float(start[history_column("val", SELECTION)])
+    if abs(start_selection - fit["validation"]["selection"]) > 1e-4:
         problems.append(
             f"{config}: start's validation selection {fit['validation']['selection']} here, "
-            f"{start['val_selection']} in its history"
+            f"{start_selection} in its history"
         )
     return problems
 

@@ -886,3 +886,14 @@ def test_the_warm_up_fact_counts_the_fits_that_kept_their_last_allowed_pass():
     assert "in 3 of the 4 fits the kept pass is the last allowed" in said
     said = FACTS["warmup"]({"a": run(sst=29, quora=11)}, Path("."), None)
     assert said.endswith("over the runs: SST 29, Quora 11") and "last allowed" not in said
+
+
+def test_every_setting_a_row_title_speaks_of_has_its_words():
+    """A row title names each head, way of stepping and optimizer the settings allow, and
+    nothing else: a new name in minbert.settings without words would fail the report."""
+    from minbert.report.notes import GRADIENT_WORDS, HEAD_WORDS, OPTIMIZER_WORDS
+    from minbert.settings import GRADIENT_MODES, OPTIMIZERS, PAIR_HEADS
+
+    assert set(HEAD_WORDS) == set(PAIR_HEADS)
+    assert set(GRADIENT_WORDS) == set(GRADIENT_MODES)
+    assert set(OPTIMIZER_WORDS) == set(OPTIMIZERS)

@@ -7,6 +7,7 @@ history, an ``EpochScores`` per epoch, is written as ``<name>-history.csv``, who
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,26 @@ RECORD_SUFFIX = "-run.json"
 # The keys of the metrics files besides the task names (the multitask scores) and
 # ``minbert.tasks.AVERAGE``.
 EPOCH, STEPS, ACCURACY = "epoch", "steps", "accuracy"
+
+
+# A run's logs beside its metrics file (``run_log``): its history by epoch; a multitask
+# run's training losses every few steps and PCGrad's gradient cosines per step.
+HISTORY, STEP_LOSSES, CONFLICTS = "-history.csv", "-steps.csv", "-conflicts.csv"
+
+
+def run_log(directory: Path, name: str, kind: str) -> Path:
+    """Run ``name``'s log of ``kind`` (``HISTORY``, ``STEP_LOSSES`` or ``CONFLICTS``)."""
+    return Path(directory) / f"{name}{kind}"
+
+
+def cosine_column(a: str, b: str) -> str:
+    """The conflict log's column of the cosine between tasks ``a`` and ``b``'s gradients."""
+    return f"cos_{a}_{b}"
+
+
+# Each pair of tasks (i < j in MULTITASK_TASKS' order) and its conflict-log column.
+TASK_PAIRS: tuple[tuple[str, str], ...] = tuple(itertools.combinations(MULTITASK_TASKS, 2))
+COSINE_COLUMNS: tuple[str, ...] = tuple(cosine_column(a, b) for a, b in TASK_PAIRS)
 
 
 def history_column(split: str, key: str) -> str:

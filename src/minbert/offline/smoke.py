@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minbert.offline.bundle import read_bundle
 from minbert.offline.plan import by_name, select
+from minbert.results import HISTORY, run_log
 from minbert.runs.training import MultitaskRunFile, read_run
 
 SMOKE_FORMAT = "minbert-gpu-smoke/1"
@@ -191,7 +192,7 @@ def smoke_call(repo: Path, bundle: Path, out: Path, deadline_minutes: float | No
             stage = {"kind": kind, "seconds": seconds.get(name)}
             if name in seconds:
                 run = read_run(MultitaskRunFile, work / "metrics" / "multitask" / f"{config}.json")
-                history = work / "metrics" / "multitask" / f"{config}-history.csv"
+                history = run_log(work / "metrics" / "multitask", config, HISTORY)
                 stage.update(steps=run.steps, **_history_checks(history))
                 log(f"smoke: timing {name}'s steps and scoring in-process")
                 stage["measured"] = _measure(work, config, linked / "checkpoint")

@@ -13,6 +13,7 @@ from minbert.model.checkpoint import TRAINING_DATA_FILE
 from minbert.pipeline import outputs
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
+from minbert.results import HISTORY, run_log
 from minbert.runs.record_parts import Checkpoint, MaskedScores, MlmCorpus
 from minbert.runs.training import MlmRunFile, write_run
 from minbert.settings import MlmSettings, RunContext
@@ -70,7 +71,7 @@ def run(
         seed=settings.seed,
         device=stage.device_name,
     )
-    outputs.write_history(metrics_dir / f"{start}-history.csv", result.history)
+    outputs.write_history(run_log(metrics_dir, start, HISTORY), result.history)
     written = write_run(file, metrics_dir, start)
     resume.clear()
     return written

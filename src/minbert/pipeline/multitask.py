@@ -17,6 +17,7 @@ from minbert.pipeline.entry import stage_main
 from minbert.pipeline.model_card import MODEL_CARD, dev_intervals, model_card
 from minbert.pipeline.run_record import MultitaskRun
 from minbert.pipeline.stage import started
+from minbert.results import CONFLICTS, HISTORY, STEP_LOSSES, run_log
 from minbert.runs.training import joined, write_run
 from minbert.settings import MultitaskSettings, RunContext
 from minbert.tasks import MULTITASK_TASKS, SPLITS
@@ -122,9 +123,9 @@ def _write(name, run, max_length, result, tables, stage, metrics_dir, prediction
             # Which rows the model learned from, so that scoring it on them can be caught.
             ids = json.dumps({"tasks": result.training_ids}, sort_keys=True).encode("utf-8")
             (written / TRAINING_IDS).write_bytes(gzip.compress(ids, mtime=0))
-    outputs.write_history(metrics_dir / f"{name}-history.csv", [epoch.row() for epoch in result.history])
-    outputs.write_conflicts(metrics_dir / f"{name}-conflicts.csv", result.conflicts, CONFLICT_COLUMNS)
-    outputs.write_step_losses(metrics_dir / f"{name}-steps.csv", result.step_losses, STEP_LOSS_COLUMNS)
+    outputs.write_history(run_log(metrics_dir, name, HISTORY), [epoch.row() for epoch in result.history])
+    outputs.write_conflicts(run_log(metrics_dir, name, CONFLICTS), result.conflicts, CONFLICT_COLUMNS)
+    outputs.write_step_losses(run_log(metrics_dir, name, STEP_LOSSES), result.step_losses, STEP_LOSS_COLUMNS)
     write_run(run.file(), metrics_dir, name)
 
 

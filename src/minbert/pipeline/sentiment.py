@@ -11,6 +11,7 @@ from minbert.model.bert import BertModel
 from minbert.pipeline import outputs, sentiment_features
 from minbert.pipeline.entry import stage_main
 from minbert.pipeline.stage import started
+from minbert.results import HISTORY, run_log
 from minbert.runs.record_parts import Checkpoint
 from minbert.runs.training import SentimentRunFile, write_run
 from minbert.settings import RunContext, SentimentSettings
@@ -103,7 +104,7 @@ def run(
             tables["test"].ids,
             result.test_predictions.tolist(),
         )
-    outputs.write_history(metrics_dir / f"{run}-history.csv", result.history)
+    outputs.write_history(run_log(metrics_dir, run, HISTORY), result.history)
     written = write_run(file, metrics_dir, run)
     resume.clear()
     return written

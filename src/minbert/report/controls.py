@@ -23,6 +23,7 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import history_series, training_budget
+from minbert.results import HISTORY, run_log
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 
@@ -61,7 +62,7 @@ def _most_predicted(predictions: np.ndarray, what: str) -> str:
 def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
     """The run's validation score of ``task`` at epoch 0 (no encoder update yet) and at
     its chosen epoch, from its history: where a head lost what it had."""
-    if multitask_dir is None or not (Path(multitask_dir) / f"{run.config}-history.csv").is_file():
+    if multitask_dir is None or not run_log(multitask_dir, run.config, HISTORY).is_file():
         return ""
     course = " → ".join(
         f"{v:.2f}" for v in history_series(multitask_dir, run.config, "val", TASKS[task].metric_key)

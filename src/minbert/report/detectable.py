@@ -13,10 +13,8 @@ import pandas as pd
 
 from minbert.report.comparisons import POWER, Compared, fmt_p, level
 from minbert.report.formatting import NO_NUMBER, fmt_bound, fmt_signed, md_header, md_row
+from minbert.results import CONFLICTS, COSINE_COLUMNS, run_log
 from minbert.tasks import AVERAGE
-
-_COSINES = ("cos_sst_quora", "cos_sst_sts", "cos_quora_sts")
-
 
 # A median |cosine| below this: the task gradients are close to orthogonal.
 NEAR_ORTHOGONAL = 0.1
@@ -30,7 +28,7 @@ def pcgrad_reason(conflicts_file: Path) -> str | None:
     log = pd.read_csv(conflicts_file)
     if log.empty:
         return None
-    cosines = log[list(_COSINES)].to_numpy(float).ravel()
+    cosines = log[list(COSINE_COLUMNS)].to_numpy(float).ravel()
     low, high = np.quantile(cosines, [0.05, 0.95])
     size, share = np.median(np.abs(cosines)), log.conflicts.sum() / log.pairs.sum()
     # Read as "barely turned" only where the log shows it: small cosines of either sign alike.
@@ -99,7 +97,7 @@ def detectable_section(compared: list[Compared], runs: dict[str, dict], multitas
         component = _component(runs[c.name], runs[c.parent]) if c.name in runs and c.parent in runs else None
         if component == "PCGrad":
             pcgrad = c.parent if runs[c.parent].settings.gradient == "pcgrad" else c.name
-            said = pcgrad_reason(Path(multitask_dir) / f"{pcgrad}-conflicts.csv")
+            said = pcgrad_reason(run_log(multitask_dir, pcgrad, CONFLICTS))
             if said:
                 reasons.append(
                     f"- PCGrad (`{c.name}` vs `{c.parent}`, {c.verdict()}): in `{pcgrad}`, {said}."

@@ -9,7 +9,7 @@ import pandas as pd
 
 from minbert.report.formatting import per_task
 from minbert.report.notes import epoch_count, usual
-from minbert.results import history_column
+from minbert.results import CONFLICTS, COSINE_COLUMNS, HISTORY, TASK_PAIRS, history_column, run_log
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 FIGURE_KINDS = ("loss", "average", "conflicts", "every-average")
@@ -22,20 +22,20 @@ def configs_of(spec: dict, multitask_dir: Path) -> list[dict]:
     """A figure's configurations with their labels; ``configs: all``: every run's history."""
     if spec["configs"] == "all":
         return [
-            {"config": p.name[: -len("-history.csv")], "label": p.name[: -len("-history.csv")]}
-            for p in sorted(Path(multitask_dir).glob("*-history.csv"))
+            {"config": p.name[: -len(HISTORY)], "label": p.name[: -len(HISTORY)]}
+            for p in sorted(Path(multitask_dir).glob(f"*{HISTORY}"))
         ]
     return spec["configs"]
 
 
 def _missing_inputs(spec: dict, multitask_dir: Path, display_dir: str) -> list[str]:
     """The files a figure needs that are absent (or, for conflicts, hold no steps)."""
-    suffix = "-conflicts.csv" if spec["kind"] == "conflicts" else "-history.csv"
+    suffix = CONFLICTS if spec["kind"] == "conflicts" else HISTORY
     if not configs_of(spec, multitask_dir):
         return [f"`{display_dir}/*{suffix}`"]
     missing = []
     for entry in configs_of(spec, multitask_dir):
-        path = multitask_dir / f"{entry['config']}{suffix}"
+        path = run_log(multitask_dir, entry["config"], suffix)
         if not path.is_file():
             missing.append(f"`{display_dir}/{path.name}`")
         elif spec["kind"] == "conflicts" and pd.read_csv(path).empty:
@@ -79,7 +79,7 @@ def _draw_loss(fig, spec: dict, multitask_dir: Path) -> str:
     colours = [f"C{i}" for i in range(len(spec["configs"]))]
     for entry, colour in zip(spec["configs"], colours):
         history = _read_csv(
-            multitask_dir / f"{entry['config']}-history.csv",
+            run_log(multitask_dir, entry["config"], HISTORY),
             ["epoch"] + [history_column(k, TASKS[t].loss_key) for t in tasks for k in ("train", "dev")],
         )
         for ax, task in zip(axes, tasks):
@@ -99,7 +99,7 @@ def _draw_average(fig, spec: dict, multitask_dir: Path) -> str:
     ax = fig.subplots()
     for k, entry in enumerate(spec["configs"]):
         history = _read_csv(
-            multitask_dir / f"{entry['config']}-history.csv",
+            run_log(multitask_dir, entry["config"], HISTORY),
             ["epoch", history_column("train", AVERAGE), history_column("dev", AVERAGE)],
         )
         _train_and_dev(ax, history, AVERAGE, f"C{k}", entry["label"])
@@ -116,7 +116,7 @@ def _draw_every_average(fig, spec: dict, multitask_dir: Path) -> str:
     entries = configs_of(spec, multitask_dir)
     for k, entry in enumerate(entries):
         history = _read_csv(
-            multitask_dir / f"{entry['config']}-history.csv", ["epoch", history_column("dev", AVERAGE)]
+            run_log(multitask_dir, entry["config"], HISTORY), ["epoch", history_column("dev", AVERAGE)]
         )
         style = ["-", "--", ":", "-."][k // 10 % 4]  # ten colours, then another line style
         ax.plot(
@@ -147,11 +147,11 @@ def _draw_conflicts(fig, spec: dict, multitask_dir: Path) -> str:
     axes = fig.subplots(len(spec["configs"]), 2, squeeze=False)
     summary, windows = [], set()
     for (cos_ax, frac_ax), entry in zip(axes, spec["configs"]):
-        steps = _read_csv(multitask_dir / f"{entry['config']}-conflicts.csv", ["step", "conflicts", "pairs"])
+        steps = _read_csv(run_log(multitask_dir, entry["config"], CONFLICTS), ["step", "conflicts", "pairs"])
         window = _smoothing(len(steps))
         windows.add(window)
-        for k, column in enumerate(c for c in steps.columns if c.startswith("cos_")):
-            pair = " · ".join(TASKS[t].title for t in column[len("cos_") :].split("_"))
+        for k, (column, tasks) in enumerate((c, p) for c, p in zip(COSINE_COLUMNS, TASK_PAIRS) if c in steps):
+            pair = " · ".join(TASKS[t].title for t in tasks)
             if window == 1:
                 cos_ax.plot(steps.step, steps[column], color=f"C{k}", linewidth=1.0, label=pair)
                 continue

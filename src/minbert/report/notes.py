@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from minbert.report.formatting import per_task, span
-from minbert.results import history_column
+from minbert.results import HISTORY, history_column, run_log
 from minbert.runs.record_parts import RecordedSettings, schedule_words
 from minbert.tasks import TASKS
 
@@ -50,6 +50,7 @@ def _rates(optimizer, lr, head_lr, schedule_name, gamma, epochs) -> str:
 HEAD_WORDS = {
     "siamese-concat": "siamese concat(u, v)",
     "siamese-concat-diff": "siamese concat(u, v, |u − v|)",
+    "siamese-concat-prod": "siamese concat(u, v, u ∗ v)",
     "siamese-concat-diff-prod": "siamese concat(u, v, |u − v|, u ∗ v)",
     "siamese-cosine": "cos-sim(u, v)",
     "cross-encoder": "sentence concatenation",
@@ -213,7 +214,7 @@ def _run_rates(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
 def history_series(multitask_dir: Path, config: str, split: str, key: str) -> pd.Series:
     """A run's history column (``history_column(split, key)``) by epoch, from its
     ``<config>-history.csv``; a missing column is an error naming the file."""
-    path = Path(multitask_dir) / f"{config}-history.csv"
+    path = run_log(multitask_dir, config, HISTORY)
     history = pd.read_csv(path).set_index("epoch")
     column = history_column(split, key)
     if column not in history.columns:
@@ -222,7 +223,7 @@ def history_series(multitask_dir: Path, config: str, split: str, key: str) -> pd
 
 
 def _cosine(runs: dict[str, dict], multitask_dir: Path, config: str) -> str:
-    if config not in runs or not (Path(multitask_dir) / f"{config}-history.csv").is_file():
+    if config not in runs or not run_log(multitask_dir, config, HISTORY).is_file():
         return f"`{config}` has not been run"
     best, pearson = runs[config].epoch, history_series(multitask_dir, config, "dev", TASKS["sts"].metric_key)
     return (

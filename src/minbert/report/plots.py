@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from minbert.results import history_column, loss_part_column
+from minbert.results import CONFLICTS, COSINE_COLUMNS, HISTORY, STEP_LOSSES, history_column, loss_part_column
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 
 EPOCH_COLUMNS = [history_column(split, AVERAGE) for split in ("val", "dev", "train")] + [
@@ -26,7 +26,7 @@ def _configs(directory: Path, suffix: str) -> dict[str, pd.DataFrame]:
 
 def _history_table(multitask_dir: Path, columns: list[str], trained_only: bool) -> pd.DataFrame:
     frames = []
-    for config, history in _configs(multitask_dir, "-history.csv").items():
+    for config, history in _configs(multitask_dir, HISTORY).items():
         if trained_only:
             history = history[history.epoch > 0]
         frames.append(history.reindex(columns=["epoch", *columns]).assign(config=config))
@@ -44,7 +44,7 @@ def losses_table(multitask_dir: Path) -> pd.DataFrame:
     run of one epoch draws a curve too."""
     frames = [
         log.reindex(columns=["epoch", "step", *LOSS_COLUMNS]).assign(config=config)
-        for config, log in _configs(multitask_dir, "-steps.csv").items()
+        for config, log in _configs(multitask_dir, STEP_LOSSES).items()
         if not log.empty
     ]
     if not frames:
@@ -54,16 +54,16 @@ def losses_table(multitask_dir: Path) -> pd.DataFrame:
 
 def conflicts_table(multitask_dir: Path) -> pd.DataFrame:
     frames = []
-    for config, log in _configs(multitask_dir, "-conflicts.csv").items():
+    for config, log in _configs(multitask_dir, CONFLICTS).items():
         if log.empty:  # header only: no PCGrad steps
             continue
-        cosines = [c for c in log.columns if c.startswith("cos_")]
+        cosines = [c for c in COSINE_COLUMNS if c in log.columns]
         running = (log.conflicts.cumsum() / log.pairs.cumsum()).round(4)
         frames.append(log[["step", *cosines]].assign(config=config, conflicts_so_far=running))
     if not frames:
         return pd.DataFrame(columns=["config", "step", "conflicts_so_far"])
     table = pd.concat(frames, ignore_index=True)
-    return table[["config", "step", "conflicts_so_far", *(c for c in table.columns if c.startswith("cos_"))]]
+    return table[["config", "step", "conflicts_so_far", *(c for c in COSINE_COLUMNS if c in table.columns)]]
 
 
 def write_plot_tables(metrics_dir: Path, out_dir: Path) -> None:

@@ -36,7 +36,7 @@ from minbert.report.formatting import (
     md_row,
 )
 from minbert.report.notes import row_title
-from minbert.results import history_column
+from minbert.results import HISTORY, history_column, run_log
 from minbert.runs.training import MultitaskRunFile
 from minbert.tasks import MULTITASK_TASKS, SENTIMENT_TASKS, TASKS
 
@@ -349,7 +349,7 @@ def arm_ends(metrics: list[dict], sentiment_dir: Path) -> dict[tuple[str, str], 
     by_cell = {(m.task, m.mode): m for m in metrics}
     ends = {}
     for key in ((task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES):
-        history = Path(sentiment_dir) / f"{by_cell[key].run}-history.csv" if key in by_cell else None
+        history = run_log(sentiment_dir, by_cell[key].run, HISTORY) if key in by_cell else None
         if history is not None and history.is_file():
             ends[key] = validation_end(by_cell[key], history)
     return ends

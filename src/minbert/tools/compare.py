@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from minbert.data.predictions import read_predictions
-from minbert.metrics import Interval, fixed, paired, paired_average, score
+from minbert.metrics import CONFIDENCE, Interval, fixed, paired, paired_average, score
 from minbert.results import ACCURACY, EPOCH, STEPS, is_record, metrics_from_text
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
 from minbert.tools.sweep import DVC, flatten_params
@@ -39,8 +39,8 @@ SETTINGS = "data/settings/"
 WORKSPACE = "workspace"
 LEGEND = (
     "Each experiment's difference from its parent (its baseline commit; HEAD for the workspace), "
-    "with a paired 95% bootstrap interval over the dev examples where both runs' predictions are "
-    "at hand; ~: the interval includes 0, no clear difference."
+    f"with a paired {CONFIDENCE:.0%} bootstrap interval over the dev examples where both runs' "
+    "predictions are at hand; ~: the interval includes 0, no clear difference."
 )
 
 

@@ -16,7 +16,7 @@ from minbert.pipeline.params import load
 from minbert.pipeline.schema import config_values
 from minbert.report.comparisons import ran_at, seed_interval
 from minbert.report.studies import SEARCH_VARIES
-from minbert.results import history_column
+from minbert.results import HISTORY, history_column
 from minbert.runs.study_files import (
     FamilyChoice,
     FamilyPoint,
@@ -107,7 +107,7 @@ def _apart(params: dict) -> dict:
 
 def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
     """The run's validation selection score per epoch, from its history at its commit."""
-    text = _git(repo, "show", f"{run.rev}:metrics/multitask/{config}-history.csv")
+    text = _git(repo, "show", f"{run.rev}:metrics/multitask/{config}{HISTORY}")
     history = pd.read_csv(io.StringIO(text)).set_index("epoch")
     scores = [float(v) for v in history[history_column("val", SELECTION)]]
     if not 0 <= kept < len(scores):

@@ -19,7 +19,7 @@ from minbert.data.multitask import TaskData
 from minbert.data.predictions import write_predictions
 from minbert.data.tokenize import load_tokenizer, tokenize_table
 from minbert.device import choose_device, compute_context, pad_multiple
-from minbert.metrics import Interval, interval
+from minbert.metrics import CONFIDENCE, Interval, interval
 from minbert.model.multitask import load_multitask, predictions
 from minbert.pipeline.multitask import TRAINING_IDS
 from minbert.pipeline.schema import read as read_params
@@ -286,7 +286,7 @@ def score_table(title: str, result: Interval, summary: dict):
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("task", "examples", "metric", "value", "95% interval"):
+    for column in ("task", "examples", "metric", "value", f"{CONFIDENCE:.0%} interval"):
         table.add_column(column)
     table.add_row(
         summary["task"],

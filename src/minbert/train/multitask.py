@@ -4,7 +4,6 @@ once. How the tasks share the steps, and what a run chooses on: docs/pipeline.md
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +17,7 @@ from minbert.metrics import fixed
 from minbert.model.bert import BertModel
 from minbert.model.multitask import MultitaskBert
 from minbert.progress import console
-from minbert.results import EpochScores, loss_part_column
+from minbert.results import TASK_PAIRS, EpochScores, cosine_column, loss_part_column
 from minbert.settings import MultitaskSettings
 from minbert.tasks import MULTITASK_TASKS, SELECTION, TASKS
 from minbert.train.head_warmup import ProbeFeatures
@@ -362,7 +361,7 @@ def _step_loss_rows(epoch: int, logged: list[tuple[int, torch.Tensor, np.ndarray
 
 # PCGrad's log: per step, the cosine of each pair of task gradients (i < j, the Gram
 # matrix's upper triangle), by column name.
-_PAIRS = {f"cos_{a}_{b}": (i, j) for (i, a), (j, b) in itertools.combinations(enumerate(MULTITASK_TASKS), 2)}
+_PAIRS = {cosine_column(a, b): (MULTITASK_TASKS.index(a), MULTITASK_TASKS.index(b)) for a, b in TASK_PAIRS}
 CONFLICT_COLUMNS = ["epoch", "step", "conflicts", "pairs", *_PAIRS]
 
 
