@@ -43,20 +43,24 @@ def _check(run: str, what: str, ours: float, control: str, iv: Interval) -> tupl
     ), met
 
 
+def _commonest(values: np.ndarray) -> tuple[float, float]:
+    """The most common value (the lowest of equally common ones) and its share."""
+    distinct, counts = np.unique(np.asarray(values), return_counts=True)
+    top = int(np.argmax(counts))
+    return float(distinct[top]), counts[top] / counts.sum()
+
+
 def strongest_constant(labels: np.ndarray) -> int:
     """The answer that scores the highest accuracy when given for every example: the most
-    common label (the lowest of equally common ones)."""
-    values, counts = np.unique(np.asarray(labels).astype(int), return_counts=True)
-    return int(values[int(np.argmax(counts))])
+    common label."""
+    return int(_commonest(labels)[0])
 
 
 def _most_predicted(predictions: np.ndarray, what: str) -> str:
     """The measurement behind an unmet accuracy check: how much of dev gets one answer."""
-    values, counts = np.unique(np.asarray(predictions), return_counts=True)
-    top = int(np.argmax(counts))
-    answer = float(values[top])
+    answer, share = _commonest(predictions)
     answer_text = f"{int(answer)}" if answer.is_integer() else f"{answer:g}"
-    return f"predicts {what} {answer_text} for {counts[top] / counts.sum():.0%} of the dev examples"
+    return f"predicts {what} {answer_text} for {share:.0%} of the dev examples"
 
 
 def _validation_course(multitask_dir: Path | None, run: dict, task: str) -> str:
@@ -90,16 +94,14 @@ def controls_section(
     run's answers on dev and, from its history, its validation score by epoch)."""
     rows, missed, short = [], [], []
 
-    def against_constant(
-        name: str, task: str, title: str, ours: float, scored: Scored, groups: np.ndarray | None = None
-    ) -> bool:
+    def against_constant(name: str, task: str, title: str, ours: float, scored: Scored) -> bool:
         """One check, its row added: the run's accuracy against the strongest constant answer
-        on dev; whether it is met (a missed one is then explained)."""
+        on dev (question groups resampled whole where the task has them); whether it is met
+        (a missed one is then explained)."""
         labels, predicted = scored.labels[task], scored.predictions[task]
         answer = strongest_constant(labels)
-        iv = paired(
-            task, labels, predicted, np.full_like(labels, answer), groups=groups, resamples=evidence.resamples
-        )
+        constant, groups = np.full_like(labels, answer), scored.groups.get(task)
+        iv = paired(task, labels, predicted, constant, groups=groups, resamples=evidence.resamples)
         row, met = _check(name, f"{title} acc above every constant answer", ours, f"always {answer}", iv)
         rows.append(row)
         if not met:
@@ -113,8 +115,7 @@ def controls_section(
                 f"`{name}` SST ({_most_predicted(scored.predictions['sst'], 'class')}"
                 f"{_validation_course(multitask_dir, run, 'sst')})"
             )
-        groups = scored.groups.get("quora")
-        if not against_constant(name, "quora", "Quora", run.scores["quora"], scored, groups):
+        if not against_constant(name, "quora", "Quora", run.scores["quora"], scored):
             missed.append(
                 f"`{name}` Quora ({_most_predicted(scored.predictions['quora'], 'label')}"
                 f"{_validation_course(multitask_dir, run, 'quora')})"

@@ -210,16 +210,15 @@ def development_seed(runs: dict[str, dict], seed_study: dict | None, chose: dict
     }
     if by_seed and len(own) == 1:
         seeds = sorted(set.intersection(*(set(scores) for scores in by_seed.values())))
+        # Every configuration has the tables' seed (its run), so it is among ``seeds``.
         leads = {s: _lead(by_seed, s) for s in seeds}
-        gaps = [_gap(scores, own[0]) for scores in by_seed.values()]
+        above = sum(_gap(scores, own[0]) > 0 for scores in by_seed.values())
+        others = ", ".join(f"{s} {leads[s]:+.3f}" for s in seeds if s != own[0])
         said += (
-            f". Its average is above the other seeds' mean in {sum(g > 0 for g in gaps)} of "
-            f"{len(gaps)} configurations ({statistics.mean(gaps):+.3f} on average)"
+            f". Its average is above the other seeds' mean in {above} of {len(by_seed)} "
+            f"configurations ({leads[own[0]]:+.3f} on average); each other seed against the rest, "
+            f"the same way: {others}: Tables 2-4 below give the mean over seeds"
         )
-        if own[0] in leads:
-            others = ", ".join(f"{s} {leads[s]:+.3f}" for s in seeds if s != own[0])
-            said += f"; each other seed against the rest, the same way: {others}"
-        said += ": Tables 2-4 below give the mean over seeds"
     return said + "."
 
 
