@@ -21,6 +21,7 @@ def _under_torchrun(params: dict) -> None:
     _tiny_scale(params)
     params["launcher"] = LAUNCHER
     params["mlm"]["pretrain"] = ["continue"]
+    params["repro_configs"] = list(params["configs"])  # every one, those `dvc repro` leaves out too
 
 
 def test_every_configuration_trains_through_its_stage_under_torchrun(tmp_path, shared_data, tiny_checkpoint):

@@ -33,7 +33,7 @@ def _tiny(params: dict) -> None:
     best = {k: v for k, v in configs["best"].items() if k != "from"}  # without its parent's stage
     best = {**configs[configs["best"]["from"]], **best}
     params["configs"] = {"baseline": configs["baseline"], "best": best}
-    params["seed_study"]["configs"] = ["baseline", "best"]
+    params["seed_study"]["configs"] = params["repro_configs"] = ["baseline", "best"]
     params["sentiment"]["runs"] = {"sst-full": params["sentiment"]["runs"]["sst-full"]}
 
 

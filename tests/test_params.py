@@ -44,6 +44,8 @@ def test_committed_params_are_valid(committed):
         (["mlm", "pretrain"], ["scratch", "scratch"], "mlm.pretrain lists an entry twice"),
         (["mlm", "finetune"], ["baseline", "bestest"], r"mlm.finetune names \['bestest'\]"),
         (["seed_study", "configs"], ["best", "bestest"], r"seed_study.configs names \['bestest'\]"),
+        (["repro_configs"], ["baseline", "bestest"], r"repro_configs names \['bestest'\]"),
+        (["repro_configs"], ["best", "best"], "repro_configs lists an entry twice"),
         (["gradient"], "sum", r"gradient = 'sum' is not one of \['round-robin', 'summed', 'pcgrad'\]"),
         (["sts_output"], "tanh", r"sts_output = 'tanh' is not one of \['sigmoid', 'linear'\]"),
         (["mlm", "sources"], ["sst", "imdb"], r"mlm.sources\[1\] = 'imdb'"),
@@ -335,6 +337,7 @@ def test_run_names_are_file_names_no_record_can_shadow(committed, name):
 # that shows it.
 READ_ELSEWHERE = {
     "launcher": ("dvc.yaml", "${launcher} stages/multitask.py"),
+    "repro_configs": ("dvc.yaml", "foreach: ${repro_configs}"),
     "mlm.pretrain": ("dvc.yaml", "foreach: ${mlm.pretrain}"),
     "mlm.finetune": ("dvc.yaml", "config: ${mlm.finetune}"),
     "seed_study.seeds": ("src/minbert/tools/sweep.py", 'study["seeds"]'),

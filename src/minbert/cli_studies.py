@@ -99,9 +99,44 @@ def mlm_study(
     typer.echo(f"{repo / 'metrics' / 'mlm-study'}: experiment {study['experiment']}; now run `dvc repro`")
 
 
+def extra_runs(
+    repo: Path = typer.Option(Path("."), "--repo", help="The DVC repository."),
+    from_commit: str = typer.Option(
+        "",
+        "--from",
+        help="Train nothing: keep these configurations' runs as this commit's dvc.lock and "
+        "files hold them (a commit whose `dvc repro` still ran them).",
+    ),
+) -> None:
+    """Train the configurations of params.yaml's `configs` that `repro_configs` leaves out
+    (the default `dvc repro` skips them to keep within its time budget) as one DVC
+    experiment from the current commit, in a temporary copy. Their metrics files and logs
+    are copied into metrics/multitask/, their dev predictions into metrics/extra-runs/, and
+    the experiment with their stages' dvc.lock entries into metrics/extra-runs.json: the
+    report reads them beside the pipeline's runs while the files those stages read are
+    unchanged.
+
+    Commit what it wrote and run `dvc repro` afterwards.
+    """
+    from minbert.tools.extra_runs import keep, left_out, run_extra_runs
+    from minbert.tools.sweep import _git
+
+    if from_commit:
+        from minbert.pipeline.params import load
+
+        rev = _git(repo, "rev-parse", from_commit).strip()
+        how = f"`dvc repro` at commit {rev[:7]}, whose repro_configs still named them"
+        record = keep(repo, rev, f"commit {rev[:7]}", how, left_out(load(repo / "params.yaml")))
+    else:
+        record = run_extra_runs(repo)
+    # The command's result goes to stdout (progress and DVC's own output to stderr).
+    typer.echo(f"{repo / 'metrics' / 'extra-runs.json'}: {', '.join(record['stages'])}; now run `dvc repro`")
+
+
 # The commands by name, in the order `minbert --help` lists them.
 COMMANDS = {
     "lr-search": lr_search,
     "seed-study": seed_study,
     "mlm-study": mlm_study,
+    "extra-runs": extra_runs,
 }

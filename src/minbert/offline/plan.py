@@ -72,7 +72,11 @@ def resolve_plan(repo: Path, overrides: list[str], manifest: dict | None = None)
     from minbert.tools.reach import scratch_repo, write_settings
 
     repo = Path(repo)
-    with scratch_repo(repo, overrides) as scratch:
+    # A study off this machine fine-tunes every configuration: `repro_configs` leaves some
+    # out only to keep this machine's `dvc repro` within its budget.
+    every = f"repro_configs=[{','.join(read(repo / 'params.yaml')['configs'])}]"
+    chosen = any(o.startswith("repro_configs=") for o in overrides)
+    with scratch_repo(repo, [*overrides, *([] if chosen else [every])]) as scratch:
         params = read(scratch / "params.yaml")
         with Repo(str(scratch)) as dvc:
             stage = next(s for s in dvc.index.stages if s.name == SETTINGS_STAGE)

@@ -127,6 +127,8 @@ RATE_FAMILY = Setting(
     "the learning-rate family: configurations that share a head and a way of stepping share "
     "their rates (scales.<scale>.multitask.rates.<family>), searched on one of them",
 )
+# Which configurations `dvc repro` runs: dvc.yaml's multitask stages iterate over it.
+REPRO_CONFIGS = Setting([str], "the configurations `dvc repro` fine-tunes (names from configs)")
 FAMILY_RATES = Partial(_fields(M, "lr", "head_lr"))
 LR_SEARCH = {
     "seeds": Setting([s.SEED.allowed], "the seeds every grid point is trained with (at least 3)"),
@@ -179,6 +181,7 @@ SCHEMA: dict[str, Any] = {
     "configs": {"*": Partial({"from": s.CONFIG_PARENT, **_CONFIG, "smart": Partial(_SMART)})},
     "multitask": _fields(M, "grad_clip", "compile"),
     "zero_shot": {"quora_train_pairs": s.QUORA_TRAIN_PAIRS},
+    "repro_configs": REPRO_CONFIGS,  # names from `configs`, checked in validate()
     "seed_study": {"seeds": s.SEED_STUDY_SEEDS, "configs": s.SEED_STUDY_CONFIGS, "jobs": s.SEED_STUDY_JOBS},
     "lr_search": LR_SEARCH,
     "seed": s.SEED,
@@ -262,9 +265,12 @@ def validate(params: dict, source: str = "params.yaml") -> dict:
             f"{source}: launcher = {params['launcher']!r} must be 'python' or a "
             "'torchrun ...' command line (e.g. 'torchrun --standalone --nproc_per_node 4')"
         )
-    for key in ("mlm.finetune", "seed_study.configs"):
-        group, name = key.split(".")
-        unknown = [c for c in params[group][name] if c not in params["configs"]]
+    for key, names in (
+        ("repro_configs", params["repro_configs"]),
+        ("mlm.finetune", params["mlm"]["finetune"]),
+        ("seed_study.configs", params["seed_study"]["configs"]),
+    ):
+        unknown = [c for c in names if c not in params["configs"]]
         if unknown:
             raise ParamsError(
                 f"{source}: {key} names {unknown}, which are not in configs: {sorted(params['configs'])}"

@@ -50,8 +50,16 @@ class Evidence:
     """Reads labels and predictions once and computes each interval once; its bootstraps
     share their draws (``resamples``, which another Evidence on the same dev sets can share)."""
 
-    def __init__(self, predictions_dir: Path, prepared_dir: Path, resamples: Resamples | None = None):
+    def __init__(
+        self,
+        predictions_dir: Path,
+        prepared_dir: Path,
+        resamples: Resamples | None = None,
+        elsewhere: dict[str, Path] | None = None,
+    ):
         self.predictions_dir, self.prepared_dir = Path(predictions_dir), Path(prepared_dir)
+        # Runs whose predictions lie outside predictions_dir: their folder there -> where.
+        self.elsewhere = {k: Path(v) for k, v in (elsewhere or {}).items()}
         self.resamples = resamples or Resamples()
         self._labels: dict[str, pd.Series] = {}
         self._groups: dict[str, pd.Series | None] = {}
@@ -92,7 +100,12 @@ class Evidence:
     def _read(self, name: str, files: dict[str, Path], metrics: dict[str, float]) -> Scored:
         labels, predictions, groups = {}, {}, {}
         for task, file in files.items():
-            path = self.predictions_dir / file
+            folder = Path(file).parent.as_posix()
+            path = (
+                self.elsewhere[folder] / Path(file).name
+                if folder in self.elsewhere
+                else self.predictions_dir / file
+            )
             if not path.is_file():
                 raise FileNotFoundError(
                     f"{path}: the dev predictions of {name} are missing (rerun its stage: dvc repro)"

@@ -30,6 +30,7 @@ from minbert.report.first_page import (
 )
 from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy, gpu_comparisons, gpu_section
 from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_facts
+from minbert.report.outside_repro import extra_runs
 from minbert.report.plots import write_plot_tables
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
@@ -164,10 +165,10 @@ def write_report(
     paper = yaml.safe_load(Path(paper_file).read_text(encoding="utf-8"))
     check_paper(paper)
     params = yaml.safe_load(Path(params_file).read_text(encoding="utf-8")) if params_file else None
-    evidence = Evidence(predictions_dir, prepared_dir)
     sentiment = read_runs(SentimentRunFile, metrics_dir / "sentiment")
     multitask_dir = metrics_dir / "multitask"
-    multitask = {m.config: m for m in load_runs(multitask_dir)}
+    extra = extra_runs(load_runs(multitask_dir), params, metrics_dir, sources)  # `dvc repro` leaves some out
+    multitask, evidence = extra.counted, Evidence(predictions_dir, prepared_dir, elsewhere=extra.predictions)
     if not sentiment and not multitask:
         raise FileNotFoundError(
             f"no metrics files to report: neither {metrics_dir}/sentiment nor {multitask_dir} "
@@ -193,7 +194,7 @@ def write_report(
     for number, name in enumerate(MULTITASK_TABLES, start=2):
         if name in specs:
             text, _ = multitask_table(
-                specs[name], multitask, evidence, zero_shot, seed_study, judged=compared
+                specs[name], multitask, evidence, zero_shot, seed_study, extra.notes(), compared
             )
             tables += [f"## Table {number} in full: {paper[name]['title']}", "", text, ""]
     if others:
@@ -382,7 +383,7 @@ def write_report(
             pages["figures.md"] = ["## Figures", "", figures_source(multitask, display_dir), "", *figures]
         named = {**multitask, **{f"{m.pretraining.start}-{m.config}": m for m in mlm.tuned}}
         how = provenance_section(named, sentiment)
-        pages["provenance.md"] = ["## How each number was produced", "", *how, ""]
+        pages["provenance.md"] = ["## How each number was produced", "", *how, "", *extra.lines()]
         if cross_cpu_file is not None:
             numbers = {c: file_parts(m)[0] for c, m in multitask.items()}  # the metrics files
             source = Path(cross_cpu_file)

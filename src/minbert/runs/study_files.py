@@ -1,4 +1,5 @@
-"""The studies' files (seed study, learning-rate search, MLM study), typed for their
+"""The studies' files (seed study, learning-rate search, MLM study, the runs outside
+`dvc repro`), typed for their
 readers; a file that lacks a key is named with the command that rewrites it."""
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ SCORE_KEYS = (*MULTITASK_TASKS, AVERAGE)
 # report reads them).
 LR_SEARCH_FILE = "lr-search.json"
 SEED_STUDY_FILE = "seed-study.json"
+# `minbert extra-runs`: its record, and the folder of its runs' dev predictions.
+EXTRA_RUNS_FILE = "extra-runs.json"
+EXTRA_RUNS_DIR = "extra-runs"
 
 
 def _load(path: Path) -> dict | None:
@@ -105,6 +109,22 @@ def read_mlm_study(path: Path) -> MlmStudyFile | None:
     if values is None:
         return None
     return MlmStudyFile(**values)
+
+
+@dataclass(frozen=True)
+class ExtraRunsFile:
+    """``metrics/extra-runs.json``: where the runs `dvc repro` leaves out came from."""
+
+    command: str
+    experiment: str  # its name, or "commit <sha>" where a commit's `dvc repro` ran them
+    experiment_commit: str
+    how: str
+    stages: dict[str, dict]  # "multitask@<config>" -> its dvc.lock entry
+
+
+def read_extra_runs(path: Path) -> ExtraRunsFile | None:
+    values = _checked(path, ExtraRunsFile, "minbert extra-runs")
+    return None if values is None else ExtraRunsFile(**values)
 
 
 @dataclass(frozen=True)

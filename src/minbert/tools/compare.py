@@ -20,7 +20,7 @@ from minbert.data.predictions import read_predictions
 from minbert.metrics import CONFIDENCE, Interval, fixed, paired, paired_average, score
 from minbert.results import ACCURACY, EPOCH, STEPS, is_record, metrics_from_text
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
-from minbert.tools.sweep import DVC, flatten_params
+from minbert.tools.sweep import DVC, _git, flatten_params
 
 # The metrics a comparison shows by default, with their titles.
 TITLES = {
@@ -73,28 +73,36 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict[str, float]]:
     if rev == WORKSPACE:
         names = [p.relative_to(repo).as_posix() for p in sorted((repo / "metrics").rglob("*.json"))]
     else:
-        listed = subprocess.run(
-            ["git", "ls-tree", "-r", "--name-only", rev, "--", "metrics"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-        )
+        listing = ["git", "ls-tree", "-r", "--name-only", rev, "--", "metrics"]
+        listed = subprocess.run(listing, cwd=repo, capture_output=True, text=True)
         names = listed.stdout.splitlines() if listed.returncode == 0 else []
+    stages = _lock_stages(repo, rev)
+    made = None if stages is None else {o["path"] for s in stages.values() for o in s.get("outs") or []}
     out = {}
     for name in names:
         if not name.endswith(".json") or not (name.startswith(RUN_METRICS) or name == UNTRAINED):
             continue
-        if is_record(name):
-            continue
-        if rev == WORKSPACE:
-            text = (repo / name).read_text(encoding="utf-8")
-        else:
-            text = subprocess.run(
-                ["git", "show", f"{rev}:{name}"], cwd=repo, capture_output=True, text=True
-            ).stdout
+        if is_record(name) or (made is not None and name not in made):
+            continue  # a record, or a run no stage of its dvc.lock made (`minbert extra-runs`)
+        text = (
+            (repo / name).read_text(encoding="utf-8")
+            if rev == WORKSPACE
+            else _git(repo, "show", f"{rev}:{name}")
+        )
         source = name if rev == WORKSPACE else f"{rev[:7]}:{name}"
         out[name[len("metrics/") : -len(".json")]] = metrics_from_text(text, source)
     return out
+
+
+def _lock_stages(repo: Path, rev: str) -> dict | None:
+    """``rev``'s dvc.lock stages (the workspace's, or a commit's); None without one."""
+    if rev == WORKSPACE:
+        lock_file = Path(repo) / "dvc.lock"
+        text = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
+    else:
+        shown = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=repo, capture_output=True, text=True)
+        text = shown.stdout if shown.returncode == 0 else None
+    return None if text is None else (yaml.safe_load(text) or {}).get("stages") or {}
 
 
 def _experiment(name: str, rev: str, parent: str | None, data: dict, repo: Path) -> Experiment:
@@ -174,12 +182,7 @@ class Files:
 
     def lock(self, rev: str) -> dict[str, dict]:
         """``dvc.lock``'s stages by the outputs they write."""
-        if rev == WORKSPACE:
-            text = (self.repo / "dvc.lock").read_text() if (self.repo / "dvc.lock").is_file() else ""
-        else:
-            shown = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=self.repo, capture_output=True)
-            text = shown.stdout.decode() if shown.returncode == 0 else ""
-        stages = (yaml.safe_load(text) or {}).get("stages") or {}
+        stages = _lock_stages(self.repo, rev) or {}
         return {out["path"]: stage for stage in stages.values() for out in stage.get("outs") or []}
 
 

@@ -41,7 +41,7 @@ from minbert.tools.sweep import (
 COMMAND = "minbert lr-search"
 # Parameters a search run may differ in from the commit it ran on, besides its family's
 # rates: the seed, and those no multitask stage reads.
-VARIES = ("seed", "lr_search.", "seed_study.", "mlm.")
+VARIES = ("seed", "lr_search.", "seed_study.", "mlm.", "repro_configs")
 
 
 def searched_configs(params: dict, family: str) -> dict[str, str]:
@@ -82,6 +82,8 @@ def queue_search(repo: Path, family: str) -> list[list[str]]:
             "-S",
             f"++{_rate_key(params, family, opt)}={lr}",
         ]
+        # Its stage exists where `dvc repro` leaves the configuration out, too.
+        + ([] if config in params["repro_configs"] else ["-S", f"repro_configs=[{config}]"])
         + [f"multitask@{config}"]
         for opt, config in searched_configs(params, family).items()
         for lr in search["lrs"][opt]

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from minbert.results import ACCURACY, RECORD_SUFFIX, is_record
+from minbert.runs.study_files import EXTRA_RUNS_FILE, read_extra_runs
 from minbert.runs.training import (
     MlmRunFile,
     MultitaskRunFile,
@@ -198,8 +199,8 @@ def collect_runs(repo: Path = Path("."), revs: list[str] | None = None) -> list[
 
 # Parameters that no multitask stage reads, besides the seed (what the study varies): the
 # study's own, the rate search's, and MLM pretraining's (its stages run beside the
-# configurations).
-NOT_READ_BY_MULTITASK = ("seed_study.", "lr_search.", "mlm.")
+# configurations), and which configurations `dvc repro` runs.
+NOT_READ_BY_MULTITASK = ("seed_study.", "lr_search.", "mlm.", "repro_configs")
 
 
 def _without_seed(params: dict) -> str:
@@ -240,11 +241,14 @@ def same_code(run: Run, lock: dict, stage: str) -> bool:
 
 
 def current_lock(repo: Path) -> dict:
-    """The workspace's dvc.lock stages; none without a lock (nothing reproduced in the
+    """The workspace's dvc.lock stages, and those of the runs outside `dvc repro` as
+    `minbert extra-runs` recorded them; none without a lock (nothing reproduced in the
     workspace: nothing to compare runs of other commits with)."""
     lock_file = Path(repo) / "dvc.lock"
     lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
-    return lock.get("stages", {})
+    stages = lock.get("stages", {})
+    extra = read_extra_runs(Path(repo) / "metrics" / EXTRA_RUNS_FILE) if stages else None
+    return {**(extra.stages if extra else {}), **stages}
 
 
 # The untrained checkpoint, fitted with each seed beside the configurations (nothing of it
@@ -338,10 +342,13 @@ def run_seed_study(
         raise ValueError(f"seed study: no entry {unknown[0]!r}; expected one of {', '.join(entries)}")
     chosen = [n for n in entries if n in only] if only else entries
     targets = [study_entry(n)[0] for n in chosen]
+    # Its configurations as stages, those `dvc repro` leaves out too.
+    trained = [n for n in chosen if n != UNTRAINED]
+    stages = ["-S", f"repro_configs=[{','.join(trained)}]"] if trained else []
     if queue:
         for seed in study["seeds"]:
             subprocess.run(
-                [*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *targets], cwd=repo, check=True
+                [*DVC, "exp", "run", "--queue", "-S", f"seed={seed}", *stages, *targets], cwd=repo, check=True
             )
         # The experiments run side by side: each of their stages takes its share of the cores
         # (a queue worker started earlier keeps the threads it was started with).

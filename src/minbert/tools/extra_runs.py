@@ -1,0 +1,86 @@
+"""``minbert extra-runs``: the configurations `dvc repro` leaves out, run as one DVC
+experiment and copied into the workspace (docs/experiments.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from minbert.results import CONFLICTS, HISTORY, RECORD_SUFFIX, STEP_LOSSES
+from minbert.runs.study_files import EXTRA_RUNS_DIR, EXTRA_RUNS_FILE
+from minbert.tasks import MULTITASK_TASKS
+from minbert.tools.sweep import DVC, _git
+
+COMMAND = "minbert extra-runs"
+# A run's files under metrics/multitask/, by suffix after its name.
+RUN_FILES = (".json", RECORD_SUFFIX, HISTORY, STEP_LOSSES, CONFLICTS)
+# Its dev predictions: of the kept epoch, and of its start (the controls' evidence).
+PREDICTIONS = ("dev", "dev-start")
+
+
+def left_out(params: dict) -> list[str]:
+    """The configurations of ``params`` that `dvc repro` does not run, in its order."""
+    return [c for c in params["configs"] if c not in params["repro_configs"]]
+
+
+def stage(config: str) -> str:
+    return f"multitask@{config}"
+
+
+def experiment_name(commit: str) -> str:
+    return f"extra-runs-{commit[:7]}"
+
+
+def run_extra_runs(repo: Path) -> dict:
+    """Train them as one experiment from the current commit (``--temp``), then keep them."""
+    from minbert.pipeline.params import load
+
+    configs = left_out(load(repo / "params.yaml"))
+    if not configs:
+        raise ValueError("params.yaml: repro_configs names every configuration; `dvc repro` runs them all")
+    commit = _git(repo, "rev-parse", "HEAD").strip()
+    name = experiment_name(commit)
+    override = f"repro_configs=[{','.join(configs)}]"
+    stages = [stage(c) for c in configs]
+    # A rerun from the same commit replaces the earlier experiment of that name.
+    subprocess.run([*DVC, "exp", "remove", name], cwd=repo, capture_output=True)
+    subprocess.run(
+        [*DVC, "exp", "run", "--temp", "--name", name, "-S", override, *stages], cwd=repo, check=True
+    )
+    rev = _git(repo, "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}").strip()
+    how = f"`dvc exp run --temp -S '{override}' {' '.join(stages)}` from commit {commit[:7]}"
+    return keep(repo, rev, name, how, configs)
+
+
+def keep(repo: Path, rev: str, name: str, how: str, configs: list[str]) -> dict:
+    """Copy the runs of ``configs`` at ``rev`` (whose dvc.lock has their stages) here."""
+    import dvc.api
+
+    from minbert.atomic import atomic_write_text
+
+    lock = (yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) or {}).get("stages", {})
+    missing = [stage(c) for c in configs if stage(c) not in lock]
+    if missing:
+        raise ValueError(f"{rev[:7]}:dvc.lock has no stage {', '.join(missing)}: nothing of it to keep")
+    for config in configs:
+        for suffix in RUN_FILES:
+            path = f"metrics/multitask/{config}{suffix}"
+            atomic_write_text(repo / path, _git(repo, "show", f"{rev}:{path}"))
+        for task in MULTITASK_TASKS:
+            for split in PREDICTIONS:
+                source = f"predictions/multitask/{config}/{task}-{split}-out.csv"
+                target = repo / "metrics" / EXTRA_RUNS_DIR / source
+                target.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(target, dvc.api.read(source, repo=str(repo), rev=rev))
+    record = {
+        "command": COMMAND,
+        "experiment": name,
+        "experiment_commit": rev,
+        "how": how,
+        "stages": {stage(c): lock[stage(c)] for c in configs},
+    }
+    atomic_write_text(repo / "metrics" / EXTRA_RUNS_FILE, json.dumps(record, indent=2) + "\n")
+    return record

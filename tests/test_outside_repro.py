@@ -1,0 +1,114 @@
+"""The runs `dvc repro` leaves out (params.yaml's `repro_configs`; `minbert extra-runs`):
+the committed ones are current, and the report counts one only while the files its stage
+read are unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO
+
+from minbert.data.predictions import write_predictions
+from minbert.metrics import fixed, score
+from minbert.report.evidence import Evidence
+from minbert.report.outside_repro import extra_runs
+from minbert.runs.study_files import EXTRA_RUNS_FILE, read_extra_runs
+from minbert.runs.training import MultitaskRunFile, read_runs
+from minbert.tasks import MULTITASK_TASKS
+from minbert.tools.extra_runs import PREDICTIONS, RUN_FILES, left_out
+
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_every_left_out_configuration_has_a_current_committed_run():
+    """Each configuration `dvc repro` skips has its files and a recorded stage whose every
+    dependency (code, settings, data folders) has the hash the current dvc.lock gives that
+    path, or the file's own where no stage of the lock names it: not a stale run."""
+    configs = left_out(PARAMS)
+    assert configs == ["best-summed", "best-round-robin-equal"]
+    record = read_extra_runs(REPO / "metrics" / EXTRA_RUNS_FILE)
+    assert record is not None and sorted(record.stages) == sorted(f"multitask@{c}" for c in configs)
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text(encoding="utf-8"))["stages"]
+    known = {
+        d["path"]: d["md5"]
+        for stage in lock.values()
+        for d in [*stage.get("deps", []), *stage.get("outs", [])]
+    }
+    for config in configs:
+        for suffix in RUN_FILES:
+            assert (REPO / "metrics" / "multitask" / f"{config}{suffix}").is_file(), (config, suffix)
+        for task in MULTITASK_TASKS:
+            for split in PREDICTIONS:
+                folder = REPO / "metrics" / "extra-runs" / "predictions" / "multitask" / config
+                assert (folder / f"{task}-{split}-out.csv").is_file(), (config, task, split)
+        deps = record.stages[f"multitask@{config}"]["deps"]
+        assert {d["path"] for d in deps} >= {"data/features", "data/tokenized", "src/minbert/train/smart.py"}
+        for dep in deps:
+            now = known.get(dep["path"]) or _md5(REPO / dep["path"])
+            assert dep["md5"] == now, (
+                f"{config}: {dep['path']} changed since it ran; rerun `minbert extra-runs`"
+            )
+
+
+def _study(tmp_path: Path) -> tuple[Path, list[MultitaskRunFile]]:
+    """A copy of the committed runs, and a record of their stages whose file deps are files
+    made here (a fresh clone has no data/settings), with those files' hashes."""
+    metrics = tmp_path / "metrics"
+    shutil.copytree(REPO / "metrics" / "multitask", metrics / "multitask")
+    record = json.loads((REPO / "metrics" / EXTRA_RUNS_FILE).read_text(encoding="utf-8"))
+    for entry in record["stages"].values():
+        for dep in entry["deps"]:
+            if not dep["md5"].endswith(".dir"):
+                made = tmp_path / dep["path"]
+                made.parent.mkdir(parents=True, exist_ok=True)
+                made.write_text(f"what {dep['path']} held\n")
+                dep["md5"] = _md5(made)
+    (metrics / EXTRA_RUNS_FILE).write_text(json.dumps(record))
+    return metrics, read_runs(MultitaskRunFile, metrics / "multitask")
+
+
+def test_a_left_out_run_counts_only_while_what_it_read_is_unchanged(tmp_path):
+    metrics, runs = _study(tmp_path)
+    found = extra_runs(runs, PARAMS, metrics, tmp_path)
+    assert found.kept == ["best-round-robin-equal", "best-summed"] and not found.refused
+    assert set(found.counted) == {m.config for m in runs}
+    # Its settings file changed (as `dvc exp run -S` would change it): not counted, and why.
+    (tmp_path / "data" / "settings" / "multitask" / "best-summed.json").write_text("{}")
+    found = extra_runs(runs, PARAMS, metrics, tmp_path)
+    assert found.kept == ["best-round-robin-equal"] and "best-summed" not in found.counted
+    assert "`best-summed.json` changed since it ran" in found.refused["best-summed"]
+    assert "Not counted" in found.notes()["best-summed"] and "extra-runs" in "\n".join(found.lines())
+    # A configuration `dvc repro` runs needs no record; one it leaves out does.
+    everything = {**PARAMS, "repro_configs": list(PARAMS["configs"])}
+    assert extra_runs(runs, everything, metrics, tmp_path).refused == {}
+    (metrics / EXTRA_RUNS_FILE).unlink()
+    found = extra_runs(runs, PARAMS, metrics, tmp_path)
+    assert set(found.refused) == {"best-summed", "best-round-robin-equal"}
+
+
+def test_the_evidence_reads_a_folder_moved_elsewhere_in_its_place(tmp_path):
+    prepared, moved = tmp_path / "prepared", tmp_path / "moved" / "best-summed"
+    prepared.mkdir()
+    labels = [0, 1, 2, 3, 4, 1]
+    ids = [f"s{i}" for i in range(len(labels))]
+    pd.DataFrame({"id": ids, "label": labels}).to_parquet(prepared / "sst-dev.parquet")
+    predicted = [0, 1, 2, 3, 1, 1]
+    write_predictions(moved / "sst-dev-out.csv", "sst", ids, predicted)
+    value = fixed(score("sst", np.array(labels, float), np.array(predicted, float)))
+    files, numbers = {"sst": "multitask/best-summed/sst-dev-out.csv"}, {"sst": value}
+    with pytest.raises(FileNotFoundError, match="dev predictions of multitask/best-summed are missing"):
+        Evidence(tmp_path / "predictions", prepared).scored("multitask/best-summed", files, numbers)
+    evidence = Evidence(tmp_path / "predictions", prepared, elsewhere={"multitask/best-summed": moved})
+    scored = evidence.scored("multitask/best-summed", files, numbers)
+    assert scored.predictions["sst"].tolist() == predicted
