@@ -152,7 +152,7 @@ def test_stage_under_torchrun_writes_once_from_rank_zero(tmp_path, tokenized, ti
     features.run(settings, tokenized / "tok", tmp_path / "data" / "features")  # what `features` writes
     # The command dvc.yaml gives the stage, run by torchrun.
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["multitask"]["do"]["cmd"]
-    args = stage.replace("${key}", "best-no-smart").split()[2:]  # after the launcher and the script
+    args = stage.replace("${item}", "best-no-smart").split()[2:]  # after the launcher and the script
     _torchrun(REPO / "stages" / "multitask.py", *args, cwd=tmp_path)
     metrics = read_result(tmp_path / "metrics" / "multitask" / "best-no-smart.json")
     assert metrics["processes"] == 2 and metrics["device"].startswith("2 x cpu")

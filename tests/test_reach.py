@@ -30,7 +30,7 @@ def test_reach_lists_the_configurations_a_setting_reaches_and_changes_nothing():
     stages = [line.split()[0] for line in lines]
     assert first == f"-S smart.beta=0.95: {len(stages)} stages rerun (against dvc.lock)"
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    smart = {c for c in params["configs"] if multitask_settings(params, c).smart is not None}
+    smart = {c for c in params["repro_configs"] if multitask_settings(params, c).smart is not None}
     assert smart and set(stages) == {"resolve", "report"} | {f"multitask@{c}" for c in smart}
     assert stages[0] == "resolve" and stages[-1] == "report"
     assert lines[0].split(None, 1)[1] == "params.yaml: smart"
@@ -47,7 +47,7 @@ def test_the_default_optimizer_reaches_only_the_runs_that_use_it():
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     changed = {**params, "optimizer": "adamaxw"}
     default = {
-        c for c in params["configs"] if multitask_settings(params, c) != multitask_settings(changed, c)
+        c for c in params["repro_configs"] if multitask_settings(params, c) != multitask_settings(changed, c)
     }
     assert default and "best" not in default
     assert set(stages) == {"resolve", "report"} | {f"multitask@{c}" for c in default}, result.stdout

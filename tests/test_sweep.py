@@ -64,7 +64,7 @@ def test_aggregate_needs_runs():
 
 def _one_config_one_run(params: dict) -> None:
     params["configs"] = {"baseline": {}}
-    params["seed_study"]["configs"] = ["baseline"]
+    params["seed_study"]["configs"] = params["repro_configs"] = ["baseline"]
     params["seed_study"]["seeds"] = [1, 2]
     params["seed_study"]["jobs"] = 2  # side by side: each stage takes its share of the cores
     params["mlm"]["pretrain"] = []
