@@ -118,17 +118,9 @@ def extra_runs(
 
     Commit what it wrote and run `dvc repro` afterwards.
     """
-    from minbert.tools.extra_runs import keep, left_out, run_extra_runs
-    from minbert.tools.sweep import _git
+    from minbert.tools.extra_runs import keep_from, run_extra_runs
 
-    if from_commit:
-        from minbert.pipeline.params import load
-
-        rev = _git(repo, "rev-parse", from_commit).strip()
-        how = f"`dvc repro` at commit {rev[:7]}, whose repro_configs still named them"
-        record = keep(repo, rev, f"commit {rev[:7]}", how, left_out(load(repo / "params.yaml")))
-    else:
-        record = run_extra_runs(repo)
+    record = keep_from(repo, from_commit) if from_commit else run_extra_runs(repo)
     # The command's result goes to stdout (progress and DVC's own output to stderr).
     typer.echo(f"{repo / 'metrics' / 'extra-runs.json'}: {', '.join(record['stages'])}; now run `dvc repro`")
 

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from minbert.data.predictions import read_predictions
 from minbert.metrics import CONFIDENCE, Interval, fixed, paired, paired_average, score
 from minbert.results import ACCURACY, EPOCH, STEPS, is_record, metrics_from_text
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
-from minbert.tools.sweep import DVC, _git, flatten_params
+from minbert.tools.sweep import DVC, _git, flatten_params, lock_stages
 
 # The metrics a comparison shows by default, with their titles.
 TITLES = {
@@ -76,7 +75,7 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict[str, float]]:
         listing = ["git", "ls-tree", "-r", "--name-only", rev, "--", "metrics"]
         listed = subprocess.run(listing, cwd=repo, capture_output=True, text=True)
         names = listed.stdout.splitlines() if listed.returncode == 0 else []
-    stages = _lock_stages(repo, rev)
+    stages = lock_stages(repo, None if rev == WORKSPACE else rev)
     made = None if stages is None else {o["path"] for s in stages.values() for o in s.get("outs") or []}
     out = {}
     for name in names:
@@ -92,17 +91,6 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict[str, float]]:
         source = name if rev == WORKSPACE else f"{rev[:7]}:{name}"
         out[name[len("metrics/") : -len(".json")]] = metrics_from_text(text, source)
     return out
-
-
-def _lock_stages(repo: Path, rev: str) -> dict | None:
-    """``rev``'s dvc.lock stages (the workspace's, or a commit's); None without one."""
-    if rev == WORKSPACE:
-        lock_file = Path(repo) / "dvc.lock"
-        text = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
-    else:
-        shown = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=repo, capture_output=True, text=True)
-        text = shown.stdout if shown.returncode == 0 else None
-    return None if text is None else (yaml.safe_load(text) or {}).get("stages") or {}
 
 
 def _experiment(name: str, rev: str, parent: str | None, data: dict, repo: Path) -> Experiment:
@@ -182,7 +170,7 @@ class Files:
 
     def lock(self, rev: str) -> dict[str, dict]:
         """``dvc.lock``'s stages by the outputs they write."""
-        stages = _lock_stages(self.repo, rev) or {}
+        stages = lock_stages(self.repo, None if rev == WORKSPACE else rev) or {}
         return {out["path"]: stage for stage in stages.values() for out in stage.get("outs") or []}
 
 

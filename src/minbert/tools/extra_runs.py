@@ -7,12 +7,10 @@ import json
 import subprocess
 from pathlib import Path
 
-import yaml
-
 from minbert.results import CONFLICTS, HISTORY, RECORD_SUFFIX, STEP_LOSSES
 from minbert.runs.study_files import EXTRA_RUNS_DIR, EXTRA_RUNS_FILE
 from minbert.tasks import MULTITASK_TASKS
-from minbert.tools.sweep import DVC, _git
+from minbert.tools.sweep import DVC, _git, lock_stages
 
 COMMAND = "minbert extra-runs"
 # A run's files under metrics/multitask/, by suffix after its name.
@@ -55,16 +53,26 @@ def run_extra_runs(repo: Path) -> dict:
     return keep(repo, rev, name, how, configs)
 
 
+def keep_from(repo: Path, commit: str) -> dict:
+    """Train nothing: keep the left-out configurations' runs as ``commit``'s `dvc repro` made them."""
+    from minbert.pipeline.params import load
+
+    rev = _git(repo, "rev-parse", commit).strip()
+    how = f"`dvc repro` at commit {rev[:7]}, whose repro_configs still named them"
+    return keep(repo, rev, f"commit {rev[:7]}", how, left_out(load(repo / "params.yaml")))
+
+
 def keep(repo: Path, rev: str, name: str, how: str, configs: list[str]) -> dict:
     """Copy the runs of ``configs`` at ``rev`` (whose dvc.lock has their stages) here."""
-    import dvc.api
+    from dvc.api import DVCFileSystem
 
     from minbert.atomic import atomic_write_text
 
-    lock = (yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) or {}).get("stages", {})
+    lock = lock_stages(repo, rev) or {}
     missing = [stage(c) for c in configs if stage(c) not in lock]
     if missing:
         raise ValueError(f"{rev[:7]}:dvc.lock has no stage {', '.join(missing)}: nothing of it to keep")
+    cached = DVCFileSystem(str(repo), rev=rev)  # the predictions, from DVC's cache
     for config in configs:
         for suffix in RUN_FILES:
             path = f"metrics/multitask/{config}{suffix}"
@@ -74,7 +82,7 @@ def keep(repo: Path, rev: str, name: str, how: str, configs: list[str]) -> dict:
                 source = f"predictions/multitask/{config}/{task}-{split}-out.csv"
                 target = repo / "metrics" / EXTRA_RUNS_DIR / source
                 target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(target, dvc.api.read(source, repo=str(repo), rev=rev))
+                atomic_write_text(target, cached.read_text(source, encoding="utf-8"))
     record = {
         "command": COMMAND,
         "experiment": name,

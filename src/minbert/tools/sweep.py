@@ -153,13 +153,19 @@ def read_run(repo: Path, rev: str, name: str, experiment: bool = False) -> Run:
             metrics[f"{folder}/{file[: -len('.json')]}"] = run_from_texts(
                 kind, _git(repo, "show", f"{rev}:{path}"), _git(repo, "show", f"{rev}:{record}"), source
             )
-    lock = yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock")) if "dvc.lock" in _tracked(repo, rev) else {}
     code = _git(repo, "rev-parse", f"{rev}^").strip() if experiment else rev
-    return Run(name, params, metrics, (lock or {}).get("stages", {}), rev, code)
+    return Run(name, params, metrics, lock_stages(repo, rev) or {}, rev, code)
 
 
-def _tracked(repo: Path, rev: str) -> set[str]:
-    return set(_git(repo, "ls-tree", "--name-only", rev).splitlines())
+def lock_stages(repo: Path, rev: str | None = None) -> dict | None:
+    """The stages of dvc.lock at commit ``rev`` (None: the workspace's); None without one."""
+    if rev is None:
+        path = Path(repo) / "dvc.lock"
+        text = path.read_text(encoding="utf-8") if path.is_file() else None
+    else:
+        shown = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=repo, capture_output=True, text=True)
+        text = shown.stdout if shown.returncode == 0 else None
+    return None if text is None else (yaml.safe_load(text) or {}).get("stages") or {}
 
 
 # Queue states of experiments that have no results (yet, or ever).
@@ -244,9 +250,7 @@ def current_lock(repo: Path) -> dict:
     """The workspace's dvc.lock stages, and those of the runs outside `dvc repro` as
     `minbert extra-runs` recorded them; none without a lock (nothing reproduced in the
     workspace: nothing to compare runs of other commits with)."""
-    lock_file = Path(repo) / "dvc.lock"
-    lock = (yaml.safe_load(lock_file.read_text(encoding="utf-8")) or {}) if lock_file.exists() else {}
-    stages = lock.get("stages", {})
+    stages = lock_stages(repo) or {}
     extra = read_extra_runs(Path(repo) / "metrics" / EXTRA_RUNS_FILE) if stages else None
     return {**(extra.stages if extra else {}), **stages}
 
