@@ -115,3 +115,14 @@ def test_the_evidence_reads_a_folder_moved_elsewhere_in_its_place(tmp_path):
     evidence = Evidence(tmp_path / "predictions", prepared, elsewhere={"multitask/best-summed": moved})
     scored = evidence.scored("multitask/best-summed", files, numbers)
     assert scored.predictions["sst"].tolist() == predicted
+
+
+def test_the_first_page_marks_each_row_dvc_repro_does_not_run():
+    """Its compact Table 4 shows such a row beside the pipeline's: a reader of that page
+    alone is told which rows came from `minbert extra-runs`, under the table they are in."""
+    page = (REPO / "report" / "README.md").read_text(encoding="utf-8")
+    for config in left_out(PARAMS):
+        row = next(line for line in page.splitlines() if line.startswith("|") and f"(`{config}`)" in line)
+        mark = row.split(f"(`{config}`)")[1].split("|")[0].strip()
+        assert mark.startswith("[") and mark.endswith("]"), (config, row)
+        assert f"\n- {mark} `{config}`: Run by `minbert extra-runs`, outside `dvc repro`" in page, config

@@ -112,12 +112,14 @@ def compact_table(
     zero_shot: dict | None = None,
     gpu: GpuColumns | None = None,
     seed_study: dict | None = None,
+    outside: dict[str, str] | None = None,
 ) -> list[str]:
     """One of Tables 2-4 on the first page: each row's numbers as the mean over every seed
     it was trained with (``seed_runs``; one seed's where the study has fewer than
     ``MIN_SEEDS``), the GPU's and the paper's; its difference of the average from the
     parent over those seeds, with its interval and the verdict of its one record
-    (``judged``, ``gpu.judged``). The tables' own seed and its dev intervals: tables.md."""
+    (``judged``, ``gpu.judged``). The tables' own seed and its dev intervals: tables.md.
+    ``outside``: the note of each row `dvc repro` does not run (``ExtraRuns.notes``)."""
     parent = spec["parent"]
     with_paper = any(row.get("paper") for row in spec["rows"])
     header = ["Configuration", *(COLUMN_TITLES[c] for c in COLUMNS), "Seeds", f"Δ average vs `{parent}`"]
@@ -127,6 +129,8 @@ def compact_table(
         header += [f"paper {COLUMN_TITLES[c]}" for c in COLUMNS]
     lines = md_header(header)
     seeded = seed_study.configs if seed_study else {}
+    # A row `dvc repro` does not run is marked, its note under the table (as on tables.md).
+    marked = [row["config"] for row in spec["rows"] if row["config"] in (outside or {})]
 
     def numbers(ev: Evidence, folder: str, config: str, run: dict | None, entry: str = "") -> list[str]:
         if run is None:
@@ -172,8 +176,9 @@ def compact_table(
     for row in spec["rows"]:
         config, m = row["config"], runs.get(row["config"])
         title = row_title(row, m)[0] if m is not None else row["label"]
+        mark = f" [{marked.index(config) + 1}]" if config in marked else ""
         cells = [
-            f"{title} (`{config}`)".replace("|", "\\|"),
+            f"{title} (`{config}`){mark}".replace("|", "\\|"),
             *numbers(evidence, "multitask", config, m, config),
         ]
         cells += [seeds(config) if m else NO_NUMBER, delta(judged, config, m)]
@@ -186,6 +191,8 @@ def compact_table(
         if with_paper:
             cells += paper_cells(row.get("paper"))
         lines.append(md_row(cells))
+    if marked:
+        lines += ["", *(f"- [{n}] `{c}`: {outside[c]}" for n, c in enumerate(marked, start=1))]
     return lines
 
 

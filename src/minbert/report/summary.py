@@ -67,17 +67,16 @@ def beside_the_paper(
 
     published = next(r for r in paper["table1"]["references"] if r["name"] == "paper")["rows"]
     arms = [(task, mode) for task in SENTIMENT_TASKS for mode in MODE_NAMES]
-    by_name = {m.run: m for m in sentiment}
-    ours = {(t, m): by_name[f"{t}-{m}"] for t, m in arms if f"{t}-{m}" in by_name}
+    ours = {(m.task, m.mode): m for m in sentiment}
     single = md_header(
         ["single task, dev accuracy", *(f"{TASKS[t].title}, {MODE_NAMES[m]}" for t, m in arms)]
     )
     single.append(md_row(["the paper", *(fmt(published.get(t, {}).get(m)) for t, m in arms)]))
     single.append(md_row(["ours", *(fmt(ours[arm].accuracy if arm in ours else None) for arm in arms)]))
-    on_gpu = {m.run: m.accuracy for m in gpu_sentiment}
-    if on_gpu:
-        label = on_gpu_label([f"sentiment@{run}" for run in on_gpu])
-        single.append(md_row([label, *(fmt(on_gpu.get(f"{t}-{m}")) for t, m in arms)]))
+    if gpu_sentiment:
+        on_gpu = {(m.task, m.mode): m.accuracy for m in gpu_sentiment}
+        label = on_gpu_label([f"sentiment@{m.run}" for m in gpu_sentiment])
+        single.append(md_row([label, *(fmt(on_gpu.get(arm)) for arm in arms)]))
 
     used = {row["config"]: runs[row["config"]] for row in shown}
     checkpoint = usual({n: f"`{m.checkpoint.name}`" for n, m in used.items()})
@@ -109,7 +108,7 @@ def beside_the_paper(
         )
     )
     shown_on_gpu = [f"multitask@{row['config']}" for row in shown if row["config"] in gpu_runs]
-    shown_on_gpu += [f"sentiment@{run}" for run in on_gpu]
+    shown_on_gpu += [f"sentiment@{m.run}" for m in gpu_sentiment]
     stale = ""
     if any(gpu_stale.get(s) for s in shown_on_gpu):
         stale = (

@@ -169,6 +169,7 @@ def write_report(
     multitask_dir = metrics_dir / "multitask"
     extra = extra_runs(load_runs(multitask_dir), params, metrics_dir, sources)  # `dvc repro` leaves some out
     multitask, evidence = extra.counted, Evidence(predictions_dir, prepared_dir, elsewhere=extra.predictions)
+    outside = extra.notes()  # the note of each row `dvc repro` does not run
     if not sentiment and not multitask:
         raise FileNotFoundError(
             f"no metrics files to report: neither {metrics_dir}/sentiment nor {multitask_dir} "
@@ -194,7 +195,7 @@ def write_report(
     for number, name in enumerate(MULTITASK_TABLES, start=2):
         if name in specs:
             text, _ = multitask_table(
-                specs[name], multitask, evidence, zero_shot, seed_study, extra.notes(), compared
+                specs[name], multitask, evidence, zero_shot, seed_study, outside, compared
             )
             tables += [f"## Table {number} in full: {paper[name]['title']}", "", text, ""]
     if others:
@@ -278,7 +279,7 @@ def write_report(
                 f"## Table {number}: {paper[name]['title']}",
                 "",
                 *compact_table(
-                    specs[name], multitask, evidence, compared, zero_shot, gpu_columns, seed_study
+                    specs[name], multitask, evidence, compared, zero_shot, gpu_columns, seed_study, outside
                 ),
                 "",
             ]
