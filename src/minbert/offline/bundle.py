@@ -8,20 +8,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import subprocess
 from pathlib import Path
+
+from minbert.commits import git
 
 BUNDLE_FILE = "bundle.json"
 BUNDLE_FORMAT = "minbert-offline-bundle/3"
 CHECKPOINT_COPY = "fp16"  # how the bundle's weights differ from the checkpoint's
 SEND_LIMIT = 64 * 2**20  # what one call may send to the node: the repository's files and the bundle
-
-
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise OSError(f"git {' '.join(args)} in {repo}: {done.stderr.strip()}")
-    return done.stdout
 
 
 def _files(directory: Path) -> dict[str, str]:
@@ -37,7 +31,7 @@ def _files(directory: Path) -> dict[str, str]:
 def sent_files(repo: Path) -> list[Path]:
     """The repository's files a call sends: the tracked ones and the untracked ones git
     does not ignore, as they are in the working tree."""
-    listed = _git(Path(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    listed = git(Path(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     return [
         Path(repo) / name for name in sorted(set(listed.split("\0")) - {""}) if (Path(repo) / name).is_file()
     ]
@@ -94,7 +88,7 @@ def make_bundle(
     csvs = sorted(Path(data_dir).glob("*.csv"))
     if not csvs:
         raise FileNotFoundError(f"{data_dir}: no course CSV files")
-    changed = [line[3:] for line in _git(repo, "status", "--porcelain").splitlines()]
+    changed = [line[3:] for line in git(repo, "status", "--porcelain").splitlines()]
     out.mkdir(parents=True)
     (out / "data").mkdir()
     for path in csvs + [p for p in [Path(data_dir) / "SHA256SUMS"] if p.is_file()]:
@@ -105,7 +99,7 @@ def make_bundle(
     }
     described = {
         "format": BUNDLE_FORMAT,
-        "commit": _git(repo, "rev-parse", "HEAD").strip(),
+        "commit": git(repo, "rev-parse", "HEAD").strip(),
         # The node runs the working tree as sent, these files as they were here.
         "uncommitted_changes": changed,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

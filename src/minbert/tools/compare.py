@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from minbert.commits import git
 from minbert.data.predictions import read_predictions
 from minbert.metrics import CONFIDENCE, Interval, fixed, paired, paired_average, score
 from minbert.results import ACCURACY, EPOCH, STEPS, is_record, metrics_from_text
 from minbert.tasks import AVERAGE, MULTITASK_TASKS, TASKS
-from minbert.tools.sweep import DVC, _git, flatten_params, lock_stages
+from minbert.tools.sweep import DVC, flatten_params, lock_stages
 
 # The metrics a comparison shows by default, with their titles.
 TITLES = {
@@ -86,7 +87,7 @@ def run_metrics(repo: Path, rev: str) -> dict[str, dict[str, float]]:
         text = (
             (repo / name).read_text(encoding="utf-8")
             if rev == WORKSPACE
-            else _git(repo, "show", f"{rev}:{name}")
+            else git(repo, "show", f"{rev}:{name}")
         )
         source = name if rev == WORKSPACE else f"{rev[:7]}:{name}"
         out[name[len("metrics/") : -len(".json")]] = metrics_from_text(text, source)

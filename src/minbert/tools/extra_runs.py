@@ -7,10 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
+from minbert.commits import git
 from minbert.results import CONFLICTS, HISTORY, RECORD_SUFFIX, STEP_LOSSES
 from minbert.runs.study_files import EXTRA_RUNS_DIR, EXTRA_RUNS_FILE
 from minbert.tasks import MULTITASK_TASKS
-from minbert.tools.sweep import DVC, _git, lock_stages
+from minbert.tools.sweep import DVC, lock_stages
 
 COMMAND = "minbert extra-runs"
 # A run's files under metrics/multitask/, by suffix after its name.
@@ -39,7 +40,7 @@ def run_extra_runs(repo: Path) -> dict:
     configs = left_out(load(repo / "params.yaml"))
     if not configs:
         raise ValueError("params.yaml: repro_configs names every configuration; `dvc repro` runs them all")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
+    commit = git(repo, "rev-parse", "HEAD").strip()
     name = experiment_name(commit)
     override = f"repro_configs=[{','.join(configs)}]"
     stages = [stage(c) for c in configs]
@@ -48,7 +49,7 @@ def run_extra_runs(repo: Path) -> dict:
     subprocess.run(
         [*DVC, "exp", "run", "--temp", "--name", name, "-S", override, *stages], cwd=repo, check=True
     )
-    rev = _git(repo, "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}").strip()
+    rev = git(repo, "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}").strip()
     how = f"`dvc exp run --temp -S '{override}' {' '.join(stages)}` from commit {commit[:7]}"
     return keep(repo, rev, name, how, configs)
 
@@ -57,7 +58,7 @@ def keep_from(repo: Path, commit: str) -> dict:
     """Train nothing: keep the left-out configurations' runs as ``commit``'s `dvc repro` made them."""
     from minbert.pipeline.params import load
 
-    rev = _git(repo, "rev-parse", commit).strip()
+    rev = git(repo, "rev-parse", commit).strip()
     how = f"`dvc repro` at commit {rev[:7]}, whose repro_configs still named them"
     return keep(repo, rev, f"commit {rev[:7]}", how, left_out(load(repo / "params.yaml")))
 
@@ -76,7 +77,7 @@ def keep(repo: Path, rev: str, name: str, how: str, configs: list[str]) -> dict:
     for config in configs:
         for suffix in RUN_FILES:
             path = f"metrics/multitask/{config}{suffix}"
-            atomic_write_text(repo / path, _git(repo, "show", f"{rev}:{path}"))
+            atomic_write_text(repo / path, git(repo, "show", f"{rev}:{path}"))
         for task in MULTITASK_TASKS:
             for split in PREDICTIONS:
                 source = f"predictions/multitask/{config}/{task}-{split}-out.csv"

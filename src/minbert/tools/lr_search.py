@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from minbert.commits import git
 from minbert.cores import side_by_side
 from minbert.pipeline.params import load
 from minbert.pipeline.schema import config_values
@@ -30,7 +31,6 @@ from minbert.tasks import SELECTION
 from minbert.tools.sweep import (
     DVC,
     Run,
-    _git,
     collect_runs,
     current_lock,
     flatten_params,
@@ -109,7 +109,7 @@ def _apart(params: dict) -> dict:
 
 def _validation(repo: Path, run: Run, config: str, kept: int) -> list[float]:
     """The run's validation selection score per epoch, from its history at its commit."""
-    text = _git(repo, "show", f"{run.rev}:metrics/multitask/{config}{HISTORY}")
+    text = git(repo, "show", f"{run.rev}:metrics/multitask/{config}{HISTORY}")
     history = pd.read_csv(io.StringIO(text)).set_index("epoch")
     scores = [float(v) for v in history[history_column("val", SELECTION)]]
     if not 0 <= kept < len(scores):

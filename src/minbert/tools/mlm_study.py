@@ -10,9 +10,10 @@ import json
 import subprocess
 from pathlib import Path
 
+from minbert.commits import git
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR
 from minbert.results import metrics_from_text
-from minbert.tools.sweep import DVC, _git
+from minbert.tools.sweep import DVC
 
 COMMAND = "minbert mlm-study"
 
@@ -32,7 +33,7 @@ def run_mlm_study(repo: Path, starts: list[str]) -> dict:
     from minbert.pipeline.params import load
 
     params = load(repo / "params.yaml")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
+    commit = git(repo, "rev-parse", "HEAD").strip()
     name = experiment_name(commit)
     stages = targets(starts, params["mlm"]["finetune"])
     override = f"mlm.pretrain=[{','.join(starts)}]"
@@ -43,7 +44,7 @@ def run_mlm_study(repo: Path, starts: list[str]) -> dict:
     )
     ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"
     how = f"`dvc exp run --temp -S '{override}' {' '.join(stages)}` from commit {commit[:7]}"
-    return keep(repo, _git(repo, "rev-parse", ref).strip(), name, how)
+    return keep(repo, git(repo, "rev-parse", ref).strip(), name, how)
 
 
 def keep(repo: Path, rev: str, name: str, how: str) -> dict:
@@ -53,7 +54,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
     differences only while those are still the current ones)."""
     import shutil
 
-    import dvc.api
+    from dvc.api import DVCFileSystem
 
     from minbert.atomic import atomic_write_text
     from minbert.runs.training import MultitaskRunFile, read_runs
@@ -62,19 +63,20 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
     out = repo / "metrics" / MLM_STUDY_DIR
     shutil.rmtree(out, ignore_errors=True)
     for folder in ("mlm", "multitask-mlm"):
-        listed = _git(repo, "ls-tree", "-r", "--name-only", rev, "--", f"metrics/{folder}").splitlines()
+        listed = git(repo, "ls-tree", "-r", "--name-only", rev, "--", f"metrics/{folder}").splitlines()
         for path in listed:
             if path.endswith(".json"):  # metrics files and records; the histories are the figures'
                 target = out / folder / Path(path).name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(_git(repo, "show", f"{rev}:{path}"), encoding="utf-8")
+                target.write_text(git(repo, "show", f"{rev}:{path}"), encoding="utf-8")
     tuned = read_runs(MultitaskRunFile, out / "multitask-mlm")
+    cached = DVCFileSystem(str(repo), rev=rev)  # the predictions, from DVC's cache
     for run in (f"{m.pretraining.start}-{m.config}" for m in tuned):
         for task in MULTITASK_TASKS:
             source = f"predictions/multitask-mlm/{run}/{task}-dev-out.csv"
             target = out / MLM_PREDICTIONS / "multitask-mlm" / run / f"{task}-dev-out.csv"
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(dvc.api.read(source, repo=str(repo), rev=rev), encoding="utf-8")
+            target.write_text(cached.read_text(source, encoding="utf-8"), encoding="utf-8")
     configs = sorted({m.config for m in tuned})
     provenance = {
         "command": COMMAND,
@@ -83,7 +85,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
         "how": how,
         # The metrics file of each configuration fine-tuned from the original checkpoint.
         "compared_with": {
-            c: metrics_from_text(_git(repo, "show", f"{rev}:metrics/multitask/{c}.json"), f"{rev[:7]}:{c}")
+            c: metrics_from_text(git(repo, "show", f"{rev}:metrics/multitask/{c}.json"), f"{rev[:7]}:{c}")
             for c in configs
         },
     }

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from minbert.commits import git
 from minbert.results import ACCURACY, RECORD_SUFFIX, is_record
 from minbert.runs.study_files import EXTRA_RUNS_FILE, read_extra_runs
 from minbert.runs.training import (
@@ -130,19 +131,12 @@ def aggregate(runs: list[Run]) -> str:
 # ------------------------------------------------------------------------ reading
 
 
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()}")
-    return done.stdout
-
-
 def read_run(repo: Path, rev: str, name: str, experiment: bool = False) -> Run:
     """The parameters and the runs' results (metrics file and record) committed at ``rev``;
     ``experiment``: ``rev`` is an experiment's commit, which sits on the baseline whose code
     it ran."""
-    params = yaml.safe_load(_git(repo, "show", f"{rev}:params.yaml"))
-    paths = set(_git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines())
+    params = yaml.safe_load(git(repo, "show", f"{rev}:params.yaml"))
+    paths = set(git(repo, "ls-tree", "-r", "--name-only", rev, "--", "metrics").splitlines())
     metrics = {}
     for path in sorted(paths):
         record = path[: -len(".json")] + RECORD_SUFFIX
@@ -151,9 +145,9 @@ def read_run(repo: Path, rev: str, name: str, experiment: bool = False) -> Run:
             folder, file = path.split("/")[-2:]
             source = f"{rev[:7]}:{path}"
             metrics[f"{folder}/{file[: -len('.json')]}"] = run_from_texts(
-                kind, _git(repo, "show", f"{rev}:{path}"), _git(repo, "show", f"{rev}:{record}"), source
+                kind, git(repo, "show", f"{rev}:{path}"), git(repo, "show", f"{rev}:{record}"), source
             )
-    code = _git(repo, "rev-parse", f"{rev}^").strip() if experiment else rev
+    code = git(repo, "rev-parse", f"{rev}^").strip() if experiment else rev
     return Run(name, params, metrics, lock_stages(repo, rev) or {}, rev, code)
 
 
