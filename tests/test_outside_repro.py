@@ -17,9 +17,11 @@ from conftest import REPO
 
 from minbert.data.predictions import write_predictions
 from minbert.metrics import fixed, score
+from minbert.report.counted_runs import mlm_runs
 from minbert.report.evidence import Evidence
 from minbert.report.outside_repro import extra_runs
-from minbert.runs.study_files import EXTRA_RUNS_FILE, read_extra_runs
+from minbert.report.pretraining import MLM_PROVENANCE, MLM_STUDY_DIR, mlm_section
+from minbert.runs.study_files import EXTRA_RUNS_FILE, read_extra_runs, read_mlm_study
 from minbert.runs.training import MultitaskRunFile, read_runs
 from minbert.tasks import MULTITASK_TASKS
 from minbert.tools.extra_runs import PREDICTIONS, RUN_FILES, left_out
@@ -39,13 +41,7 @@ def test_every_left_out_configuration_has_a_current_committed_run():
     assert configs == ["best-summed", "best-round-robin-equal"]
     record = read_extra_runs(REPO / "metrics" / EXTRA_RUNS_FILE)
     assert record is not None and sorted(record.stages) == sorted(f"multitask@{c}" for c in configs)
-    lock = yaml.safe_load((REPO / "dvc.lock").read_text(encoding="utf-8"))["stages"]
-    # The pipeline's stages' hashes (not an entry the lock may still hold for a stage that
-    # dvc.yaml no longer has: it would agree with the record whatever changed since).
-    staged = [stage for name, stage in lock.items() if name not in record.stages]
-    known = {
-        d["path"]: d["md5"] for stage in staged for d in [*stage.get("deps", []), *stage.get("outs", [])]
-    }
+    known = _known()
     for config in configs:
         for suffix in RUN_FILES:
             assert (REPO / "metrics" / "multitask" / f"{config}{suffix}").is_file(), (config, suffix)
@@ -55,13 +51,76 @@ def test_every_left_out_configuration_has_a_current_committed_run():
                 assert (folder / f"{task}-{split}-out.csv").is_file(), (config, task, split)
         deps = record.stages[f"multitask@{config}"]["deps"]
         assert {d["path"] for d in deps} >= {"data/features", "data/tokenized", "src/minbert/train/smart.py"}
-        for dep in deps:
-            # A settings file is in no clone (data/ is DVC's): the report checks it where it is.
-            path = REPO / dep["path"]
-            now = known.get(dep["path"]) or (_md5(path) if path.is_file() else dep["md5"])
-            assert dep["md5"] == now, (
-                f"{config}: {dep['path']} changed since it ran; rerun `minbert extra-runs`"
-            )
+        assert _changed(deps, known) == [], f"{config}: changed since it ran; rerun `minbert extra-runs`"
+
+
+def _changed(deps: list[dict], known: dict[str, str]) -> list[str]:
+    """The deps whose hash is not the current dvc.lock's for that path (``known``), or the
+    file's own where no stage of the lock names it."""
+    changed = []
+    for dep in deps:
+        # A settings file is in no clone (data/ is DVC's): the report checks it where it is.
+        path = REPO / dep["path"]
+        if dep["md5"] != (known.get(dep["path"]) or (_md5(path) if path.is_file() else dep["md5"])):
+            changed.append(dep["path"])
+    return changed
+
+
+def _known() -> dict[str, str]:
+    """Every path's hash in the current dvc.lock's stages (not an entry it may still hold for
+    a stage dvc.yaml no longer has: that would agree with a record whatever changed since)."""
+    from dvc.repo import Repo
+
+    with Repo(str(REPO)) as repo:  # the stages dvc.yaml defines now, as DVC expands them
+        staged = {stage.addressing for stage in repo.index.stages}
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text(encoding="utf-8"))["stages"]
+    return {
+        d["path"]: d["md5"]
+        for name, stage in lock.items()
+        if name in staged
+        for d in [*stage.get("deps", []), *stage.get("outs", [])]
+    }
+
+
+def test_the_committed_mlm_study_is_current():
+    """`minbert mlm-study`'s stages read what the pipeline gives now (code, data folders):
+    code that changes them fails here until the study is rerun."""
+    record = read_mlm_study(REPO / "metrics" / MLM_STUDY_DIR / MLM_PROVENANCE)
+    assert record is not None and sorted(record.stages) == ["mlm@continue", "multitask-mlm@continue-baseline"]
+    known = _known()
+    for name, entry in record.stages.items():
+        read = {d["path"] for d in entry["deps"]}
+        assert read >= {
+            "data/tokenized",
+            "src/minbert/train/mlm.py" if name.startswith("mlm@") else "src/minbert/train/multitask.py",
+        }, name
+        rerun = f"{name}: changed since it ran; rerun `minbert mlm-study`"
+        assert _changed(entry["deps"], known) == [], rerun
+
+
+def test_an_mlm_study_counts_only_while_what_it_read_is_unchanged(tmp_path):
+    metrics = tmp_path / "metrics"
+    shutil.copytree(REPO / "metrics" / MLM_STUDY_DIR, metrics / MLM_STUDY_DIR)
+    study = json.loads((metrics / MLM_STUDY_DIR / MLM_PROVENANCE).read_text(encoding="utf-8"))
+    for entry in study["stages"].values():  # files made here, with their hashes
+        for dep in (d for d in entry["deps"] if not d["md5"].endswith(".dir")):
+            made = tmp_path / dep["path"]
+            made.parent.mkdir(parents=True, exist_ok=True)
+            made.write_text(f"what {dep['path']} held\n")
+            dep["md5"] = _md5(made)
+    (metrics / MLM_STUDY_DIR / MLM_PROVENANCE).write_text(json.dumps(study))
+    counted = mlm_runs(metrics, tmp_path)
+    assert counted.refused is None and set(counted.pretraining) == {"continue"} and counted.tuned
+    (tmp_path / "src" / "minbert" / "train" / "mlm.py").write_text("changed\n")
+    refused = mlm_runs(metrics, tmp_path)
+    assert not refused.pretraining and not refused.tuned
+    assert refused.refused == "`mlm.py` changed since it ran"
+    said = mlm_section(refused, {}, Evidence(tmp_path / "predictions", tmp_path / "prepared"))
+    assert "is not counted: `mlm.py` changed since it ran" in said and "Rerun `minbert mlm-study`" in said
+    # A study that did not record its stages (an older one) does not count either.
+    study["stages"] = {}
+    (metrics / MLM_STUDY_DIR / MLM_PROVENANCE).write_text(json.dumps(study))
+    assert "not recorded" in mlm_runs(metrics, tmp_path).refused
 
 
 def _study(tmp_path: Path) -> tuple[Path, list[MultitaskRunFile]]:

@@ -43,11 +43,12 @@ from minbert.report.comparisons import (
     seed_detectable,
     settings_digest,
 )
+from minbert.report.counted_runs import load_runs
 from minbert.report.first_page import whole_report
 from minbert.report.formatting import COLUMN_TITLES, COLUMNS
 from minbert.report.studies import SEARCH_VARIES
 from minbert.report.summary import beside_the_paper
-from minbert.report.writer import gpu_study, load_runs
+from minbert.report.writer import gpu_study
 from minbert.results import read_result
 from minbert.runs.training import MultitaskRunFile, SentimentRunFile, read_run, read_runs
 from minbert.tasks import AVERAGE, MULTITASK_TASKS
@@ -431,8 +432,15 @@ def _mlm_study(root: Path, baseline_then: dict) -> None:
         "experiment_commit": "f" * 40,
         "how": "`dvc exp run --temp -S 'mlm.pretrain=[continue]' ...` from commit abc1234",
         "compared_with": {"baseline": baseline_then},
+        # What its stages read (here one file), unchanged since: the study counts.
+        "stages": {"mlm@continue": {"deps": [{"path": "read.py", "md5": _made(root / "read.py")}]}},
     }
     (study / "study.json").write_text(json.dumps(provenance))
+
+
+def _made(path: Path) -> str:
+    path.write_text("what the stage read\n")
+    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def test_mlm_section_reads_the_committed_study_when_the_pipeline_ran_none(tmp_path):

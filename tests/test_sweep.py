@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import replace
 
 import pytest
+import yaml
 from conftest import REPO, tiny_multitask_scale, tiny_sentiment_scale
 from test_pipeline import _run, make_project, tool_env
 
@@ -278,6 +279,11 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
         path = repo / "predictions" / "multitask-mlm" / "continue-baseline" / f"{task}-dev-out.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"id,Predicted\n{task}-1,1\n")
+    # What each stage read, as the experiment's dvc.lock holds it (a stale entry left besides).
+    read = {"deps": [{"path": "src/minbert/train/mlm.py", "hash": "md5", "md5": "0" * 32}]}
+    stages = {"mlm@continue": read, "multitask-mlm@continue-baseline": read}
+    lock = {"schema": "2.0", "stages": {**stages, "multitask-mlm@other-baseline": read}}
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock))
     _run(["git", "add", "-A"], repo)
     _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "experiment"], repo)
     commit = _run(["git", "rev-parse", "HEAD"], repo).strip()
@@ -297,6 +303,7 @@ def test_the_mlm_study_keeps_the_experiments_runs_predictions_and_what_they_comp
         "study.json",
     ]
     assert provenance["compared_with"] == {"baseline": baseline}
+    assert provenance["stages"] == stages  # the runs' own stages, not every entry of the lock
     assert provenance["experiment"] == "mlm-study-x" and provenance["experiment_commit"] == commit
     assert json.loads((study / "study.json").read_text()) == provenance
 

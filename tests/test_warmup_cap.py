@@ -12,8 +12,8 @@ import pytest
 from test_report import write_labels, write_multitask
 
 from minbert.pipeline.entry import paths
+from minbert.report.counted_runs import load_runs
 from minbert.report.warmup_cap import warmup_cap_section
-from minbert.report.writer import load_runs
 from minbert.runs.record_parts import WarmupKept
 from minbert.runs.study_files import read_warmup_cap
 from minbert.tasks import MULTITASK_TASKS

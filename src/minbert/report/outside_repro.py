@@ -60,6 +60,15 @@ def changed_files(entry: dict, sources: Path) -> list[str]:
     return sorted(d["path"] for d in files if _md5(Path(sources) / d["path"]) != d.get("md5"))
 
 
+def changed_since(stages: dict[str, dict], sources: Path) -> str | None:
+    """Why runs recorded with these dvc.lock entries no longer count (None: every file they
+    read is the one it read then)."""
+    if not stages:
+        return "the stages it ran are not recorded (their dvc.lock entries)"
+    changed = sorted({path for entry in stages.values() for path in changed_files(entry, sources)})
+    return f"{named_files(changed)} changed since it ran" if changed else None
+
+
 def extra_runs(
     runs: list[MultitaskRunFile], params: dict | None, metrics_dir: Path, sources: Path
 ) -> ExtraRuns:
@@ -73,8 +82,8 @@ def extra_runs(
         entry = (record.stages if record else {}).get(f"multitask@{config}")
         if entry is None:
             refused[config] = f"no run of it is recorded in `metrics/{EXTRA_RUNS_FILE}`"
-        elif changed := changed_files(entry, sources):
-            refused[config] = f"{named_files(changed)} changed since it ran"
+        elif why := changed_since({config: entry}, sources):
+            refused[config] = why
         else:
             kept.append(config)
     folder = (Path(metrics_dir) / EXTRA_RUNS_DIR / "predictions" / "multitask").resolve()

@@ -49,6 +49,7 @@ class MlmRuns:
     tuned: list[dict]
     study: MlmStudyFile | None = None
     predictions: Path | None = None
+    refused: str | None = None  # why the study's runs do not count (counted_runs.mlm_runs)
 
 
 TASK_KEYS = (*MULTITASK_TASKS, AVERAGE)
@@ -64,6 +65,11 @@ def ran_otherwise(run: MultitaskRunFile, base: MultitaskRunFile) -> list[str]:
 def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
     """Pretraining metrics, then each configuration fine-tuned from an MLM checkpoint
     beside the same configuration fine-tuned from the original checkpoint."""
+    if mlm.refused:
+        return (
+            f"The MLM study `{mlm.study.experiment}` ({mlm.study.how}) is not counted: {mlm.refused}. "
+            f"Rerun `{mlm.study.command}`."
+        )
     if not mlm.pretraining:
         return (
             "MLM pretraining was not run with these parameters (`mlm.pretrain` is empty) and "
@@ -79,7 +85,9 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
             "Not part of the default `dvc repro`, which leaves `mlm.pretrain` empty to keep "
             f"within its time budget: `{study.command}` ran it as the experiment "
             f"`{study.experiment}` ({study.how}) and copied its metrics files and dev "
-            "predictions to `metrics/mlm-study/`.",
+            "predictions to `metrics/mlm-study/`. It counts while every file its stages read "
+            f"(code, settings, the data's manifest) is the one they read then (`metrics/{MLM_STUDY_DIR}/"
+            f"{MLM_PROVENANCE}` holds their hashes).",
             "",
         ]
     lines = intro + md_header(

@@ -15,6 +15,7 @@ from minbert.gpu_study import changed_code
 from minbert.metrics import Resamples
 from minbert.report.comparisons import interval_note, level, seed_runs
 from minbert.report.controls import controls_section, starts_section
+from minbert.report.counted_runs import load_runs, mlm_runs
 from minbert.report.detectable import detectable_section
 from minbert.report.evidence import Evidence
 from minbert.report.family_rates import family_search_section
@@ -32,7 +33,7 @@ from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy,
 from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_facts
 from minbert.report.outside_repro import extra_runs
 from minbert.report.plots import write_plot_tables
-from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, MlmRuns, mlm_section
+from minbert.report.pretraining import mlm_section
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
 from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, result_seeds, seed_section, selection_section
@@ -44,12 +45,9 @@ from minbert.runs.study_files import (
     LR_SEARCH_FILE,
     SEED_STUDY_FILE,
     read_family_search,
-    read_mlm_study,
     read_seed_study,
 )
 from minbert.runs.training import (
-    MlmRunFile,
-    MultitaskRunFile,
     SentimentRunFile,
     ZeroShotRunFile,
     file_parts,
@@ -63,36 +61,6 @@ BUDGET_NOTE = (
     "Steps / examples: the optimizer steps over all epochs, and the training examples "
     "consumed over all epochs, all tasks together (per task: provenance.md)."
 )
-
-
-def mlm_runs(metrics_dir: Path) -> MlmRuns:
-    """The pipeline's MLM runs, or, where it ran none (``mlm.pretrain`` empty, the default),
-    those ``minbert mlm-study`` committed under ``metrics/mlm-study``."""
-    pretraining = {m.start: m for m in read_runs(MlmRunFile, metrics_dir / "mlm")}
-    if pretraining:
-        return MlmRuns(pretraining, load_runs(metrics_dir / "multitask-mlm"))
-    study = metrics_dir / MLM_STUDY_DIR
-    if not (study / MLM_PROVENANCE).is_file():
-        return MlmRuns({}, [])
-    return MlmRuns(
-        {m.start: m for m in read_runs(MlmRunFile, study / "mlm")},
-        load_runs(study / "multitask-mlm"),
-        read_mlm_study(study / MLM_PROVENANCE),
-        # Absolute: the evidence reads it in place of its own predictions folder.
-        (study / MLM_PREDICTIONS).resolve(),
-    )
-
-
-def load_runs(directory: Path) -> list[MultitaskRunFile]:
-    """A multitask stage's runs, each with SMART's measured terms when SMART was on."""
-    runs = read_runs(MultitaskRunFile, directory)
-    for m in runs:
-        if m.settings.smart and m.smart is None:
-            raise ValueError(
-                f"{directory}/{m.config}.json: missing key(s) smart (SMART's adversarial term and "
-                "its control): written by an older stage; rerun it (dvc repro)"
-            )
-    return runs
 
 
 def gpu_study(
@@ -180,7 +148,7 @@ def write_report(
     seed_study = seed_runs(read_seed_study(metrics_dir / SEED_STUDY_FILE), multitask, zero_shot)
     lr_search = read_family_search(metrics_dir / LR_SEARCH_FILE)
     smart_lines, smart_seeds = smart_page(smart_file, smart_norm_file, multitask)
-    mlm = mlm_runs(metrics_dir)
+    mlm = mlm_runs(metrics_dir, sources)
 
     specs = {
         name: with_facts(paper[name], multitask, multitask_dir) for name in MULTITASK_TABLES if name in paper

@@ -102,6 +102,8 @@ class MlmStudyFile:
     experiment_commit: str
     how: str
     compared_with: dict[str, dict[str, float]]
+    # Each stage's dvc.lock entry in the experiment ("mlm@<start>", "multitask-mlm@<start>-<config>").
+    stages: dict[str, dict] = field(default_factory=dict)
 
 
 def read_mlm_study(path: Path) -> MlmStudyFile | None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from minbert.commits import git
 from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR
-from minbert.results import metrics_from_text
-from minbert.tools.sweep import DVC
+from minbert.results import RECORD_SUFFIX, metrics_from_text
+from minbert.tools.sweep import DVC, lock_stages
 
 COMMAND = "minbert mlm-study"
 
@@ -71,13 +71,21 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
                 target.write_text(git(repo, "show", f"{rev}:{path}"), encoding="utf-8")
     tuned = read_runs(MultitaskRunFile, out / "multitask-mlm")
     cached = DVCFileSystem(str(repo), rev=rev)  # the predictions, from DVC's cache
-    for run in (f"{m.pretraining.start}-{m.config}" for m in tuned):
+    runs = [f"{m.pretraining.start}-{m.config}" for m in tuned]
+    for run in runs:
         for task in MULTITASK_TASKS:
             source = f"predictions/multitask-mlm/{run}/{task}-dev-out.csv"
             target = out / MLM_PREDICTIONS / "multitask-mlm" / run / f"{task}-dev-out.csv"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(cached.read_text(source, encoding="utf-8"), encoding="utf-8")
     configs = sorted({m.config for m in tuned})
+    # What each stage read, so that the report counts these runs only while it is unchanged.
+    lock = lock_stages(repo, rev) or {}
+    starts = sorted(p.stem for p in (out / "mlm").glob("*.json") if not p.name.endswith(RECORD_SUFFIX))
+    names = [f"mlm@{s}" for s in starts] + [f"multitask-mlm@{r}" for r in runs]
+    if missing := [n for n in names if n not in lock]:
+        raise ValueError(f"{rev[:7]}:dvc.lock has no stage {', '.join(missing)}: no record of what it read")
+    stages = {n: lock[n] for n in names}
     provenance = {
         "command": COMMAND,
         "experiment": name,
@@ -88,6 +96,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
             c: metrics_from_text(git(repo, "show", f"{rev}:metrics/multitask/{c}.json"), f"{rev[:7]}:{c}")
             for c in configs
         },
+        "stages": stages,
     }
     atomic_write_text(out / MLM_PROVENANCE, json.dumps(provenance, indent=2) + "\n")
     return provenance
