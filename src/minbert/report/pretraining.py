@@ -55,6 +55,11 @@ class MlmRuns:
 TASK_KEYS = (*MULTITASK_TASKS, AVERAGE)
 
 
+def tuned_name(run: MultitaskRunFile) -> str:
+    """A run fine-tuned from an MLM checkpoint as its stage names it (`multitask-mlm@<start>-<config>`)."""
+    return f"{run.pretraining.start}-{run.config}"
+
+
 def ran_otherwise(run: MultitaskRunFile, base: MultitaskRunFile) -> list[str]:
     """What ``run`` (fine-tuned from an MLM checkpoint) ran at that ``base`` (the same
     configuration from the original checkpoint) holds otherwise, ``name then (now now)``."""
@@ -139,7 +144,7 @@ def mlm_section(mlm: MlmRuns, runs: dict[str, dict], evidence: Evidence) -> str:
     )
     notes = []
     for m in sorted(tuned, key=lambda m: (m.config, m.pretraining.start)):
-        name = f"{m.pretraining.start}-{m.config}"
+        name = tuned_name(m)
         folder = "multitask-mlm" if mlm.predictions is None else str(mlm.predictions / "multitask-mlm")
         scored = multitask_scored(evidence, folder, name, m)
         base = runs.get(m.config)

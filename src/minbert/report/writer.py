@@ -33,7 +33,7 @@ from minbert.report.gpu import GPU_METRICS, GPU_PREDICTIONS, GPU_ROOT, GpuStudy,
 from minbert.report.notes import ablation_parents, fill_facts, paper_best, with_facts
 from minbert.report.outside_repro import extra_runs
 from minbert.report.plots import write_plot_tables
-from minbert.report.pretraining import mlm_section
+from minbert.report.pretraining import mlm_section, tuned_name
 from minbert.report.provenance import cross_cpu_section, provenance_section, setup_section
 from minbert.report.smart_page import smart_page
 from minbert.report.studies import choice_seeds, result_seeds, seed_section, selection_section
@@ -350,7 +350,7 @@ def write_report(
             for spec in paper["figures"]:
                 figures += [figure_section(spec, multitask_dir, display_dir, tmp), ""]
             pages["figures.md"] = ["## Figures", "", figures_source(multitask, display_dir), "", *figures]
-        named = {**multitask, **{f"{m.pretraining.start}-{m.config}": m for m in mlm.tuned}}
+        named = {**multitask, **{tuned_name(m): m for m in mlm.tuned}}
         how = provenance_section(named, sentiment)
         pages["provenance.md"] = ["## How each number was produced", "", *how, "", *extra.lines()]
         if cross_cpu_file is not None:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from minbert.commits import git
-from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR
+from minbert.report.pretraining import MLM_PREDICTIONS, MLM_PROVENANCE, MLM_STUDY_DIR, tuned_name
 from minbert.results import RECORD_SUFFIX, metrics_from_text
 from minbert.tools.sweep import DVC, lock_stages
 
@@ -71,7 +71,7 @@ def keep(repo: Path, rev: str, name: str, how: str) -> dict:
                 target.write_text(git(repo, "show", f"{rev}:{path}"), encoding="utf-8")
     tuned = read_runs(MultitaskRunFile, out / "multitask-mlm")
     cached = DVCFileSystem(str(repo), rev=rev)  # the predictions, from DVC's cache
-    runs = [f"{m.pretraining.start}-{m.config}" for m in tuned]
+    runs = [tuned_name(m) for m in tuned]
     for run in runs:
         for task in MULTITASK_TASKS:
             source = f"predictions/multitask-mlm/{run}/{task}-dev-out.csv"
