@@ -4,14 +4,13 @@ experiment and copied into the workspace (docs/experiments.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from minbert.commits import git
 from minbert.results import CONFLICTS, HISTORY, RECORD_SUFFIX, STEP_LOSSES
 from minbert.runs.study_files import EXTRA_RUNS_DIR, EXTRA_RUNS_FILE
 from minbert.tasks import MULTITASK_TASKS
-from minbert.tools.sweep import DVC, lock_stages
+from minbert.tools.sweep import lock_stages, temp_experiment
 
 COMMAND = "minbert extra-runs"
 # A run's files under metrics/multitask/, by suffix after its name.
@@ -29,10 +28,6 @@ def stage(config: str) -> str:
     return f"multitask@{config}"
 
 
-def experiment_name(commit: str) -> str:
-    return f"extra-runs-{commit[:7]}"
-
-
 def run_extra_runs(repo: Path) -> dict:
     """Train them as one experiment from the current commit (``--temp``), then keep them."""
     from minbert.pipeline.params import load
@@ -40,17 +35,8 @@ def run_extra_runs(repo: Path) -> dict:
     configs = left_out(load(repo / "params.yaml"))
     if not configs:
         raise ValueError("params.yaml: repro_configs names every configuration; `dvc repro` runs them all")
-    commit = git(repo, "rev-parse", "HEAD").strip()
-    name = experiment_name(commit)
     override = f"repro_configs=[{','.join(configs)}]"
-    stages = [stage(c) for c in configs]
-    # A rerun from the same commit replaces the earlier experiment of that name.
-    subprocess.run([*DVC, "exp", "remove", name], cwd=repo, capture_output=True)
-    subprocess.run(
-        [*DVC, "exp", "run", "--temp", "--name", name, "-S", override, *stages], cwd=repo, check=True
-    )
-    rev = git(repo, "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}").strip()
-    how = f"`dvc exp run --temp -S '{override}' {' '.join(stages)}` from commit {commit[:7]}"
+    name, rev, how = temp_experiment(repo, "extra-runs", override, [stage(c) for c in configs])
     return keep(repo, rev, name, how, configs)
 
 

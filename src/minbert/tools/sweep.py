@@ -162,6 +162,20 @@ def lock_stages(repo: Path, rev: str | None = None) -> dict | None:
     return None if text is None else (yaml.safe_load(text) or {}).get("stages") or {}
 
 
+def temp_experiment(repo: Path, prefix: str, override: str, stages: list[str]) -> tuple[str, str, str]:
+    """``stages`` with ``-S override`` as experiment ``<prefix>-<commit>`` from HEAD, in a temporary
+    copy (the workspace and queue untouched): its name, its commit, how it ran."""
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    name = f"{prefix}-{commit[:7]}"
+    # A rerun from the same commit replaces the earlier experiment of that name.
+    subprocess.run([*DVC, "exp", "remove", name], cwd=repo, capture_output=True)
+    subprocess.run(
+        [*DVC, "exp", "run", "--temp", "--name", name, "-S", override, *stages], cwd=repo, check=True
+    )
+    rev = git(repo, "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}").strip()
+    return name, rev, f"`dvc exp run --temp -S '{override}' {' '.join(stages)}` from commit {commit[:7]}"
+
+
 # Queue states of experiments that have no results (yet, or ever).
 UNFINISHED = ("Queued", "Running", "Failed")
 
