@@ -197,6 +197,41 @@ def test_round_robin_steps_one_task_at_a_time_in_a_cycle():
         assert step[task].tolist() == joint[i // 3][task].tolist()
 
 
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_steps_of_several_batches_take_the_same_rows_in_the_same_order(k):
+    """``batches_per_step`` k: round-robin makes ceil(3n / k) steps (13 batches, k = 3: the
+    joint modes' 13), each task's steps hold its batches of k = 1, consecutive, in order,
+    as evenly as its share of the steps allows, rows sorted by length; the same examples."""
+    plain = task_batches(LENGTHS, SIZES, np.random.default_rng(0))
+    steps = epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=True, batches_per_step=k)
+    assert len(steps) == -(-3 * 13 // k) and all(len(step) == 1 for step in steps)
+    assert [next(iter(step)) for step in steps] == (["sst", "quora", "sts"] * 13)[: len(steps)]
+    for task in MULTITASK_TASKS:
+        mine = [step[task] for step in steps if task in step]
+        whole = np.concatenate(plain[task])
+        assert sorted(np.concatenate(mine).tolist()) == sorted(whole.tolist())
+        at, taken = 0, []
+        for rows in mine:  # a run of whole consecutive batches, sorted by length
+            group, start = [], at
+            while len(group) < len(rows):
+                group += plain[task][at].tolist()
+                at += 1
+            assert sorted(group) == sorted(rows.tolist()) and (np.diff(LENGTHS[task][rows]) >= 0).all()
+            taken.append(at - start)
+        assert at == 13 and max(taken) - min(taken) <= 1
+    joint = epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=False, batches_per_step=k)
+    assert len(joint) == -(-13 // k) and all(set(step) == set(MULTITASK_TASKS) for step in joint)
+    for task in MULTITASK_TASKS:
+        assert len(np.concatenate([step[task] for step in joint])) == len(np.concatenate(plain[task]))
+    if k == 3:
+        assert len(steps) == 13
+
+
+def test_a_step_of_more_batches_than_leave_every_task_a_step_is_refused():
+    with pytest.raises(ValueError, match="batches_per_step 27 leaves a task no step: each has 13 batches"):
+        epoch_steps(LENGTHS, SIZES, np.random.default_rng(0), one_task_per_step=True, batches_per_step=27)
+
+
 def test_round_robin_training_updates_after_every_task_batch(tokenized, tiny_params):
     """Each round-robin step trains one task: its head's weights move, the others' do not."""
     from minbert.train.multitask_step import MultitaskStep

@@ -75,7 +75,7 @@ def test_mistakes_are_named(committed, path, value, message):
         (["smart", "beta"], 1.0, "a number in [0, 1)"),
         (["smart", "noise_std"], 0.0, "a number > 0"),
         (["smart", "lambda_s"], float("inf"), "a number >= 0"),
-        (["configs", "best-round-robin-equal", "batch_size_factor"], 0, "an integer >= 1"),
+        (["configs", "best-round-robin-equal", "batches_per_step"], 0, "an integer >= 1"),
         (["sentiment", "grad_clip"], -1.0, "a number >= 0"),
         (["seed"], -1, "an integer in [0, 4294967295]"),
         (["seed_study", "seeds"], [1, -2], "an integer in [0, 4294967295]"),

@@ -149,7 +149,7 @@ GRAD_CLIP = Setting(WEIGHT, "max gradient norm; 0: no clipping")
 OPTIMIZER = Setting(OPTIMIZERS, "the optimizer")
 LR_SCHEDULE = Setting(SCHEDULERS, "the learning rate: constant, or × lr_gamma per epoch, by epoch or by step")
 LR_GAMMA = Setting(Range(0, 1, low_open=True), "the exponential schedules' factor per epoch")
-BATCH_SIZE_FACTOR = Setting(COUNT, "multiplies the scale's per-task batch sizes")
+BATCHES_PER_STEP = Setting(COUNT, "the scale's batches of a task one optimizer step takes")
 SMART_ENABLED = Setting(bool, "SMART's two terms added to every task's loss")
 CONFIG_PARENT = Setting(str, "the configuration this one changes (its overrides apply on top of that one's)")
 QUORA_TRAIN_PAIRS = Setting(SIZE, "training pairs the untrained checkpoint's Quora threshold is chosen on")
@@ -269,6 +269,7 @@ class MultitaskSettings:
     grad_clip: float = GRAD_CLIP.field()
     seed: int = SEED.field()
     smart: SmartSettings | None = None
+    batches_per_step: int = BATCHES_PER_STEP.field(1)
     max_tokens: int = Setting(
         SIZE,
         "padded tokens (rows x longest row) per training forward pass: a larger batch is cut into "

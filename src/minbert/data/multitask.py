@@ -88,17 +88,42 @@ def task_batches(
     return out
 
 
+def steps_per_epoch(batches: int, tasks: int, *, one_task_per_step: bool, batches_per_step: int = 1) -> int:
+    """``epoch_steps``' count: ceil(tasks x batches / k) round-robin, ceil(batches / k) else."""
+    return -(-(tasks if one_task_per_step else 1) * batches // batches_per_step)
+
+
 def epoch_steps(
     lengths: dict[str, np.ndarray],
     batch_size: dict[str, int],
     rng: np.random.Generator,
     *,
     one_task_per_step: bool,
+    batches_per_step: int = 1,
 ) -> list[dict[str, np.ndarray]]:
     """One epoch's steps, each mapping its tasks to their rows: one task per step in turn
-    (``one_task_per_step``, round-robin: 3n steps), or one batch of every task (n steps)."""
+    (``one_task_per_step``, round-robin: 3n steps), or one batch of every task (n steps).
+    With ``batches_per_step`` k, a step takes about k of its task's batches, the same rows in the
+    same order, so round-robin at k = 3 makes the joint modes' steps on their examples."""
     batches = task_batches(lengths, batch_size, rng)
-    n = len(next(iter(batches.values())))
+    tasks = list(batches)
+    n = len(batches[tasks[0]])
+    k = batches_per_step
+    total = steps_per_epoch(n, len(tasks), one_task_per_step=one_task_per_step, batches_per_step=k)
+    # Round-robin's step s is task s mod 3's; the joint modes' every task's.
+    slots = {t: len(range(i, total, len(tasks))) if one_task_per_step else total for i, t in enumerate(tasks)}
+    if min(slots.values()) < 1:
+        raise ValueError(f"batches_per_step {k} leaves a task no step: each has {n} batches an epoch")
+    grouped = {t: _grouped(batches[t], slots[t], lengths[t]) for t in tasks}
     if one_task_per_step:
-        return [{task: batches[task][i]} for i in range(n) for task in batches]
-    return [{task: batches[task][i] for task in batches} for i in range(n)]
+        return [{t: grouped[t][i]} for i in range(max(slots.values())) for t in tasks if i < slots[t]]
+    return [{t: grouped[t][i] for t in tasks} for i in range(total)]
+
+
+def _grouped(batches: list[np.ndarray], steps: int, lengths: np.ndarray) -> list[np.ndarray]:
+    # Consecutive batches, as evenly as can be; rows by length, for split_by_tokens' pieces.
+    if steps == len(batches):
+        return batches
+    groups = np.array_split(np.arange(len(batches)), steps)
+    merged = [np.concatenate([batches[i] for i in group]) for group in groups]
+    return [rows[np.argsort(lengths[rows], kind="stable")] for rows in merged]

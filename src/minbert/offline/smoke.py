@@ -125,8 +125,9 @@ def _measure(work: Path, config: str, checkpoint: Path) -> dict:
     one_task = settings.gradient == "round-robin"
     plan = []
     while len(plan) < 2 + TIMED_STEPS + COUNTED_STEPS:
+        rng, merged = np.random.default_rng(len(plan)), settings.batches_per_step
         plan += epoch_steps(
-            lengths, settings.batch_size, np.random.default_rng(len(plan)), one_task_per_step=one_task
+            lengths, settings.batch_size, rng, one_task_per_step=one_task, batches_per_step=merged
         )
     losses = [step(plan[0])[0], step(plan[1])[0]]  # the optimizer's state is made on the first
     sync()

@@ -129,7 +129,7 @@ def multitask_settings(
     # unless the configuration's family has its own for that optimizer (`minbert lr-search`).
     optimizer = sized["optimizers"][values["optimizer"]]
     optimizer = {**optimizer, **family_rates(params, values)}
-    batch_size = {t: b * values["batch_size_factor"] for t, b in sized["batch_size"].items()}
+    batch_size = dict(sized["batch_size"])
     batch_size["quora"] = quora_batch_size(batch_size["quora"], sized, quora_split)
     return _settings(
         MultitaskSettings,
@@ -137,6 +137,7 @@ def multitask_settings(
         **{k: optimizer[k] for k in ("lr", "head_lr", "weight_decay", "lr_schedule")},
         lr_gamma=optimizer.get("lr_gamma", 1.0),
         batch_size=batch_size,
+        batches_per_step=values["batches_per_step"],
         **{k: dict(sized[k]) for k in ("train_examples", "validation_examples", "history_examples")},
         **{k: sized[k] for k in ("epochs", "carved_quora_batch", "test_predictions", "dropout")},
         cuda_graphs=sized["cuda_graphs"],

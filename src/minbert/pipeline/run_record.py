@@ -145,6 +145,7 @@ class MultitaskRun:
             pcgrad_conflict_fraction=self.pcgrad_conflict_fraction,
             applied_lr=[AppliedRate(e, float(f"{a:.6g}"), float(f"{b:.6g}")) for e, a, b in self.applied_lr],
             step_execution=self.step_execution,
+            batches_per_step=s.batches_per_step if s.batches_per_step > 1 else None,
         )
 
     def model_info(self, name: str, max_length: dict[str, int]) -> dict:

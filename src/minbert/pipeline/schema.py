@@ -172,7 +172,7 @@ _SMART = {"enabled": s.SMART_ENABLED, **_fields(SmartSettings, *(f.name for f in
 # The keys a configuration may override; their shared defaults sit at top level.
 _CONFIG = {
     **_fields(M, "optimizer", "paraphrase_head", "sts_head", "sts_output", "gradient"),
-    "batch_size_factor": s.BATCH_SIZE_FACTOR,
+    "batches_per_step": s.BATCHES_PER_STEP,
     "rate_family": RATE_FAMILY,
     "smart": _SMART,
 }

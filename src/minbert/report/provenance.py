@@ -18,6 +18,11 @@ def _each(runs: dict[str, dict], value: Callable[[dict], str]) -> str:
     return usual({name: value(m) for name, m in runs.items()}) if runs else NO_NUMBER
 
 
+def _batch(run: MultitaskRunFile) -> str:
+    several = f", {run.batches_per_step} batches a step" if run.batches_per_step else ""
+    return per_task(run.batch_size) + several
+
+
 def _sentiment(runs: list[dict]) -> str:
     """The sentiment runs' sizes, per task: training examples, batch, epochs per mode."""
     by_task: dict[str, list[dict]] = {}
@@ -68,7 +73,7 @@ def setup_section(
         ),
         (
             "Multitask epochs; batch per task",
-            _each(runs, lambda m: f"{m.epochs}; {per_task(m.batch_size)}"),
+            _each(runs, lambda m: f"{m.epochs}; {_batch(m)}"),
             paper["multitask"],
         ),
         ("Sentiment runs (Table 1)", _sentiment(sentiment), paper["sentiment"]),
@@ -167,7 +172,7 @@ PROVENANCE: list[tuple[str, Callable[[dict], str]]] = [
             lambda m: rates(m.settings) + f", weight decay {m.settings.weight_decay:g}",
         ),
     ),
-    ("Batch", _multitask_or(lambda m: str(m.batch_size), lambda m: per_task(m.batch_size))),
+    ("Batch", _multitask_or(lambda m: str(m.batch_size), _batch)),
     (
         "Model",
         _multitask_or(

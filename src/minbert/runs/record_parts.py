@@ -15,7 +15,7 @@ from minbert.settings import HeadWarmup, MlmSettings, MultitaskSettings, RunStar
 # cuda_graphs in step_execution, with what the steps ran from).
 STATED_APART = (
     *("batch_size", "train_examples", "validation_examples", "history_examples", "seed"),
-    "cuda_graphs",
+    *("batches_per_step", "cuda_graphs"),
 )
 
 

@@ -16,7 +16,6 @@ from typing import ClassVar, TypeVar
 
 from minbert.results import is_record, joined_texts, read_result, write_result
 from minbert.runs.record_parts import (
-    STATED_APART,
     AppliedRate,
     Checkpoint,
     DataSplit,
@@ -71,6 +70,8 @@ class MultitaskRunFile:
     offline_run: OfflineRun | None = None
     # None only in runs written before it was recorded.
     step_execution: StepExecution | None = None
+    # Of its task's batches (batch_size) a step takes; stated only where more than one.
+    batches_per_step: int | None = None
 
     @property
     def name(self) -> str:
@@ -79,10 +80,6 @@ class MultitaskRunFile:
     @property
     def cuda_graphs(self) -> bool:  # the setting, stated in step_execution
         return self.step_execution is not None and self.step_execution.cuda_graphs
-
-    def settings_dict(self) -> dict:
-        """Every setting the run ran at, the ones stated apart included (record form)."""
-        return {**self.settings.as_dict(), **{k: getattr(self, k) for k in STATED_APART}}
 
 
 @dataclass(frozen=True)

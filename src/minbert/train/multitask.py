@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from minbert.data.batches import TokenizedTable
-from minbert.data.multitask import TaskData, epoch_steps
+from minbert.data.multitask import TaskData, epoch_steps, steps_per_epoch
 from minbert.distributed import World
 from minbert.evaluate.multitask import evaluate_multitask
 from minbert.metrics import fixed
@@ -183,7 +183,10 @@ class _MultitaskEpochs:
         self.global_batch = {t: settings.batch_size[t] * world.size for t in MULTITASK_TASKS}
         self.one_task_per_step = settings.gradient == "round-robin"
         batches = max(-(-len(d) // self.global_batch[t]) for t, d in data.train.items())
-        self.steps_per_epoch = batches * (len(MULTITASK_TASKS) if self.one_task_per_step else 1)
+        self.steps_per_epoch = steps_per_epoch(
+            batches, len(MULTITASK_TASKS), one_task_per_step=self.one_task_per_step,
+            batches_per_step=settings.batches_per_step,
+        )  # fmt: skip
         self.schedule = Schedule(
             settings.lr_schedule, self.train_step.optimizer, settings.lr_gamma, self.steps_per_epoch
         )
@@ -240,10 +243,13 @@ class _MultitaskEpochs:
         window = torch.zeros(len(MULTITASK_TASKS), device=self.device)
         window_counts, logged = np.zeros(len(MULTITASK_TASKS)), []
         lengths = {t: d.lengths for t, d in self.data.train.items()}
-        batches = epoch_steps(lengths, self.global_batch, self.rng, one_task_per_step=self.one_task_per_step)
+        one_task, merged = self.one_task_per_step, self.settings.batches_per_step
+        batches = epoch_steps(
+            lengths, self.global_batch, self.rng, one_task_per_step=one_task, batches_per_step=merged
+        )
         optimizer = self.train_step.optimizer
         if self.steps is None:  # after the heads' warm-up, before the first step
-            plan = check_plan(lengths, self.global_batch, self.settings.seed, self.one_task_per_step)
+            plan = check_plan(lengths, self.global_batch, self.settings.seed, one_task, merged)
             self.steps, graphs, why = choose_steps(self.train_step, self.settings.cuda_graphs, plan)
             self.steps_from = (graphs, why)
         for index, rows_by_task in enumerate(batches):

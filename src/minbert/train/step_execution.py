@@ -19,12 +19,17 @@ CHECK_REPEATS = 3
 
 
 def check_plan(
-    lengths: dict[str, np.ndarray], batch: dict[str, int], seed: int, one_task_per_step: bool
+    lengths: dict[str, np.ndarray],
+    batch: dict[str, int],
+    seed: int,
+    one_task_per_step: bool,
+    batches_per_step: int = 1,
 ) -> list[dict[str, np.ndarray]]:
     """The check's steps: an epoch's first step of every task (drawn from a generator of
     its own, so the run's batches are not moved), each repeated."""
+    rng, k = np.random.default_rng(seed), batches_per_step
     first = itertools.islice(
-        epoch_steps(lengths, batch, np.random.default_rng(seed), one_task_per_step=one_task_per_step),
+        epoch_steps(lengths, batch, rng, one_task_per_step=one_task_per_step, batches_per_step=k),
         len(lengths) if one_task_per_step else 1,
     )
     return [rows for rows in first for _ in range(CHECK_REPEATS)]
