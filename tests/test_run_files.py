@@ -100,3 +100,19 @@ def test_the_untrained_checkpoints_settings_digest_holds_what_it_was_fitted_with
     warmup = replace(probe.head_warmup, epochs=probe.head_warmup.epochs + 1)
     other_warmup = replace(run, settings=replace(run.settings, sst_probe=replace(probe, head_warmup=warmup)))
     assert len({settings_digest(r) for r in (run, fewer_pairs, other_warmup)}) == 3
+
+
+def test_a_runs_settings_digest_holds_how_many_batches_a_step_took():
+    """A step of three batches is other settings than a step of one (the seed study refuses
+    the one's seeds for the other); a run of one batch a step keeps the digest it had
+    before its record could state it."""
+    from minbert.report.comparisons import settings_digest
+
+    run = read_run(MultitaskRunFile, REPO / "metrics" / "multitask" / "best-round-robin.json")
+    assert run.batches_per_step is None
+    assert "batches_per_step" not in json.loads(
+        record_file(REPO / "metrics" / "multitask", "best-round-robin").read_text()
+    )
+    assert settings_digest(replace(run, batches_per_step=3)) != settings_digest(run)
+    equal = read_run(MultitaskRunFile, REPO / "metrics" / "multitask" / "best-round-robin-equal.json")
+    assert equal.batches_per_step == 3 and equal.batch_size == run.batch_size
