@@ -97,8 +97,8 @@ STATED_BESIDE = ("batch_size", "train_examples", "validation_examples")
 def ran_at(run: MultitaskRunFile) -> dict:
     """The settings a multitask run ran at, in its record's form (a search point's are
     recorded so too): its `settings` (which hold no seed) and its batches and example counts."""
-    merged = {"batches_per_step": run.batches_per_step} if run.batches_per_step else {}  # as recorded
-    return {**run.settings.as_dict(), **{k: getattr(run, k) for k in STATED_BESIDE}, **merged}
+    stated = {"batches_per_step": run.batches_per_step} if run.batches_per_step else {}  # where above 1
+    return {**run.settings.as_dict(), **{k: getattr(run, k) for k in STATED_BESIDE}, **stated}
 
 
 def differing(at: dict, theirs: dict, missing_differs: bool = True) -> list[str]:
